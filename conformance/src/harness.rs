@@ -1,0 +1,104 @@
+//! How the suite gets stores to test: a factory of isolated fixtures.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dedupe_core::{DedupeStore, Error, MemoryStore};
+
+/// Makes a new, empty store for each check, so checks never see each other's
+/// records (a fresh temp file, database, schema, key prefix or table).
+#[async_trait]
+pub trait StoreFactory: Send + Sync {
+    /// Creates an isolated, empty store and returns the fixture that opens
+    /// handles onto it.
+    async fn create(&self) -> Result<Box<dyn Fixture>, Error>;
+}
+
+/// One isolated store under test.
+#[async_trait]
+pub trait Fixture: Send + Sync {
+    /// The handle most checks use.
+    fn store(&self) -> Arc<dyn DedupeStore>;
+
+    /// A further handle onto the same records with its own connection (or pool)
+    /// where the store has them, so races go through separate connections rather
+    /// than one shared lock in the client.
+    async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error>;
+}
+
+/// The factory of [`MemoryStore`]s; handles of one fixture share its records.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryFactory;
+
+struct MemoryFixture(MemoryStore);
+
+#[async_trait]
+impl StoreFactory for MemoryFactory {
+    async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
+        Ok(Box::new(MemoryFixture(MemoryStore::new())))
+    }
+}
+
+#[async_trait]
+impl Fixture for MemoryFixture {
+    fn store(&self) -> Arc<dyn DedupeStore> {
+        Arc::new(self.0.clone())
+    }
+
+    async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
+        Ok(Arc::new(self.0.clone()))
+    }
+}
+
+/// Why a check failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    message: String,
+}
+
+impl Failure {
+    /// A failure with a message saying what the store did wrong.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let mut message = format!("unexpected store error: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            message.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        Failure::new(message)
+    }
+}
+
+/// A check that did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every assertion held.
+    Passed,
+    /// The store lacks a capability the check needs; nothing was asserted.
+    Skipped(String),
+}
+
+/// What one check answers.
+pub type CheckResult = Result<Verdict, Failure>;

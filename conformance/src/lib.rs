@@ -1,0 +1,89 @@
+//! # dedupe-conformance
+//!
+//! The store contract of dedupe (`CONTRACT.md`) turned into checks that any store
+//! runs: ours and third parties'. A store that passes can be swapped for any other
+//! without the application noticing.
+//!
+//! Three ways in:
+//! - [`suite!`]: one line in a store's test file expands to one `#[tokio::test]`
+//!   per check, so failures name the rule that broke;
+//! - [`checks`]: the check functions themselves, to call one by one;
+//! - [`run_all`]: runs every check and returns a [`Report`] (the CLI uses it).
+//!
+//! A store plugs in through a [`StoreFactory`] that makes one isolated, empty
+//! store per check, and a [`Fixture`] that opens further handles onto it (each with
+//! its own connection) for the races.
+//!
+//! ```
+//! use dedupe_conformance::{run_all, MemoryFactory};
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+//! let report = run_all(&MemoryFactory).await;
+//! assert!(report.all_passed(), "{report}");
+//! # });
+//! ```
+
+pub mod checks;
+mod harness;
+mod report;
+
+pub use harness::{CheckResult, Failure, Fixture, MemoryFactory, StoreFactory, Verdict};
+pub use report::{assert_check, run_all, run_check, CheckReport, Report};
+
+#[doc(hidden)]
+pub use tokio as __tokio;
+
+/// Expands to one `#[tokio::test]` per conformance check, each creating its store
+/// from `$factory` (an expression whose value implements [`StoreFactory`]).
+///
+/// ```ignore
+/// dedupe_conformance::suite!(my_store::tests::Factory::new());
+/// ```
+///
+/// Put it at the top level of an integration test file (or inside a module). A
+/// skipped check prints `SKIPPED` with the reason and passes.
+#[macro_export]
+macro_rules! suite {
+    ($factory:expr) => {
+        $crate::suite!(@checks $factory;
+            fresh_claim,
+            in_flight_answer,
+            duplicate_returns_exact_outcome,
+            release_then_reclaim,
+            lease_expiry_takeover,
+            stale_holder_is_fenced,
+            extend_pushes_deadline,
+            retention_expiry,
+            expire_removes_exactly_expired,
+            fingerprint_mismatch,
+            reentrant_claim_id,
+            claim_many_matches_claim,
+            namespaces_isolate,
+            key_case_unicode_and_max_length,
+            bad_input_rejected_nothing_written,
+            forget_removes_any_state,
+            ten_thousand_distinct_keys,
+            single_winner_race,
+            single_winner_takeover_race,
+        );
+    };
+    (@checks $factory:expr; $($name:ident),* $(,)?) => {
+        /// The checks this expansion covers, compared with the suite's list by
+        /// `suite_covers_every_check`.
+        #[allow(dead_code)]
+        const CONFORMANCE_CHECKS: &[&str] = &[$(stringify!($name)),*];
+
+        #[test]
+        fn suite_covers_every_check() {
+            let all: Vec<&str> = $crate::checks::CHECKS.iter().map(|c| c.name).collect();
+            assert_eq!(CONFORMANCE_CHECKS, all.as_slice(), "the suite! macro and CHECKS disagree");
+        }
+
+        $(
+            #[$crate::__tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let factory = $factory;
+                $crate::assert_check(&factory, stringify!($name)).await;
+            }
+        )*
+    };
+}

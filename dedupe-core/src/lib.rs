@@ -1,0 +1,51 @@
+//! # dedupe-core
+//!
+//! The storage-agnostic half of dedupe: the [`DedupeStore`] trait every backend
+//! implements, the [`Key`] of an event, the answers a claim gives, one [`Error`]
+//! type, the in-memory reference store [`MemoryStore`], and the [`Deduper`] helper
+//! that claims, runs the caller's work, and completes or releases.
+//!
+//! A webhook provider delivers at least once. Turning every repeat into a no-op
+//! takes a key that is stable across retries (the provider's event id, or a
+//! SHA-256 of the raw body) claimed atomically before the work, so that exactly one
+//! delivery wins. Backends do the claim with their own atomic primitive:
+//! `dedupe-sqlite`, `dedupe-postgres`, and the others in the workspace.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dedupe_core::{Deduper, Handled, Key, MemoryStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let deduper = Deduper::new(Arc::new(MemoryStore::new()));
+//! let body = br#"{"id":"evt_1P9x","type":"payment_intent.succeeded"}"#;
+//! let key = Key::from_event_id_or_body("stripe", Some("evt_1P9x"), body)?;
+//! let handled = deduper
+//!     .run(&key, |_lease| async { Ok::<_, std::io::Error>(b"credited".to_vec()) })
+//!     .await?;
+//! assert!(matches!(handled, Handled::Ran { .. }));
+//! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+//! ```
+
+mod error;
+mod key;
+mod memory;
+mod process;
+mod store;
+mod types;
+
+pub use error::{BoxError, Error, Result};
+pub use key::{
+    ClaimId, Fingerprint, Key, KeyError, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES, MAX_ID_BYTES,
+    MAX_NAMESPACE_BYTES,
+};
+pub use memory::MemoryStore;
+pub use process::{Deduper, HandleError, Handled, OnFailure};
+pub use store::DedupeStore;
+pub use types::{
+    check_ttl, duration_millis, from_millis, to_millis, Capabilities, ClaimOptions, ClaimOutcome,
+    Lease, LeaseToken, Record, RecordState, RecordStateKind, Retention, DEFAULT_MAX_OUTCOME_BYTES,
+    MAX_TTL, MIN_TTL,
+};
+
+// Re-exported so that store crates and their users name one version.
+pub use async_trait::async_trait;

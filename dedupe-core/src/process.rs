@@ -1,0 +1,280 @@
+//! The high-level helper: claim, run the caller's work, then complete or release.
+
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::FutureExt;
+
+use crate::error::Error;
+use crate::key::Key;
+use crate::store::DedupeStore;
+use crate::types::{check_ttl, ClaimOptions, ClaimOutcome, Lease, Retention};
+
+/// What to do with the claim when the work returns an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    /// Release the claim, so the provider's next delivery runs the work again.
+    /// The right choice when failures are transient (the default).
+    #[default]
+    Release,
+    /// Complete the claim with the error's text as the stored outcome, so later
+    /// deliveries are answered `Duplicate` and the work never runs again. For work
+    /// that must not be retried (a payment call whose result is unknown).
+    Keep,
+}
+
+/// How a delivery was handled, when nothing failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// This delivery won the claim, ran the work and recorded its outcome.
+    Ran {
+        /// The outcome the work returned, now stored.
+        outcome: Vec<u8>,
+        /// Which attempt this was (above 1 after a takeover of a dead worker's lease).
+        attempt: u32,
+    },
+    /// The event was processed before: the work did not run.
+    Duplicate {
+        /// The outcome stored by the run that did the work.
+        outcome: Vec<u8>,
+    },
+    /// Another delivery is processing the event right now: the work did not run.
+    /// Answer the provider with a retryable status so it comes back later.
+    InFlight {
+        /// When the other delivery's lease passes.
+        deadline: SystemTime,
+    },
+    /// The key was seen with a different payload: the work did not run.
+    Mismatch,
+}
+
+/// What a failed [`Deduper::run`] tells the caller.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum HandleError<E> {
+    /// The store failed before the work ran; the work did not run.
+    Store(Error),
+    /// The work ran and failed.
+    Work {
+        /// The work's error.
+        error: E,
+        /// What became of the claim: `Ok(OnFailure::Release)` when it was released,
+        /// `Ok(OnFailure::Keep)` when the failure was stored, `Err` when the store
+        /// refused (the lease then passes at its deadline and nothing is lost).
+        claim: Result<OnFailure, Error>,
+    },
+    /// The work ran and succeeded, but its completion could not be recorded (lease
+    /// lost, store down). The event may be delivered and processed again.
+    NotRecorded {
+        /// The outcome the work returned.
+        outcome: Vec<u8>,
+        /// Why it was not recorded.
+        source: Error,
+    },
+}
+
+impl<E: fmt::Display> fmt::Display for HandleError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandleError::Store(e) => write!(f, "claim failed, work not run: {e}"),
+            HandleError::Work { error, claim } => match claim {
+                Ok(OnFailure::Release) => write!(f, "work failed (claim released): {error}"),
+                Ok(OnFailure::Keep) => write!(f, "work failed (failure stored): {error}"),
+                Err(e) => write!(
+                    f,
+                    "work failed: {error}; and the claim could not be settled: {e}"
+                ),
+            },
+            HandleError::NotRecorded { source, .. } => {
+                write!(f, "work succeeded but was not recorded: {source}")
+            }
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for HandleError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HandleError::Store(e) | HandleError::NotRecorded { source: e, .. } => Some(e),
+            HandleError::Work { error, .. } => Some(error),
+        }
+    }
+}
+
+/// Releases a lease when dropped while still armed: the work's future was dropped
+/// (request cancelled, timeout) before it settled the claim.
+struct ReleaseOnDrop {
+    store: Arc<dyn DedupeStore>,
+    lease: Option<Lease>,
+}
+
+impl ReleaseOnDrop {
+    fn disarm(&mut self) -> Option<Lease> {
+        self.lease.take()
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let store = Arc::clone(&self.store);
+                runtime.spawn(async move {
+                    if let Err(error) = store.release(&lease).await {
+                        tracing::warn!(key = %lease.key, %error, "release after cancelled work failed; the lease passes at its deadline");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                key = %lease.key,
+                "work dropped outside a Tokio runtime; the lease passes at its deadline"
+            ),
+        }
+    }
+}
+
+/// Claims, runs the caller's work, then completes with its output or releases.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dedupe_core::{Deduper, Handled, Key, MemoryStore};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let deduper = Deduper::new(Arc::new(MemoryStore::new()));
+/// let key = Key::new("stripe", "evt_1")?;
+/// let first = deduper
+///     .run(&key, |_lease| async { Ok::<_, std::io::Error>(b"order 17".to_vec()) })
+///     .await?;
+/// assert!(matches!(first, Handled::Ran { .. }));
+/// let again = deduper
+///     .run(&key, |_lease| async { Ok::<_, std::io::Error>(b"order 18".to_vec()) })
+///     .await?;
+/// assert_eq!(again, Handled::Duplicate { outcome: b"order 17".to_vec() });
+/// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+/// ```
+///
+/// If the work panics, the claim is released before the panic carries on. If the
+/// future returned by `run` is dropped mid-work, the claim is released on a task
+/// spawned on the current Tokio runtime.
+#[derive(Debug, Clone)]
+pub struct Deduper {
+    store: Arc<dyn DedupeStore>,
+    lease_ttl: Duration,
+    retention: Retention,
+    on_failure: OnFailure,
+}
+
+impl Deduper {
+    /// A helper over `store` with the default lease, retention and failure policy.
+    pub fn new(store: Arc<dyn DedupeStore>) -> Self {
+        Self {
+            store,
+            lease_ttl: ClaimOptions::DEFAULT_LEASE_TTL,
+            retention: Retention::default(),
+            on_failure: OnFailure::default(),
+        }
+    }
+
+    /// Sets the lease TTL of each claim.
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
+        check_ttl("lease ttl", ttl)?;
+        self.lease_ttl = ttl;
+        Ok(self)
+    }
+
+    /// Sets how long done records are kept, per namespace.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets what happens to the claim when the work fails.
+    pub fn with_on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Arc<dyn DedupeStore> {
+        &self.store
+    }
+
+    /// Runs `work` once for `key`, with the default claim options.
+    pub async fn run<F, Fut, E>(&self, key: &Key, work: F) -> Result<Handled, HandleError<E>>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, E>>,
+        E: fmt::Display,
+    {
+        self.run_with(key, ClaimOptions::new(self.lease_ttl), work)
+            .await
+    }
+
+    /// Runs `work` once for `key`, with claim options of the caller's (fingerprint,
+    /// claim id, lease TTL).
+    #[tracing::instrument(name = "dedupe.run", skip_all, fields(key = %key))]
+    pub async fn run_with<F, Fut, E>(
+        &self,
+        key: &Key,
+        opts: ClaimOptions,
+        work: F,
+    ) -> Result<Handled, HandleError<E>>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, E>>,
+        E: fmt::Display,
+    {
+        let lease = match self.store.claim(key, &opts).await {
+            Ok(ClaimOutcome::Claimed(lease)) => lease,
+            Ok(ClaimOutcome::Duplicate { outcome, .. }) => {
+                return Ok(Handled::Duplicate { outcome })
+            }
+            Ok(ClaimOutcome::InFlight { deadline, .. }) => {
+                return Ok(Handled::InFlight { deadline })
+            }
+            Ok(ClaimOutcome::Mismatch { .. }) => return Ok(Handled::Mismatch),
+            Err(e) => return Err(HandleError::Store(e)),
+        };
+        let attempt = lease.attempt;
+        let mut guard = ReleaseOnDrop {
+            store: Arc::clone(&self.store),
+            lease: Some(lease.clone()),
+        };
+        let result = AssertUnwindSafe(work(lease.clone())).catch_unwind().await;
+        guard.disarm();
+        let retention = self.retention.for_namespace(key.namespace());
+        match result {
+            Err(panic) => {
+                if let Err(error) = self.store.release(&lease).await {
+                    tracing::warn!(%error, "release after a panic in the work failed");
+                }
+                std::panic::resume_unwind(panic)
+            }
+            Ok(Ok(outcome)) => match self.store.complete(&lease, &outcome, retention).await {
+                Ok(()) => Ok(Handled::Ran { outcome, attempt }),
+                Err(source) => Err(HandleError::NotRecorded { outcome, source }),
+            },
+            Ok(Err(error)) => {
+                let claim = match self.on_failure {
+                    OnFailure::Release => self
+                        .store
+                        .release(&lease)
+                        .await
+                        .map(|()| OnFailure::Release),
+                    OnFailure::Keep => self
+                        .store
+                        .complete(&lease, error.to_string().as_bytes(), retention)
+                        .await
+                        .map(|()| OnFailure::Keep),
+                };
+                Err(HandleError::Work { error, claim })
+            }
+        }
+    }
+}
