@@ -117,12 +117,19 @@ async fn must_claim(
     }
 }
 
-/// Sleeps until `deadline` has passed by a small margin, on the caller's clock.
-async fn wait_past(deadline: SystemTime) {
+/// Sleeps until `deadline` (of a short lease or retention) has passed by a small
+/// margin, on the caller's clock. A deadline further away than a short TTL plus the
+/// clock slack is itself a failure: the store did not honour the TTL asked for.
+async fn wait_past(deadline: SystemTime) -> Result<(), Failure> {
     let target = deadline + PAST_MARGIN;
     if let Ok(left) = target.duration_since(SystemTime::now()) {
+        ensure!(
+            left <= SHORT_TTL + CLOCK_SLACK,
+            "a deadline set {SHORT_TTL:?} ahead is {left:?} away"
+        );
         tokio::time::sleep(left).await;
     }
+    Ok(())
 }
 
 fn expect_lease_lost(
@@ -370,7 +377,7 @@ pub async fn lease_expiry_takeover(factory: &dyn StoreFactory) -> CheckResult {
         ),
         "a claim before the lease deadline did not answer InFlight"
     );
-    wait_past(first.deadline).await;
+    wait_past(first.deadline).await?;
     ensure!(
         store.get(&k).await?.is_none(),
         "get shows an in-flight record whose lease passed (expiry must be logical)"
@@ -410,7 +417,7 @@ pub async fn stale_holder_is_fenced(factory: &dyn StoreFactory) -> CheckResult {
     let store = fixture.store();
     let k = key("fenced")?;
     let stale = must_claim(&*store, &k, &opts(SHORT_TTL)).await?;
-    wait_past(stale.deadline).await;
+    wait_past(stale.deadline).await?;
     // Past its deadline and not yet taken over, the lease is already dead.
     expect_lease_lost(
         "extend of a lease past its deadline",
@@ -463,7 +470,7 @@ pub async fn extend_pushes_deadline(factory: &dyn StoreFactory) -> CheckResult {
     let after = SystemTime::now();
     ensure!(extended.token == lease.token, "extend changed the token");
     deadline_near("extended lease", extended.deadline, before, after, LONG_TTL)?;
-    wait_past(lease.deadline).await;
+    wait_past(lease.deadline).await?;
     match store.claim(&k, &opts(LONG_TTL)).await? {
         ClaimOutcome::InFlight { deadline, .. } => {
             ensure!(
@@ -507,7 +514,7 @@ pub async fn retention_expiry(factory: &dyn StoreFactory) -> CheckResult {
         ),
         "a done key inside its retention did not answer Duplicate"
     );
-    wait_past(retention_deadline).await;
+    wait_past(retention_deadline).await?;
     ensure!(
         store.get(&k).await?.is_none(),
         "get shows a done record past its retention"
@@ -562,7 +569,7 @@ pub async fn expire_removes_exactly_expired(factory: &dyn StoreFactory) -> Check
         store.get(&live_flight.key).await?,
         store.get(&live_done.key).await?,
     );
-    wait_past(latest).await;
+    wait_past(latest).await?;
     let removed = store.expire().await?;
     ensure!(
         removed == 5,
@@ -1117,7 +1124,7 @@ pub async fn single_winner_takeover_race(factory: &dyn StoreFactory) -> CheckRes
             latest = latest.max(lease.deadline);
         }
     }
-    wait_past(latest).await;
+    wait_past(latest).await?;
     let per_round = race_on(&*fixture, &keys).await?;
     judge_rounds(&per_round, &keys, 2)?;
     Ok(Verdict::Passed)

@@ -1,0 +1,414 @@
+//! The suite's self-test: deliberately broken stores, and a test per broken store
+//! proving that the suite rejects it. A check that no broken store trips would be a
+//! check that cannot fail, so `every_check_is_tripped_by_some_broken_store` holds
+//! the table below to covering them all.
+//!
+//! Each broken store wraps the correct [`MemoryStore`] and breaks one thing the way
+//! real stores get it wrong.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use dedupe_conformance::{checks::CHECKS, run_all, Fixture, StoreFactory};
+use dedupe_core::{
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, MemoryStore, Record,
+    RecordState, Result,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flaw {
+    /// Reads, awaits, then writes blindly: two racers both see "absent" and both win.
+    CheckThenWrite,
+    /// `release` deletes the key without looking at the token.
+    ReleaseIgnoresToken,
+    /// `complete` marks whatever in-flight record is there as done.
+    CompleteIgnoresToken,
+    /// `extend` pushes whatever record is there (or pretends to).
+    ExtendIgnoresToken,
+    /// A record counts as live until `expire()` physically deletes it.
+    ExpiryByDeletionOnly,
+    /// `claim_many` answers a key seen twice in one batch with the first answer again.
+    ClaimManyIgnoresBatchDuplicates,
+    /// Stored outcomes come back cut at 32 KiB (a column too narrow).
+    TruncatesOutcome,
+    /// Fingerprints are never compared.
+    IgnoresFingerprint,
+    /// Claim ids are never stored, so a retried claim gets InFlight.
+    IgnoresClaimId,
+    /// Keys are stored by id alone.
+    NamespaceBlind,
+    /// Ids are folded to lower case (a case-insensitive collation).
+    CaseInsensitive,
+    /// `expire()` removes live records too.
+    ExpireRemovesLive,
+    /// `release` answers Ok and removes nothing.
+    ReleaseKeepsRecord,
+    /// `extend` answers a new deadline but stores nothing.
+    ExtendForgets,
+    /// `forget` always answers false.
+    ForgetAnswersFalse,
+    /// Advertises a 1 KiB outcome limit and does not enforce it.
+    NoOutcomeLimit,
+    /// Keys are bucketed by a short hash, so distinct keys collide.
+    HashCollisions,
+    /// Every lease lasts an hour, whatever TTL was asked.
+    DeadlineIgnoresTtl,
+    /// A live in-flight record is answered as an empty Duplicate.
+    InFlightAsDuplicate,
+    /// A takeover is reported as attempt 1.
+    TakeoverResetsAttempt,
+}
+
+#[derive(Debug, Clone)]
+struct Broken {
+    inner: MemoryStore,
+    flaw: Flaw,
+    /// Keys ever claimed and not yet physically removed.
+    physical: Arc<Mutex<HashSet<Key>>>,
+}
+
+impl Broken {
+    fn inner_key(&self, key: &Key) -> Key {
+        let mapped = match self.flaw {
+            Flaw::NamespaceBlind => Key::new("shared", key.id()),
+            Flaw::CaseInsensitive => Key::new(key.namespace(), key.id().to_lowercase()),
+            Flaw::HashCollisions => {
+                let mut h = DefaultHasher::new();
+                key.hash(&mut h);
+                Key::new(key.namespace(), format!("bucket-{}", h.finish() % 4096))
+            }
+            _ => return key.clone(),
+        };
+        mapped.unwrap_or_else(|_| key.clone())
+    }
+
+    fn inner_lease(&self, lease: &Lease) -> Lease {
+        Lease {
+            key: self.inner_key(&lease.key),
+            ..lease.clone()
+        }
+    }
+
+    fn physical(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
+        self.physical.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn current_lease(&self, key: &Key) -> Result<Option<Lease>> {
+        Ok(self.inner.get(key).await?.and_then(|r| match r.state {
+            RecordState::InFlight { lease_deadline } => Some(Lease {
+                key: key.clone(),
+                token: r.token,
+                deadline: lease_deadline,
+                attempt: r.attempts,
+                claim_id: r.claim_id,
+            }),
+            RecordState::Done { .. } => None,
+        }))
+    }
+}
+
+#[async_trait]
+impl DedupeStore for Broken {
+    async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+        let ik = self.inner_key(key);
+        let mut opts = opts.clone();
+        match self.flaw {
+            Flaw::IgnoresFingerprint => opts.fingerprint = None,
+            Flaw::IgnoresClaimId => opts.claim_id = None,
+            Flaw::DeadlineIgnoresTtl if !opts.lease_ttl.is_zero() => {
+                opts.lease_ttl = Duration::from_secs(3600)
+            }
+            _ => {}
+        }
+        let answer = match self.flaw {
+            Flaw::CheckThenWrite if self.inner.get(&ik).await?.is_none() => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                self.inner.forget(&ik).await?;
+                self.inner.claim(&ik, &opts).await?
+            }
+            Flaw::ExpiryByDeletionOnly
+                if self.physical().contains(&ik) && self.inner.get(&ik).await?.is_none() =>
+            {
+                ClaimOutcome::InFlight {
+                    deadline: SystemTime::now(),
+                    attempt: 1,
+                }
+            }
+            _ => self.inner.claim(&ik, &opts).await?,
+        };
+        Ok(match answer {
+            ClaimOutcome::Claimed(mut lease) => {
+                self.physical().insert(ik);
+                lease.key = key.clone();
+                if self.flaw == Flaw::TakeoverResetsAttempt {
+                    lease.attempt = 1;
+                }
+                ClaimOutcome::Claimed(lease)
+            }
+            ClaimOutcome::Duplicate {
+                mut outcome,
+                completed_at,
+            } => {
+                if self.flaw == Flaw::TruncatesOutcome {
+                    outcome.truncate(32 * 1024);
+                }
+                ClaimOutcome::Duplicate {
+                    outcome,
+                    completed_at,
+                }
+            }
+            ClaimOutcome::InFlight { .. } if self.flaw == Flaw::InFlightAsDuplicate => {
+                ClaimOutcome::Duplicate {
+                    outcome: Vec::new(),
+                    completed_at: SystemTime::now(),
+                }
+            }
+            other => other,
+        })
+    }
+
+    async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+        let lease = self.inner_lease(lease);
+        if self.flaw == Flaw::CompleteIgnoresToken {
+            if let Some(current) = self.current_lease(&lease.key).await? {
+                return self.inner.complete(&current, outcome, retention).await;
+            }
+        }
+        self.inner.complete(&lease, outcome, retention).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let lease = self.inner_lease(lease);
+        match self.flaw {
+            Flaw::ReleaseIgnoresToken => {
+                self.inner.forget(&lease.key).await?;
+                Ok(())
+            }
+            Flaw::ReleaseKeepsRecord => Ok(()),
+            _ => {
+                self.inner.release(&lease).await?;
+                self.physical().remove(&lease.key);
+                Ok(())
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let inner = self.inner_lease(lease);
+        let pretend = Lease {
+            deadline: SystemTime::now() + ttl,
+            ..lease.clone()
+        };
+        match self.flaw {
+            Flaw::ExtendIgnoresToken => match self.current_lease(&inner.key).await? {
+                Some(current) => self.inner.extend(&current, ttl).await.map(|_| pretend),
+                None => Ok(pretend),
+            },
+            Flaw::ExtendForgets => Ok(pretend),
+            _ => {
+                let mut extended = self.inner.extend(&inner, ttl).await?;
+                extended.key = lease.key.clone();
+                Ok(extended)
+            }
+        }
+    }
+
+    async fn expire(&self) -> Result<u64> {
+        if self.flaw == Flaw::ExpireRemovesLive {
+            let keys: Vec<Key> = self.physical().drain().collect();
+            let mut removed = 0;
+            for k in keys {
+                self.inner.forget(&k).await?;
+                removed += 1;
+            }
+            return Ok(removed);
+        }
+        let removed = self.inner.expire().await?;
+        let keys: Vec<Key> = self.physical().iter().cloned().collect();
+        for k in keys {
+            if self.inner.get(&k).await?.is_none() {
+                self.physical().remove(&k);
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        Ok(self.inner.get(&self.inner_key(key)).await?.map(|mut r| {
+            r.key = key.clone();
+            r
+        }))
+    }
+
+    async fn forget(&self, key: &Key) -> Result<bool> {
+        let ik = self.inner_key(key);
+        self.physical().remove(&ik);
+        let had = self.inner.forget(&ik).await?;
+        Ok(had && self.flaw != Flaw::ForgetAnswersFalse)
+    }
+
+    async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+        let mut seen: HashMap<&Key, ClaimOutcome> = HashMap::new();
+        let mut answers = Vec::with_capacity(keys.len());
+        for key in keys {
+            let answer = match seen.get(key) {
+                Some(first) if self.flaw == Flaw::ClaimManyIgnoresBatchDuplicates => first.clone(),
+                _ => self.claim(key, opts).await?,
+            };
+            seen.insert(key, answer.clone());
+            answers.push(answer);
+        }
+        Ok(answers)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let caps = self.inner.capabilities();
+        if self.flaw == Flaw::NoOutcomeLimit {
+            caps.with_max_outcome_bytes(1024)
+        } else {
+            caps
+        }
+    }
+}
+
+struct BrokenFactory(Flaw);
+
+struct BrokenFixture(Broken);
+
+#[async_trait]
+impl StoreFactory for BrokenFactory {
+    async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
+        Ok(Box::new(BrokenFixture(Broken {
+            inner: MemoryStore::new(),
+            flaw: self.0,
+            physical: Arc::default(),
+        })))
+    }
+}
+
+#[async_trait]
+impl Fixture for BrokenFixture {
+    fn store(&self) -> Arc<dyn DedupeStore> {
+        Arc::new(self.0.clone())
+    }
+
+    async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
+        Ok(Arc::new(self.0.clone()))
+    }
+}
+
+/// Which checks each broken store must trip (at least these; others may fail too).
+const EXPECTED: &[(Flaw, &[&str])] = &[
+    (
+        Flaw::CheckThenWrite,
+        &["single_winner_race", "single_winner_takeover_race"],
+    ),
+    (Flaw::ReleaseIgnoresToken, &["stale_holder_is_fenced"]),
+    (Flaw::CompleteIgnoresToken, &["stale_holder_is_fenced"]),
+    (Flaw::ExtendIgnoresToken, &["stale_holder_is_fenced"]),
+    (
+        Flaw::ExpiryByDeletionOnly,
+        &["lease_expiry_takeover", "retention_expiry"],
+    ),
+    (
+        Flaw::ClaimManyIgnoresBatchDuplicates,
+        &["claim_many_matches_claim"],
+    ),
+    (Flaw::TruncatesOutcome, &["duplicate_returns_exact_outcome"]),
+    (Flaw::IgnoresFingerprint, &["fingerprint_mismatch"]),
+    (Flaw::IgnoresClaimId, &["reentrant_claim_id"]),
+    (Flaw::NamespaceBlind, &["namespaces_isolate"]),
+    (Flaw::CaseInsensitive, &["key_case_unicode_and_max_length"]),
+    (Flaw::ExpireRemovesLive, &["expire_removes_exactly_expired"]),
+    (Flaw::ReleaseKeepsRecord, &["release_then_reclaim"]),
+    (Flaw::ExtendForgets, &["extend_pushes_deadline"]),
+    (Flaw::ForgetAnswersFalse, &["forget_removes_any_state"]),
+    (
+        Flaw::NoOutcomeLimit,
+        &["bad_input_rejected_nothing_written"],
+    ),
+    (Flaw::HashCollisions, &["ten_thousand_distinct_keys"]),
+    (Flaw::DeadlineIgnoresTtl, &["fresh_claim"]),
+    (Flaw::InFlightAsDuplicate, &["in_flight_answer"]),
+    (
+        Flaw::TakeoverResetsAttempt,
+        &["single_winner_takeover_race", "lease_expiry_takeover"],
+    ),
+];
+
+async fn assert_rejected(flaw: Flaw) {
+    let expected = EXPECTED
+        .iter()
+        .find(|(f, _)| *f == flaw)
+        .map(|(_, checks)| *checks)
+        .unwrap_or_else(|| panic!("{flaw:?} has no expectations"));
+    let report = run_all(&BrokenFactory(flaw)).await;
+    let failed: HashSet<&str> = report.failures().map(|(name, _)| name).collect();
+    assert!(
+        !report.all_passed(),
+        "the suite passed a store with {flaw:?}:\n{report}"
+    );
+    for check in expected {
+        assert!(
+            failed.contains(check),
+            "{check} did not catch {flaw:?}:\n{report}"
+        );
+    }
+    println!("{flaw:?} caught by: {failed:?}");
+}
+
+macro_rules! broken_store_tests {
+    ($($test:ident => $flaw:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            assert_rejected(Flaw::$flaw).await;
+        }
+    )*};
+}
+
+broken_store_tests!(
+    rejects_check_then_write => CheckThenWrite,
+    rejects_release_ignoring_token => ReleaseIgnoresToken,
+    rejects_complete_ignoring_token => CompleteIgnoresToken,
+    rejects_extend_ignoring_token => ExtendIgnoresToken,
+    rejects_expiry_by_deletion_only => ExpiryByDeletionOnly,
+    rejects_claim_many_ignoring_batch_duplicates => ClaimManyIgnoresBatchDuplicates,
+    rejects_truncated_outcome => TruncatesOutcome,
+    rejects_ignored_fingerprint => IgnoresFingerprint,
+    rejects_ignored_claim_id => IgnoresClaimId,
+    rejects_namespace_blind_keys => NamespaceBlind,
+    rejects_case_insensitive_keys => CaseInsensitive,
+    rejects_expire_removing_live_records => ExpireRemovesLive,
+    rejects_release_keeping_record => ReleaseKeepsRecord,
+    rejects_extend_that_forgets => ExtendForgets,
+    rejects_forget_answering_false => ForgetAnswersFalse,
+    rejects_unenforced_outcome_limit => NoOutcomeLimit,
+    rejects_hash_collisions => HashCollisions,
+    rejects_deadline_ignoring_ttl => DeadlineIgnoresTtl,
+    rejects_in_flight_as_duplicate => InFlightAsDuplicate,
+    rejects_takeover_resetting_attempt => TakeoverResetsAttempt,
+);
+
+#[test]
+fn every_check_is_tripped_by_some_broken_store() {
+    let tripped: HashSet<&str> = EXPECTED
+        .iter()
+        .flat_map(|(_, c)| c.iter().copied())
+        .collect();
+    let untested: Vec<&str> = CHECKS
+        .iter()
+        .map(|c| c.name)
+        .filter(|n| !tripped.contains(n))
+        .collect();
+    assert!(untested.is_empty(), "no broken store trips {untested:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reference_store_passes_everything() {
+    let report = run_all(&dedupe_conformance::MemoryFactory).await;
+    assert!(report.all_passed(), "{report}");
+    assert_eq!(report.checks.len(), CHECKS.len());
+}
