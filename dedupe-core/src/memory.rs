@@ -9,9 +9,7 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 use crate::key::{ClaimId, Fingerprint, Key};
 use crate::store::DedupeStore;
-use crate::types::{
-    check_ttl, ClaimOptions, ClaimOutcome, Lease, LeaseToken, Record, RecordState, RecordStateKind,
-};
+use crate::types::{check_ttl, ClaimOptions, ClaimOutcome, Lease, LeaseToken, Record, RecordState};
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -126,31 +124,7 @@ impl MemoryStore {
         now: SystemTime,
     ) -> ClaimOutcome {
         let previous = match map.get(key) {
-            Some(entry) if entry.is_live(now) => {
-                if let (Some(given), Some(stored)) = (&opts.fingerprint, &entry.fingerprint) {
-                    if given != stored {
-                        let state = if entry.done.is_some() {
-                            RecordStateKind::Done
-                        } else {
-                            RecordStateKind::InFlight
-                        };
-                        return ClaimOutcome::Mismatch { state };
-                    }
-                }
-                return match &entry.done {
-                    Some((completed_at, outcome)) => ClaimOutcome::Duplicate {
-                        outcome: outcome.clone(),
-                        completed_at: *completed_at,
-                    },
-                    None if opts.claim_id.is_some() && opts.claim_id == entry.claim_id => {
-                        ClaimOutcome::Claimed(entry.lease(key))
-                    }
-                    None => ClaimOutcome::InFlight {
-                        deadline: entry.expires_at,
-                        attempt: entry.attempts,
-                    },
-                };
-            }
+            Some(entry) if entry.is_live(now) => return entry.record(key).into_claim_answer(opts),
             other => other,
         };
         // Absent or expired: this claim wins. Taking over an expired in-flight record

@@ -295,6 +295,50 @@ impl Record {
     }
 }
 
+impl Record {
+    /// The answer a claim with `opts` gets from this record when it is live (its
+    /// deadline not passed): `Mismatch` when both sides carry fingerprints that
+    /// differ, `Duplicate` when done, `Claimed` with the same lease when in flight
+    /// and held by the same claim id, `InFlight` otherwise.
+    ///
+    /// Store implementations call this after their atomic claim found a live record,
+    /// so every store answers losing claims by the same rule.
+    pub fn into_claim_answer(self, opts: &ClaimOptions) -> ClaimOutcome {
+        if let (Some(given), Some(stored)) = (&opts.fingerprint, &self.fingerprint) {
+            if given != stored {
+                return ClaimOutcome::Mismatch {
+                    state: self.state.kind(),
+                };
+            }
+        }
+        match self.state {
+            RecordState::Done {
+                completed_at,
+                outcome,
+                ..
+            } => ClaimOutcome::Duplicate {
+                outcome,
+                completed_at,
+            },
+            RecordState::InFlight { lease_deadline }
+                if opts.claim_id.is_some() && opts.claim_id == self.claim_id =>
+            {
+                ClaimOutcome::Claimed(Lease {
+                    key: self.key,
+                    token: self.token,
+                    deadline: lease_deadline,
+                    attempt: self.attempts,
+                    claim_id: self.claim_id,
+                })
+            }
+            RecordState::InFlight { lease_deadline } => ClaimOutcome::InFlight {
+                deadline: lease_deadline,
+                attempt: self.attempts,
+            },
+        }
+    }
+}
+
 /// How long done records are kept, with per-namespace overrides.
 ///
 /// The default is [`Retention::DEFAULT`], 35 days: a done record must outlive the

@@ -1,1 +1,15 @@
+//! # dedupe-sqlite
+//!
+//! The embedded default store of dedupe: idempotency records in one table of a
+//! SQLite file (rusqlite, bundled SQLite), safe when several threads and several
+//! processes open the same file. See [`SqliteStore`] for the atomic primitive it
+//! relies on, and [`SqliteStore::claim_in`] for the transactional claim.
 
+mod error;
+mod sql;
+mod store;
+
+pub use store::{SqliteBuilder, SqliteStore};
+
+// The caller's transactions are rusqlite's; name the same version.
+pub use rusqlite;
