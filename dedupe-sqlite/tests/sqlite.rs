@@ -1,0 +1,487 @@
+//! SQLite-specific behaviour: races across OS processes, the transactional claim
+//! (commit, rollback, a crash mid-transaction, concurrent transactions), a locked
+//! database, bad configuration and corrupt rows.
+//!
+//! Child processes are this test binary run again with `--ignored --exact <name>`
+//! and an environment variable naming their job.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
+use dedupe_sqlite::rusqlite::{Connection, TransactionBehavior};
+use dedupe_sqlite::SqliteStore;
+
+const PROCESSES: usize = 4;
+const TASKS_PER_PROCESS: usize = 8;
+const ROUNDS: usize = 100;
+
+fn key(id: &str) -> Key {
+    Key::new("proc", id).expect("valid key")
+}
+
+fn child(test: &str, envs: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary path"));
+    cmd.args([
+        "--ignored",
+        "--exact",
+        test,
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn wait_for(path: &Path, what: &str) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Four OS processes with eight connections each race on the same 100 keys of one
+/// file; every key is Claimed exactly once across all 32 racers.
+#[test]
+fn single_winner_across_processes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("shared.db");
+    let go = dir.path().join("go");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime
+        .block_on(SqliteStore::open(&db))
+        .expect("create the file");
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|n| {
+            child(
+                "child_racer",
+                &[
+                    ("DEDUPE_CHILD_DB", db.display().to_string()),
+                    ("DEDUPE_CHILD_GO", go.display().to_string()),
+                    (
+                        "DEDUPE_CHILD_READY",
+                        dir.path().join(format!("ready-{n}")).display().to_string(),
+                    ),
+                ],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn racer")
+        })
+        .collect();
+    for n in 0..PROCESSES {
+        wait_for(
+            &dir.path().join(format!("ready-{n}")),
+            "racers to open their connections",
+        );
+    }
+    std::fs::write(&go, b"go").expect("start signal");
+    let mut claimed = vec![0usize; ROUNDS];
+    let mut answers = vec![0usize; ROUNDS];
+    for c in children {
+        let out = c.wait_with_output().expect("racer output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "racer failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for line in stdout
+            .lines()
+            .filter_map(|l| l.split_once("ANSWER ").map(|(_, rest)| rest))
+        {
+            let (round, kind) = line.split_once(' ').expect("ANSWER round kind");
+            let round: usize = round.parse().expect("round number");
+            answers[round] += 1;
+            match kind {
+                "claimed" => claimed[round] += 1,
+                "in-flight" => {}
+                other => panic!("round {round}: a racer answered {other}"),
+            }
+        }
+    }
+    for round in 0..ROUNDS {
+        assert_eq!(
+            answers[round],
+            PROCESSES * TASKS_PER_PROCESS,
+            "round {round}: answers missing"
+        );
+        assert_eq!(
+            claimed[round], 1,
+            "round {round}: {} racers across processes were Claimed",
+            claimed[round]
+        );
+    }
+}
+
+#[test]
+#[ignore = "run by single_winner_across_processes in a child process"]
+fn child_racer() {
+    let db = PathBuf::from(std::env::var("DEDUPE_CHILD_DB").expect("child job"));
+    let go = PathBuf::from(std::env::var("DEDUPE_CHILD_GO").expect("start file"));
+    let ready = PathBuf::from(std::env::var("DEDUPE_CHILD_READY").expect("ready file"));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let mut handles = Vec::new();
+        for _ in 0..TASKS_PER_PROCESS {
+            handles.push(SqliteStore::open(&db).await.expect("open"));
+        }
+        std::fs::write(&ready, b"ready").expect("ready file");
+        wait_for(&go, "the start signal");
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS_PER_PROCESS));
+        let tasks: Vec<_> = handles
+            .into_iter()
+            .map(|store| {
+                let barrier = Arc::clone(&barrier);
+                tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    for round in 0..ROUNDS {
+                        barrier.wait().await;
+                        let answer = store
+                            .claim(
+                                &key(&format!("round-{round}")),
+                                &ClaimOptions::new(Duration::from_secs(600)),
+                            )
+                            .await
+                            .expect("claim");
+                        out.push((round, answer.kind()));
+                    }
+                    out
+                })
+            })
+            .collect();
+        for task in tasks {
+            for (round, kind) in task.await.expect("racer task") {
+                println!("ANSWER {round} {kind}");
+            }
+        }
+    });
+}
+
+fn orders_table(conn: &Connection) {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS orders (event_id TEXT PRIMARY KEY, amount INTEGER NOT NULL)",
+    )
+    .expect("orders table");
+}
+
+fn order_count(db: &Path) -> i64 {
+    Connection::open(db)
+        .expect("open")
+        .query_row("SELECT count(*) FROM orders", [], |r| r.get(0))
+        .expect("count orders")
+}
+
+/// Handles one event the transactional way: claim, business write, complete, all
+/// in the caller's transaction; answers what the claim said.
+fn handle_in_tx(store: &SqliteStore, conn: &mut Connection, k: &Key, commit: bool) -> &'static str {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .expect("begin");
+    let answer = store
+        .claim_in(&tx, k, &ClaimOptions::default())
+        .expect("claim in tx");
+    let kind = answer.kind();
+    if let ClaimOutcome::Claimed(lease) = answer {
+        tx.execute(
+            "INSERT INTO orders (event_id, amount) VALUES (?1, 2500)",
+            [k.id()],
+        )
+        .expect("business write");
+        store
+            .complete_in(&tx, &lease, b"order created", Duration::from_secs(3600))
+            .expect("complete in tx");
+    }
+    if commit {
+        tx.commit().expect("commit");
+    } else {
+        tx.rollback().expect("rollback");
+    }
+    kind
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_claim_commits_with_the_business_write() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("tx.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    let mut conn = Connection::open(&db).expect("caller's connection");
+    conn.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    orders_table(&conn);
+    let k = key("evt_commit");
+
+    assert_eq!(handle_in_tx(&store, &mut conn, &k, true), "claimed");
+    assert_eq!(order_count(&db), 1);
+    match store
+        .claim(&k, &ClaimOptions::default())
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"order created"),
+        other => panic!("after commit the event answers {other:?}"),
+    }
+    assert_eq!(handle_in_tx(&store, &mut conn, &k, true), "duplicate");
+    assert_eq!(
+        order_count(&db),
+        1,
+        "a duplicate delivery wrote a second order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_claim_rolled_back_leaves_the_event_claimable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("tx.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    let mut conn = Connection::open(&db).expect("caller's connection");
+    orders_table(&conn);
+    let k = key("evt_rollback");
+    assert_eq!(handle_in_tx(&store, &mut conn, &k, false), "claimed");
+    assert_eq!(order_count(&db), 0);
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "a rolled-back claim left a record"
+    );
+    assert_eq!(handle_in_tx(&store, &mut conn, &k, true), "claimed");
+    assert_eq!(order_count(&db), 1);
+}
+
+/// Two transactions on one key: the second waits on the write lock, then sees the
+/// first's work done (commit) or claims it itself (rollback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_transactions_on_one_key_have_one_winner() {
+    for first_commits in [true, false] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("tx.db");
+        let store = SqliteStore::open(&db).await.expect("open");
+        orders_table(&Connection::open(&db).expect("open"));
+        let k = key("evt_contended");
+        let (holding_tx, hold) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release) = std::sync::mpsc::channel::<()>();
+        let first = {
+            let (store, db, k) = (store.clone(), db.clone(), k.clone());
+            std::thread::spawn(move || {
+                let mut conn = Connection::open(&db).expect("open");
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .expect("begin");
+                let lease = store
+                    .claim_in(&tx, &k, &ClaimOptions::default())
+                    .expect("claim")
+                    .lease()
+                    .cloned()
+                    .expect("first claims");
+                tx.execute(
+                    "INSERT INTO orders (event_id, amount) VALUES (?1, 1)",
+                    [k.id()],
+                )
+                .expect("write");
+                store
+                    .complete_in(&tx, &lease, b"first", Duration::from_secs(60))
+                    .expect("complete");
+                holding_tx.send(()).expect("signal");
+                release.recv().expect("wait");
+                if first_commits {
+                    tx.commit().expect("commit");
+                } else {
+                    tx.rollback().expect("rollback");
+                }
+            })
+        };
+        hold.recv().expect("first holds the lock");
+        let second = {
+            let (store, db, k) = (store.clone(), db.clone(), k.clone());
+            std::thread::spawn(move || {
+                let mut conn = Connection::open(&db).expect("open");
+                conn.busy_timeout(Duration::from_secs(10))
+                    .expect("busy timeout");
+                handle_in_tx(&store, &mut conn, &k, true)
+            })
+        };
+        // The second is now blocked on the write lock; let the first finish.
+        std::thread::sleep(Duration::from_millis(50));
+        release_tx.send(()).expect("release first");
+        first.join().expect("first thread");
+        let second_answer = second.join().expect("second thread");
+        assert_eq!(order_count(&db), 1, "exactly one order whoever won");
+        if first_commits {
+            assert_eq!(second_answer, "duplicate");
+        } else {
+            assert_eq!(second_answer, "claimed");
+        }
+    }
+}
+
+/// A process that dies between claim and commit leaves nothing half-done: no
+/// record, no order, and the next delivery claims the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_mid_transaction_leaves_the_event_claimable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("crash.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    orders_table(&Connection::open(&db).expect("open"));
+    let out = child(
+        "child_crasher",
+        &[("DEDUPE_CHILD_DB", db.display().to_string())],
+    )
+    .output()
+    .expect("run crasher");
+    assert!(!out.status.success(), "the crasher was meant to abort");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("CLAIMED-AND-WROTE"),
+        "the crasher never got mid-way"
+    );
+    assert_eq!(order_count(&db), 0, "a crashed transaction left its order");
+    match store
+        .claim(&key("evt_crash"), &ClaimOptions::default())
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Claimed(lease) => assert_eq!(lease.attempt, 1),
+        other => panic!("after the crash the event answers {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "run by crash_mid_transaction_leaves_the_event_claimable in a child process"]
+fn child_crasher() {
+    let db = PathBuf::from(std::env::var("DEDUPE_CHILD_DB").expect("child job"));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let store = runtime.block_on(SqliteStore::open(&db)).expect("open");
+    let mut conn = Connection::open(&db).expect("open");
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .expect("begin");
+    let k = key("evt_crash");
+    let lease = store
+        .claim_in(&tx, &k, &ClaimOptions::default())
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("claimed");
+    tx.execute(
+        "INSERT INTO orders (event_id, amount) VALUES (?1, 9)",
+        [k.id()],
+    )
+    .expect("write");
+    store
+        .complete_in(&tx, &lease, b"never committed", Duration::from_secs(60))
+        .expect("complete");
+    println!("CLAIMED-AND-WROTE");
+    std::process::abort();
+}
+
+/// A database locked by another writer past the busy timeout answers a retryable
+/// Timeout, writes nothing, and works again once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_database_is_a_retryable_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("locked.db");
+    let store = SqliteStore::builder(&db)
+        .busy_timeout(Duration::from_millis(100))
+        .open()
+        .await
+        .expect("open");
+    let mut blocker = Connection::open(&db).expect("open");
+    let tx = blocker
+        .transaction_with_behavior(TransactionBehavior::Exclusive)
+        .expect("lock");
+    let k = key("evt_locked");
+    match store.claim(&k, &ClaimOptions::default()).await {
+        Err(e @ Error::Timeout { .. }) => {
+            assert!(e.is_retryable());
+            assert!(
+                std::error::Error::source(&e).is_some(),
+                "the driver's error was dropped"
+            );
+        }
+        other => panic!("a locked database answered {other:?}"),
+    }
+    tx.rollback().expect("unlock");
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "the failed claim wrote a record"
+    );
+    assert!(matches!(
+        store.claim(&k, &ClaimOptions::default()).await,
+        Ok(ClaimOutcome::Claimed(_))
+    ));
+}
+
+#[tokio::test]
+async fn table_names_must_be_plain_identifiers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("names.db");
+    for bad in [
+        "",
+        "1abc",
+        "records; DROP TABLE x",
+        "a\"b",
+        "dédupe",
+        &"x".repeat(64),
+    ] {
+        match SqliteStore::builder(&db).table(bad).open().await {
+            Err(Error::InvalidConfig { .. }) => {}
+            other => panic!("table name {bad:?} answered {other:?}"),
+        }
+    }
+    assert!(!db.exists(), "a refused configuration created the file");
+    let store = SqliteStore::builder(&db)
+        .table("Webhook_Events_2")
+        .open()
+        .await
+        .expect("a plain identifier");
+    assert_eq!(store.table_name(), "Webhook_Events_2");
+    assert!(matches!(
+        store.claim(&key("e"), &ClaimOptions::default()).await,
+        Ok(ClaimOutcome::Claimed(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_rows_are_reported_not_guessed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("corrupt.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    let far = i64::MAX / 2;
+    let conn = Connection::open(&db).expect("open");
+    let rows = [
+        ("bad-state", format!("INSERT INTO dedupe_records VALUES ('proc','bad-state',7,'t',NULL,NULL,{far},NULL,NULL,1,0)")),
+        ("done-no-outcome", format!("INSERT INTO dedupe_records VALUES ('proc','done-no-outcome',1,'t',NULL,NULL,{far},5,NULL,1,0)")),
+        ("zero-attempts", format!("INSERT INTO dedupe_records VALUES ('proc','zero-attempts',0,'t',NULL,NULL,{far},NULL,NULL,0,0)")),
+        ("huge-fingerprint", format!("INSERT INTO dedupe_records VALUES ('proc','huge-fingerprint',0,'t',NULL,zeroblob(100),{far},NULL,NULL,1,0)")),
+    ];
+    for (id, sql) in rows {
+        conn.execute_batch(&sql).expect("plant a corrupt row");
+        let k = key(id);
+        match store.claim(&k, &ClaimOptions::default()).await {
+            Err(Error::CorruptRecord { key, .. }) => assert_eq!(key, k.to_string()),
+            other => panic!("claim of corrupt row {id} answered {other:?}"),
+        }
+        assert!(
+            matches!(store.get(&k).await, Err(Error::CorruptRecord { .. })),
+            "get of {id}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_an_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("garbage.db");
+    std::fs::write(&db, vec![0x5a; 8192]).expect("garbage");
+    match SqliteStore::open(&db).await {
+        Err(e) => assert!(!e.is_retryable(), "{e}"),
+        Ok(_) => panic!("opened a file that is not a database"),
+    }
+}
