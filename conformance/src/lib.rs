@@ -35,12 +35,15 @@ pub use tokio as __tokio;
 /// Expands to one `#[tokio::test]` per conformance check, each creating its store
 /// from `$factory` (an expression whose value implements [`StoreFactory`]).
 ///
-/// ```ignore
-/// dedupe_conformance::suite!(my_store::tests::Factory::new());
+/// ```
+/// // tests/conformance.rs of a store crate (here: the memory store's factory).
+/// dedupe_conformance::suite!(dedupe_conformance::MemoryFactory);
+/// # fn main() {}
 /// ```
 ///
-/// Put it at the top level of an integration test file (or inside a module). A
-/// skipped check prints `SKIPPED` with the reason and passes.
+/// Put it at the top level of an integration test file (or inside a module); the
+/// crate needs `tokio` as a dev-dependency. A skipped check prints `SKIPPED` with
+/// the reason and passes; [`run_all`] lists skips in its report.
 #[macro_export]
 macro_rules! suite {
     ($factory:expr) => {

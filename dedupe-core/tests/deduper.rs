@@ -21,13 +21,31 @@ async fn failed_work_is_released_and_runs_again() {
     let store = MemoryStore::new();
     let deduper = Deduper::new(Arc::new(store.clone()));
     let k = key("retry-me");
-    match deduper.run(&k, |_| async { Err::<Vec<u8>, _>(Declined) }).await {
-        Err(HandleError::Work { claim: Ok(OnFailure::Release), .. }) => {}
+    match deduper
+        .run(&k, |_| async { Err::<Vec<u8>, _>(Declined) })
+        .await
+    {
+        Err(HandleError::Work {
+            claim: Ok(OnFailure::Release),
+            ..
+        }) => {}
         other => panic!("failed work answered {other:?}"),
     }
-    assert!(store.get(&k).await.expect("get").is_none(), "the failed claim was not released");
-    let second = deduper.run(&k, |_| async { Ok::<_, Declined>(b"ok".to_vec()) }).await.expect("second run");
-    assert_eq!(second, Handled::Ran { outcome: b"ok".to_vec(), attempt: 1 });
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "the failed claim was not released"
+    );
+    let second = deduper
+        .run(&k, |_| async { Ok::<_, Declined>(b"ok".to_vec()) })
+        .await
+        .expect("second run");
+    assert_eq!(
+        second,
+        Handled::Ran {
+            outcome: b"ok".to_vec(),
+            attempt: 1
+        }
+    );
 }
 
 #[tokio::test]
@@ -35,15 +53,28 @@ async fn kept_failures_are_answered_as_duplicates() {
     let store = MemoryStore::new();
     let deduper = Deduper::new(Arc::new(store.clone())).with_on_failure(OnFailure::Keep);
     let k = key("keep-failure");
-    match deduper.run(&k, |_| async { Err::<Vec<u8>, _>(Declined) }).await {
-        Err(HandleError::Work { claim: Ok(OnFailure::Keep), .. }) => {}
+    match deduper
+        .run(&k, |_| async { Err::<Vec<u8>, _>(Declined) })
+        .await
+    {
+        Err(HandleError::Work {
+            claim: Ok(OnFailure::Keep),
+            ..
+        }) => {}
         other => panic!("failed work answered {other:?}"),
     }
     let again = deduper
-        .run(&k, |_| async { panic!("kept failures must not run again") as Result<Vec<u8>, Declined> })
+        .run(&k, |_| async {
+            panic!("kept failures must not run again") as Result<Vec<u8>, Declined>
+        })
         .await
         .expect("second run");
-    assert_eq!(again, Handled::Duplicate { outcome: b"payment provider said no".to_vec() });
+    assert_eq!(
+        again,
+        Handled::Duplicate {
+            outcome: b"payment provider said no".to_vec()
+        }
+    );
 }
 
 #[tokio::test]
@@ -55,13 +86,21 @@ async fn a_panic_in_the_work_releases_the_claim() {
         let (deduper, k) = (deduper.clone(), k.clone());
         tokio::spawn(async move {
             deduper
-                .run(&k, |_| async { panic!("handler bug") as Result<Vec<u8>, Declined> })
+                .run(&k, |_| async {
+                    panic!("handler bug") as Result<Vec<u8>, Declined>
+                })
                 .await
         })
     };
     let joined = task.await;
-    assert!(joined.is_err_and(|e| e.is_panic()), "the panic was swallowed");
-    assert!(store.get(&k).await.expect("get").is_none(), "a panicking worker kept its claim");
+    assert!(
+        joined.is_err_and(|e| e.is_panic()),
+        "the panic was swallowed"
+    );
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "a panicking worker kept its claim"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,16 +121,25 @@ async fn dropping_the_run_mid_work_releases_the_claim() {
         })
     };
     started.await.expect("work started");
-    assert!(store.get(&k).await.expect("get").is_some(), "the work runs under a claim");
+    assert!(
+        store.get(&k).await.expect("get").is_some(),
+        "the work runs under a claim"
+    );
     task.abort();
     assert!(task.await.is_err_and(|e| e.is_cancelled()));
     // The release runs on a task spawned from Drop; wait for its effect, bounded.
     let since = Instant::now();
     while store.get(&k).await.expect("get").is_some() {
-        assert!(since.elapsed() < Duration::from_secs(5), "the dropped run never released its claim");
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "the dropped run never released its claim"
+        );
         tokio::task::yield_now().await;
     }
-    let again = deduper.run(&k, |_| async { Ok::<_, Declined>(b"second".to_vec()) }).await.expect("rerun");
+    let again = deduper
+        .run(&k, |_| async { Ok::<_, Declined>(b"second".to_vec()) })
+        .await
+        .expect("rerun");
     assert!(matches!(again, Handled::Ran { .. }));
 }
 
@@ -101,17 +149,24 @@ async fn in_flight_and_mismatch_do_not_run_the_work() {
     let deduper = Deduper::new(Arc::clone(&store));
     let k = key("busy");
     let holder = store
-        .claim(&k, &ClaimOptions::default().with_fingerprint(Fingerprint::sha256(b"a")))
+        .claim(
+            &k,
+            &ClaimOptions::default().with_fingerprint(Fingerprint::sha256(b"a")),
+        )
         .await
         .expect("claim");
     let answer = deduper
-        .run(&k, |_| async { panic!("must not run") as Result<Vec<u8>, Declined> })
+        .run(&k, |_| async {
+            panic!("must not run") as Result<Vec<u8>, Declined>
+        })
         .await
         .expect("run");
     assert!(matches!(answer, Handled::InFlight { .. }), "{answer:?}");
     let opts = ClaimOptions::default().with_fingerprint(Fingerprint::sha256(b"b"));
     let answer = deduper
-        .run_with(&k, opts, |_| async { panic!("must not run") as Result<Vec<u8>, Declined> })
+        .run_with(&k, opts, |_| async {
+            panic!("must not run") as Result<Vec<u8>, Declined>
+        })
         .await
         .expect("run");
     assert_eq!(answer, Handled::Mismatch);
@@ -131,7 +186,10 @@ async fn work_that_outlives_its_lease_is_reported_not_recorded() {
             async move {
                 tokio::time::sleep_until((Instant::now() + Duration::from_millis(40)).into()).await;
                 // Another delivery takes the event over after the deadline.
-                let taken = store.claim(&lease.key, &ClaimOptions::default()).await.expect("claim");
+                let taken = store
+                    .claim(&lease.key, &ClaimOptions::default())
+                    .await
+                    .expect("claim");
                 assert!(taken.lease().is_some_and(|l| l.is_takeover()));
                 Ok::<_, Declined>(b"late".to_vec())
             }
@@ -144,7 +202,14 @@ async fn work_that_outlives_its_lease_is_reported_not_recorded() {
         }
         other => panic!("a lost lease answered {other:?}"),
     }
-    let record = store.get(&k).await.expect("get").expect("the new holder's record");
-    assert!(matches!(record.state, RecordState::InFlight { .. }), "the stale worker overwrote the new holder");
+    let record = store
+        .get(&k)
+        .await
+        .expect("get")
+        .expect("the new holder's record");
+    assert!(
+        matches!(record.state, RecordState::InFlight { .. }),
+        "the stale worker overwrote the new holder"
+    );
     assert_eq!(record.attempts, 2);
 }

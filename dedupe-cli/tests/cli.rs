@@ -1,0 +1,69 @@
+//! The `dedupe` binary end to end.
+
+use std::process::Command;
+
+fn dedupe(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+        .args(args)
+        .output()
+        .expect("run dedupe");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn race_on_sqlite_processes_every_event_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("race.db");
+    let file = file.to_str().expect("utf-8 path");
+    let (ok, out) = dedupe(&[
+        "race",
+        "--file",
+        file,
+        "--events",
+        "60",
+        "--copies",
+        "5",
+        "--workers",
+        "12",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("claims won (work ran):     60"), "{out}");
+    assert!(out.contains("duplicates answered:       240"), "{out}");
+    assert!(
+        out.contains(
+            "events whose work ran once: 60 of 60; done before this run: 0; more than once: 0"
+        ),
+        "{out}"
+    );
+    // The same file again: every event is now a duplicate and no work runs.
+    let (ok, out) = dedupe(&["race", "--file", file, "--events", "60", "--copies", "2"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("done before this run: 60; more than once: 0"),
+        "{out}"
+    );
+    assert!(out.contains("claims won (work ran):     0"), "{out}");
+    assert!(out.contains("duplicates answered:       120"), "{out}");
+}
+
+#[test]
+fn conformance_report_on_memory() {
+    let (ok, out) = dedupe(&["conformance", "--store", "memory"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("19 checks: 19 passed, 0 skipped, 0 failed"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let (ok, out) = dedupe(&["race", "--store", "oracle"]);
+    assert!(!ok);
+    assert!(out.contains("invalid value 'oracle'"), "{out}");
+}
