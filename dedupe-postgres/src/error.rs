@@ -1,0 +1,56 @@
+//! Mapping sqlx's errors into the core's typed error.
+
+use std::time::Duration;
+
+use dedupe_core::Error;
+
+/// Maps a sqlx error by what retrying can do about it.
+///
+/// - connection trouble (I/O, TLS, a closed or crashed connection, the server
+///   shutting down or refusing connections) is a retryable [`Error::Unavailable`];
+/// - a pool that gave no connection in time, or a statement cancelled by
+///   `statement_timeout`, is a retryable [`Error::Timeout`];
+/// - serialization failures and deadlocks are retryable backend errors;
+/// - anything else (a missing table, a permission error) is not retryable.
+pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
+    match &e {
+        sqlx::Error::PoolTimedOut => Error::Timeout {
+            after: timeout,
+            source: Some(Box::new(e)),
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => Error::unavailable("postgres connection failed", Some(Box::new(e))),
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            match code.as_str() {
+                // query_canceled: statement_timeout or a cancel request.
+                "57014" => Error::Timeout {
+                    after: timeout,
+                    source: Some(Box::new(e)),
+                },
+                // admin/crash shutdown, cannot connect now, too many connections,
+                // and the whole class 08 of connection exceptions.
+                "57P01" | "57P02" | "57P03" | "53300" => {
+                    Error::unavailable("postgres server unavailable", Some(Box::new(e)))
+                }
+                c if c.starts_with("08") => {
+                    Error::unavailable("postgres connection exception", Some(Box::new(e)))
+                }
+                // serialization_failure, deadlock_detected, lock_not_available.
+                "40001" | "40P01" | "55P03" => {
+                    Error::backend("postgres transaction conflict", true, Some(Box::new(e) as _))
+                }
+                "42P01" => Error::backend(
+                    "dedupe table missing: run PgStore::migrate()",
+                    false,
+                    Some(Box::new(e) as _),
+                ),
+                _ => Error::backend("postgres statement failed", false, Some(Box::new(e) as _)),
+            }
+        }
+        _ => Error::backend("postgres client error", false, Some(Box::new(e) as _)),
+    }
+}

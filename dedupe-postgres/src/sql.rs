@@ -1,0 +1,172 @@
+//! The statements the store sends, built once per schema and table.
+
+use dedupe_core::{Error, Result};
+
+/// Checks a schema or table name: a plain identifier, so it can never carry SQL.
+pub(crate) fn check_identifier(what: &str, name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !first_ok || name.len() > 63 || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(Error::config(format!(
+            "{what} name {name:?} is not a plain identifier (a letter or '_', then letters, digits or '_', at most 63)"
+        )));
+    }
+    Ok(())
+}
+
+/// Milliseconds since the epoch of a timestamptz column, as int8.
+fn ms(col: &str) -> String {
+    format!("floor(extract(epoch FROM {col}) * 1000)::int8")
+}
+
+/// The record columns every read returns, in the order `decode` expects.
+fn columns(prefix: &str) -> String {
+    let p = |c: &str| format!("{prefix}{c}");
+    format!(
+        "{state}, {token}, {claim_id}, {fingerprint}, {expires} AS expires_ms, {completed} AS completed_ms, {outcome}, {attempts}, {first} AS first_seen_ms",
+        state = p("state"),
+        token = p("token"),
+        claim_id = p("claim_id"),
+        fingerprint = p("fingerprint"),
+        expires = ms(&p("expires_at")),
+        completed = ms(&p("completed_at")),
+        outcome = p("outcome"),
+        attempts = p("attempts"),
+        first = ms(&p("first_seen")),
+    )
+}
+
+/// The names [`columns`] gives, to select them again from a CTE.
+const ALIASES: &str =
+    "state, token, claim_id, fingerprint, expires_ms, completed_ms, outcome, attempts, first_seen_ms";
+
+/// Rows deleted per `expire()` statement.
+pub(crate) const EXPIRE_BATCH: i64 = 1000;
+
+/// The SQL of one store.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+    pub(crate) migrate: String,
+    pub(crate) claim: String,
+    pub(crate) claim_many: String,
+    pub(crate) select_live: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) extend: String,
+    pub(crate) expire_batch: String,
+    pub(crate) forget: String,
+}
+
+impl Statements {
+    pub(crate) fn new(schema: &str, table: &str) -> Result<Self> {
+        check_identifier("schema", schema)?;
+        check_identifier("table", table)?;
+        let t = format!("\"{schema}\".\"{table}\"");
+        let cols = columns("");
+        let upsert_tail = "ON CONFLICT (namespace, id) DO UPDATE SET
+                state = 0,
+                token = excluded.token,
+                claim_id = excluded.claim_id,
+                fingerprint = excluded.fingerprint,
+                expires_at = excluded.expires_at,
+                completed_at = NULL,
+                outcome = NULL,
+                attempts = CASE WHEN r.state = 0 THEN r.attempts + 1 ELSE 1 END,
+                first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END
+            WHERE r.expires_at <= now()";
+        Ok(Self {
+            schema: schema.to_string(),
+            table: table.to_string(),
+            migrate: format!(
+                "SELECT pg_advisory_xact_lock(hashtext('dedupe-migrate:' || '{schema}.{table}'));
+                 CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+                 CREATE TABLE IF NOT EXISTS {t} (
+                     namespace    text        NOT NULL,
+                     id           text        NOT NULL,
+                     state        smallint    NOT NULL CHECK (state IN (0, 1)), -- 0 in flight, 1 done
+                     token        text        NOT NULL,
+                     claim_id     text,
+                     fingerprint  bytea,
+                     expires_at   timestamptz NOT NULL, -- lease deadline, or retention deadline once done
+                     completed_at timestamptz,
+                     outcome      bytea,
+                     attempts     integer     NOT NULL,
+                     first_seen   timestamptz NOT NULL,
+                     PRIMARY KEY (namespace, id)
+                 );
+                 CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {t} (expires_at);"
+            ),
+            // One statement, one round trip: insert a fresh record or take over an
+            // expired one; otherwise return the live record that stopped it.
+            claim: format!(
+                "WITH claimed AS (
+                    INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint,
+                                          expires_at, completed_at, outcome, attempts, first_seen)
+                    VALUES ($1, $2, 0, $3, $4, $5, now() + $6::float8 * interval '1 millisecond',
+                            NULL, NULL, 1, now())
+                    {upsert_tail}
+                    RETURNING {cols}
+                 )
+                 SELECT true AS won, {ALIASES} FROM claimed
+                 UNION ALL
+                 SELECT false AS won, {cols} FROM {t}
+                 WHERE namespace = $1 AND id = $2 AND expires_at > now()
+                   AND NOT EXISTS (SELECT 1 FROM claimed)"
+            ),
+            // The same for a batch of distinct keys, in one round trip; rows are
+            // taken in key order so concurrent batches lock in the same order.
+            claim_many: format!(
+                "WITH input AS (
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS i(namespace, id, token)
+                 ), claimed AS (
+                    INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint,
+                                          expires_at, completed_at, outcome, attempts, first_seen)
+                    SELECT namespace, id, 0, token, $4, $5, now() + $6::float8 * interval '1 millisecond',
+                           NULL, NULL, 1, now()
+                    FROM input ORDER BY namespace, id
+                    {upsert_tail}
+                    RETURNING namespace, id, {cols}
+                 )
+                 SELECT true AS won, namespace, id, {ALIASES} FROM claimed
+                 UNION ALL
+                 SELECT false AS won, t.namespace, t.id, {tcols} FROM {t} t
+                 JOIN input i ON t.namespace = i.namespace AND t.id = i.id
+                 WHERE t.expires_at > now()
+                   AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.namespace = t.namespace AND c.id = t.id)",
+                tcols = columns("t.")
+            ),
+            select_live: format!(
+                "SELECT {cols} FROM {t} WHERE namespace = $1 AND id = $2 AND expires_at > now()"
+            ),
+            complete: format!(
+                "UPDATE {t} SET state = 1, expires_at = now() + $4::float8 * interval '1 millisecond',
+                                completed_at = now(), outcome = $5
+                 WHERE namespace = $1 AND id = $2 AND token = $3 AND state = 0 AND expires_at > now()"
+            ),
+            release: format!(
+                "DELETE FROM {t}
+                 WHERE namespace = $1 AND id = $2 AND token = $3 AND state = 0 AND expires_at > now()"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = now() + $4::float8 * interval '1 millisecond'
+                 WHERE namespace = $1 AND id = $2 AND token = $3 AND state = 0 AND expires_at > now()
+                 RETURNING {expires}",
+                expires = ms("expires_at")
+            ),
+            // Bounded batches that skip rows other transactions hold, so a large purge
+            // never waits on (or blocks) a claim.
+            expire_batch: format!(
+                "DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+                    SELECT ctid FROM {t} WHERE expires_at <= now()
+                    LIMIT $1 FOR UPDATE SKIP LOCKED))"
+            ),
+            forget: format!(
+                "DELETE FROM {t} WHERE namespace = $1 AND id = $2 RETURNING expires_at > now()"
+            ),
+        })
+    }
+}

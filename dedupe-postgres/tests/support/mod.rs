@@ -1,0 +1,210 @@
+//! A private PostgreSQL server per test process, owned by the test: `initdb` into a
+//! temp dir, `pg_ctl start` on a free loopback port (fsync on, as in production),
+//! stop and start again on demand, and stopped when dropped. As root, the server
+//! runs as the `postgres` user (Postgres refuses root).
+//!
+//! When `DEDUPE_TEST_POSTGRES_URL` is set, tests use that server instead; every
+//! fixture still gets a schema of its own, so runs never collide.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Finds the directory of `initdb` and `pg_ctl`: `DEDUPE_PG_BIN`, then
+/// `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("DEDUPE_PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    candidates.retain(|p| p.join("initdb").exists());
+    candidates.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    if let Some(newest) = candidates.pop() {
+        return newest;
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return dir;
+        }
+    }
+    panic!("no PostgreSQL server binaries found: install PostgreSQL or set DEDUPE_PG_BIN");
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A private PostgreSQL cluster.
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    as_postgres: bool,
+    pub port: u16,
+}
+
+impl PgCluster {
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        if self.as_postgres {
+            let mut cmd = Command::new("runuser");
+            cmd.args(["-u", "postgres", "--"]).arg(path);
+            cmd
+        } else {
+            Command::new(path)
+        }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    fn run(&self, mut cmd: Command, what: &str) {
+        let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            out.status.success(),
+            "{what} failed: {}{}\nserver log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+    }
+
+    /// initdb and start.
+    pub fn start() -> Self {
+        let dir = tempfile::Builder::new().prefix("dedupe-pg-").tempdir().expect("temp dir");
+        let as_postgres = is_root();
+        if as_postgres {
+            let ok = Command::new("chown")
+                .args(["postgres:", &dir.path().display().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "could not hand the temp dir to the postgres user");
+        }
+        let mut cluster = Self { dir, bin: bin_dir(), as_postgres, port: 0 };
+        let mut initdb = cluster.command("initdb");
+        initdb
+            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "-D"])
+            .arg(cluster.data());
+        cluster.run(initdb, "initdb");
+        for _ in 0..5 {
+            cluster.port = free_port();
+            if cluster.try_start() {
+                return cluster;
+            }
+        }
+        panic!("postgres did not start:\n{}", cluster.log());
+    }
+
+    fn try_start(&self) -> bool {
+        let mut cmd = self.command("pg_ctl");
+        cmd.arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.path().join("server.log"))
+            .arg("-o")
+            .arg(format!(
+                "-p {} -c listen_addresses=127.0.0.1 -k {} -c max_connections=300 -c fsync=on",
+                self.port,
+                self.dir.path().display()
+            ))
+            .args(["-w", "-t", "30", "start"]);
+        cmd.output().is_ok_and(|o| o.status.success())
+    }
+
+    /// Starts it again after [`stop`](Self::stop), on the same port and data.
+    pub fn restart(&self) {
+        assert!(self.try_start(), "postgres did not start again:\n{}", self.log());
+    }
+
+    /// Stops it (fast shutdown: connections are cut).
+    pub fn stop(&self) {
+        let mut cmd = self.command("pg_ctl");
+        cmd.arg("-D").arg(self.data()).args(["-m", "fast", "-w", "stop"]);
+        self.run(cmd, "pg_ctl stop");
+    }
+
+    /// URL of a database on it.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let mut cmd = self.command("pg_ctl");
+        cmd.arg("-D").arg(self.data()).args(["-m", "immediate", "-w", "stop"]);
+        let _ = cmd.output();
+    }
+}
+
+/// The server tests use: `DEDUPE_TEST_POSTGRES_URL`, or a private cluster (kept
+/// alive by the returned guard).
+pub fn server() -> (Option<PgCluster>, String) {
+    match std::env::var("DEDUPE_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => (None, url),
+        _ => {
+            let cluster = PgCluster::start();
+            let url = cluster.url("postgres");
+            (Some(cluster), url)
+        }
+    }
+}
+
+/// A schema name no other fixture, test or run uses.
+pub fn unique_schema(label: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!(
+        "dedupe_{label}_{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Waits until `f` answers true, at most `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let since = Instant::now();
+    while since.elapsed() < limit {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
