@@ -22,7 +22,9 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => Error::unavailable("postgres connection failed", Some(Box::new(e))),
+        | sqlx::Error::Protocol(_) => {
+            Error::unavailable("postgres connection failed", Some(Box::new(e)))
+        }
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             match code.as_str() {
@@ -40,9 +42,11 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                     Error::unavailable("postgres connection exception", Some(Box::new(e)))
                 }
                 // serialization_failure, deadlock_detected, lock_not_available.
-                "40001" | "40P01" | "55P03" => {
-                    Error::backend("postgres transaction conflict", true, Some(Box::new(e) as _))
-                }
+                "40001" | "40P01" | "55P03" => Error::backend(
+                    "postgres transaction conflict",
+                    true,
+                    Some(Box::new(e) as _),
+                ),
                 "42P01" => Error::backend(
                     "dedupe table missing: run PgStore::migrate()",
                     false,

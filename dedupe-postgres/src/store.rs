@@ -128,7 +128,11 @@ fn decode_record(key: &Key, row: &PgRow) -> Result<Record> {
             retention_deadline: from_millis(expires),
             outcome,
         },
-        (1, _, _) => return Err(corrupt("done record without completion time or outcome".into())),
+        (1, _, _) => {
+            return Err(corrupt(
+                "done record without completion time or outcome".into(),
+            ))
+        }
         (other, _, _) => return Err(corrupt(format!("unknown state {other}"))),
     };
     if token.is_empty() {
@@ -215,7 +219,11 @@ impl PgStore {
     /// Connects a pool suited to this store: at most `max_connections`, acquiring a
     /// connection bounded by `timeout`, and a server-side `statement_timeout` of
     /// `timeout` so a statement the client gave up on does not run on.
-    pub async fn connect_pool(url: &str, max_connections: u32, timeout: Duration) -> Result<PgPool> {
+    pub async fn connect_pool(
+        url: &str,
+        max_connections: u32,
+        timeout: Duration,
+    ) -> Result<PgPool> {
         let options: PgConnectOptions = url
             .parse()
             .map_err(|e| Error::config(format!("postgres URL: {e}")))?;
@@ -282,7 +290,12 @@ impl PgStore {
     /// claims it (rollback). Not bounded by the store's timeout: the caller owns
     /// the transaction.
     #[tracing::instrument(name = "dedupe.claim_in", skip_all, fields(store = "postgres", key = %key), err)]
-    pub async fn claim_in(&self, conn: &mut PgConnection, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+    pub async fn claim_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
         opts.validate()?;
         for _ in 0..CLAIM_ROUNDS {
             let token = LeaseToken::generate();
@@ -314,7 +327,13 @@ impl PgStore {
 
     /// Completes a lease on the caller's connection or transaction.
     #[tracing::instrument(name = "dedupe.complete_in", skip_all, fields(store = "postgres", key = %lease.key), err)]
-    pub async fn complete_in(&self, conn: &mut PgConnection, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+    pub async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
         let done = sqlx::query(&self.sql.complete)
@@ -388,15 +407,17 @@ impl PgStore {
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        let by_key: HashMap<&Key, usize> = distinct.iter().enumerate().map(|(i, k)| (*k, i)).collect();
+        let by_key: HashMap<&Key, usize> =
+            distinct.iter().enumerate().map(|(i, k)| (*k, i)).collect();
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
         for row in &rows {
             let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
             let id: String = row.try_get("id").map_err(|e| self.err(e))?;
-            let key = Key::new(namespace, id).map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
-            let index = *by_key
-                .get(&key)
-                .ok_or_else(|| Error::corrupt(&key, "claim_many returned a key it was not asked"))?;
+            let key =
+                Key::new(namespace, id).map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
+            let index = *by_key.get(&key).ok_or_else(|| {
+                Error::corrupt(&key, "claim_many returned a key it was not asked")
+            })?;
             answers[index] = Some(answer_from_row(&key, row, opts)?);
         }
         let mut distinct_answers = Vec::with_capacity(distinct.len());

@@ -25,7 +25,10 @@ struct PgFixture {
 impl PgFixture {
     async fn handle(url: &str, schema: &str, max_connections: u32) -> Result<PgStore, Error> {
         let pool = PgStore::connect_pool(url, max_connections, Duration::from_secs(20)).await?;
-        PgStore::builder(pool).schema(schema).timeout(Duration::from_secs(20)).build()
+        PgStore::builder(pool)
+            .schema(schema)
+            .timeout(Duration::from_secs(20))
+            .build()
     }
 }
 
@@ -34,12 +37,20 @@ impl StoreFactory for PgFactory {
     async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
         let (_, url) = self
             .server
-            .get_or_init(|| async { tokio::task::spawn_blocking(support::server).await.expect("server") })
+            .get_or_init(|| async {
+                tokio::task::spawn_blocking(support::server)
+                    .await
+                    .expect("server")
+            })
             .await;
         let schema = support::unique_schema("conf");
         let store = PgFixture::handle(url, &schema, 4).await?;
         store.migrate().await?;
-        Ok(Box::new(PgFixture { url: url.clone(), schema, store }))
+        Ok(Box::new(PgFixture {
+            url: url.clone(),
+            schema,
+            store,
+        }))
     }
 }
 
@@ -50,8 +61,12 @@ impl Fixture for PgFixture {
     }
 
     async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
-        Ok(Arc::new(PgFixture::handle(&self.url, &self.schema, 1).await?))
+        Ok(Arc::new(
+            PgFixture::handle(&self.url, &self.schema, 1).await?,
+        ))
     }
 }
 
-dedupe_conformance::suite!(PgFactory { server: OnceCell::new() });
+dedupe_conformance::suite!(PgFactory {
+    server: OnceCell::new()
+});

@@ -20,7 +20,12 @@ fn bin_dir() -> PathBuf {
         return PathBuf::from(dir);
     }
     let mut candidates: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).collect())
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .collect()
+        })
         .unwrap_or_default();
     candidates.retain(|p| p.join("initdb").exists());
     candidates.sort_by_key(|p| {
@@ -98,7 +103,10 @@ impl PgCluster {
 
     /// initdb and start.
     pub fn start() -> Self {
-        let dir = tempfile::Builder::new().prefix("dedupe-pg-").tempdir().expect("temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("dedupe-pg-")
+            .tempdir()
+            .expect("temp dir");
         let as_postgres = is_root();
         if as_postgres {
             let ok = Command::new("chown")
@@ -107,10 +115,24 @@ impl PgCluster {
                 .is_ok_and(|s| s.success());
             assert!(ok, "could not hand the temp dir to the postgres user");
         }
-        let mut cluster = Self { dir, bin: bin_dir(), as_postgres, port: 0 };
+        let mut cluster = Self {
+            dir,
+            bin: bin_dir(),
+            as_postgres,
+            port: 0,
+        };
         let mut initdb = cluster.command("initdb");
         initdb
-            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "-D"])
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-D",
+            ])
             .arg(cluster.data());
         cluster.run(initdb, "initdb");
         for _ in 0..5 {
@@ -140,13 +162,19 @@ impl PgCluster {
 
     /// Starts it again after [`stop`](Self::stop), on the same port and data.
     pub fn restart(&self) {
-        assert!(self.try_start(), "postgres did not start again:\n{}", self.log());
+        assert!(
+            self.try_start(),
+            "postgres did not start again:\n{}",
+            self.log()
+        );
     }
 
     /// Stops it (fast shutdown: connections are cut).
     pub fn stop(&self) {
         let mut cmd = self.command("pg_ctl");
-        cmd.arg("-D").arg(self.data()).args(["-m", "fast", "-w", "stop"]);
+        cmd.arg("-D")
+            .arg(self.data())
+            .args(["-m", "fast", "-w", "stop"]);
         self.run(cmd, "pg_ctl stop");
     }
 
@@ -159,7 +187,9 @@ impl PgCluster {
 impl Drop for PgCluster {
     fn drop(&mut self) {
         let mut cmd = self.command("pg_ctl");
-        cmd.arg("-D").arg(self.data()).args(["-m", "immediate", "-w", "stop"]);
+        cmd.arg("-D")
+            .arg(self.data())
+            .args(["-m", "immediate", "-w", "stop"]);
         let _ = cmd.output();
     }
 }
@@ -180,7 +210,10 @@ pub fn server() -> (Option<PgCluster>, String) {
 /// A schema name no other fixture, test or run uses.
 pub fn unique_schema(label: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     format!(
         "dedupe_{label}_{}_{}_{}",
         std::process::id(),

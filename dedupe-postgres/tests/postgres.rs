@@ -1,0 +1,548 @@
+//! Postgres-specific behaviour on a real server: the transactional claim (commit,
+//! rollback, a killed connection mid-transaction, concurrent transactions), a
+//! server restart, killed connections, statement timeouts, bad names, and a race
+//! across OS processes.
+
+mod support;
+
+#[path = "../examples/transactional_orders.rs"]
+#[allow(dead_code)]
+mod example;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
+use dedupe_postgres::sqlx::{self, PgPool};
+use dedupe_postgres::PgStore;
+use example::Delivery;
+
+fn key(id: &str) -> Key {
+    Key::new("pg", id).expect("valid key")
+}
+
+async fn store_on(url: &str, schema: &str, timeout: Duration) -> PgStore {
+    let pool = PgStore::connect_pool(url, 8, timeout).await.expect("pool");
+    let store = PgStore::builder(pool)
+        .schema(schema)
+        .timeout(timeout)
+        .build()
+        .expect("store");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// A pool whose connections use `schema` first, for the example's orders table.
+async fn pool_in(url: &str, schema: &str) -> PgPool {
+    let options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(options.options([("search_path", schema)]))
+        .await
+        .expect("pool")
+}
+
+async fn orders(pool: &PgPool, event: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders WHERE event_id = $1")
+        .bind(event)
+        .fetch_one(pool)
+        .await
+        .expect("count orders")
+}
+
+async fn example_store(url: &str) -> (PgStore, PgPool) {
+    let schema = support::unique_schema("orders");
+    let pool = pool_in(url, &schema).await;
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let store = PgStore::builder(pool.clone())
+        .schema(&schema)
+        .build()
+        .expect("store");
+    example::setup(&store).await.expect("setup");
+    (store, pool)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_claim_commits_with_the_order() {
+    let (_server, url) = support::server();
+    let (store, pool) = example_store(&url).await;
+    let first = example::handle_delivery(&store, &pool, "evt_commit", 2500)
+        .await
+        .expect("first");
+    let Delivery::Created(order) = first else {
+        panic!("first delivery answered {first:?}")
+    };
+    let second = example::handle_delivery(&store, &pool, "evt_commit", 2500)
+        .await
+        .expect("second");
+    assert_eq!(second, Delivery::Duplicate(format!("order {order}")));
+    assert_eq!(orders(&pool, "evt_commit").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolled_back_claim_leaves_the_event_claimable() {
+    let (_server, url) = support::server();
+    let (store, pool) = example_store(&url).await;
+    let k = key("evt_rollback");
+    {
+        let mut tx = pool.begin().await.expect("begin");
+        let answer = store
+            .claim_in(&mut tx, &k, &ClaimOptions::default())
+            .await
+            .expect("claim");
+        assert!(answer.lease().is_some());
+        sqlx::query("INSERT INTO orders (event_id, amount_cents) VALUES ($1, 1)")
+            .bind(k.id())
+            .execute(&mut *tx)
+            .await
+            .expect("order");
+        tx.rollback().await.expect("rollback");
+    }
+    assert_eq!(orders(&pool, k.id()).await, 0);
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "a rolled-back claim left a record"
+    );
+    assert!(matches!(
+        store.claim(&k, &ClaimOptions::default()).await,
+        Ok(ClaimOutcome::Claimed(_))
+    ));
+}
+
+/// A connection killed mid-transaction (the worker's process died) leaves neither
+/// the claim nor the order, and the next delivery claims the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_mid_transaction_leaves_nothing_half_done() {
+    let (_server, url) = support::server();
+    let (store, pool) = example_store(&url).await;
+    let k = key("evt_killed");
+    let mut victim = pool.acquire().await.expect("connection");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *victim)
+        .await
+        .expect("pid");
+    sqlx::raw_sql("BEGIN")
+        .execute(&mut *victim)
+        .await
+        .expect("begin");
+    let lease = store
+        .claim_in(&mut victim, &k, &ClaimOptions::default())
+        .await
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("claimed");
+    sqlx::query("INSERT INTO orders (event_id, amount_cents) VALUES ($1, 7)")
+        .bind(k.id())
+        .execute(&mut *victim)
+        .await
+        .expect("order");
+    store
+        .complete_in(
+            &mut victim,
+            &lease,
+            b"never committed",
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("complete");
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&pool)
+        .await
+        .expect("kill");
+    assert!(killed);
+    assert!(
+        sqlx::raw_sql("COMMIT").execute(&mut *victim).await.is_err(),
+        "a killed connection committed"
+    );
+    victim.detach();
+    assert_eq!(
+        orders(&pool, k.id()).await,
+        0,
+        "the order of a killed transaction survived"
+    );
+    match store
+        .claim(&k, &ClaimOptions::default())
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Claimed(lease) => assert_eq!(lease.attempt, 1),
+        other => panic!("after the kill the event answers {other:?}"),
+    }
+}
+
+/// Two transactions on one key: the second waits on the row, then sees the first's
+/// work done (commit) or claims it (rollback). One order either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_transactions_on_one_key_have_one_winner() {
+    let (_server, url) = support::server();
+    for first_commits in [true, false] {
+        let (store, pool) = example_store(&url).await;
+        // The example's deliveries claim in the `stripe` namespace.
+        let k = Key::new("stripe", "evt_contended").expect("key");
+        let mut first = pool.begin().await.expect("begin");
+        let lease = store
+            .claim_in(&mut first, &k, &ClaimOptions::default())
+            .await
+            .expect("claim")
+            .lease()
+            .cloned()
+            .expect("won");
+        sqlx::query("INSERT INTO orders (event_id, amount_cents) VALUES ($1, 1)")
+            .bind(k.id())
+            .execute(&mut *first)
+            .await
+            .expect("order");
+        store
+            .complete_in(&mut first, &lease, b"first", Duration::from_secs(60))
+            .await
+            .expect("complete");
+        let second = {
+            let (store, pool) = (store.clone(), pool.clone());
+            tokio::spawn(async move {
+                example::handle_delivery(&store, &pool, "evt_contended", 1)
+                    .await
+                    .expect("second")
+            })
+        };
+        // The second delivery must be waiting on the first's row lock.
+        let waiting = support::eventually(Duration::from_secs(10), || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                )
+                .fetch_one(&pool)
+                .await
+                .map(|n| n >= 1)
+                .unwrap_or(false)
+            }
+        })
+        .await;
+        if !waiting && second.is_finished() {
+            panic!("the second delivery did not wait: {:?}", second.await);
+        }
+        assert!(waiting, "the second transaction never waited on the key");
+        assert!(!second.is_finished());
+        if first_commits {
+            first.commit().await.expect("commit");
+        } else {
+            first.rollback().await.expect("rollback");
+        }
+        let answer = second.await.expect("second task");
+        if first_commits {
+            assert_eq!(answer, Delivery::Duplicate("first".into()));
+        } else {
+            assert!(matches!(answer, Delivery::Created(_)), "{answer:?}");
+        }
+        assert_eq!(orders(&pool, "evt_contended").await, 1);
+    }
+}
+
+/// The server stops: operations fail with retryable errors, bounded in time; it
+/// comes back: the same store works again without being rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_is_retryable_and_recovered() {
+    let cluster = support::PgCluster::start();
+    let url = cluster.url("postgres");
+    let store = store_on(
+        &url,
+        &support::unique_schema("restart"),
+        Duration::from_secs(2),
+    )
+    .await;
+    let before = store
+        .claim(&key("before"), &ClaimOptions::default())
+        .await
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("won");
+    cluster.stop();
+    let started = std::time::Instant::now();
+    match store.claim(&key("during"), &ClaimOptions::default()).await {
+        Err(e) => assert!(
+            e.is_retryable(),
+            "a stopped server gave a non-retryable error: {e}"
+        ),
+        Ok(answer) => panic!("a stopped server answered {answer:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the failure was not bounded"
+    );
+    cluster.restart();
+    let recovered = support::eventually(Duration::from_secs(20), || {
+        let store = store.clone();
+        async move {
+            store
+                .claim(&key("after"), &ClaimOptions::default())
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    assert!(recovered, "the store did not recover after the restart");
+    // Data written before the stop survived (fsync on, clean restart).
+    assert!(matches!(
+        store.claim(&key("before"), &ClaimOptions::default()).await,
+        Ok(ClaimOutcome::InFlight { .. })
+    ));
+    store
+        .complete(&before, b"done", Duration::from_secs(60))
+        .await
+        .expect("the old lease still holds");
+}
+
+/// Every backend connection is killed under the store; the next calls succeed or
+/// fail retryably, and the store carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_are_retryable_and_recovered() {
+    let (_server, url) = support::server();
+    let schema = support::unique_schema("kill");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let warm = store
+        .claim(&key("warm"), &ClaimOptions::default())
+        .await
+        .expect("claim");
+    assert!(warm.lease().is_some());
+    let admin = PgPool::connect(&url).await.expect("admin pool");
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE pid <> pg_backend_pid() AND datname = current_database() AND backend_type = 'client backend'",
+    )
+    .fetch_all(&admin)
+    .await
+    .expect("kill");
+    assert!(!killed.is_empty());
+    for i in 0..5 {
+        match store
+            .claim(&key(&format!("after-kill-{i}")), &ClaimOptions::default())
+            .await
+        {
+            Ok(answer) => assert!(answer.lease().is_some()),
+            Err(e) => assert!(
+                e.is_retryable(),
+                "a killed connection gave a non-retryable error: {e}"
+            ),
+        }
+    }
+    let recovered = support::eventually(Duration::from_secs(10), || {
+        let store = store.clone();
+        async move {
+            store
+                .claim(&key("final"), &ClaimOptions::default())
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    assert!(recovered);
+}
+
+/// A statement stuck behind another transaction's row lock is cancelled at the
+/// timeout: a retryable Timeout, and nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statement_timeout_is_retryable_and_changes_nothing() {
+    let (_server, url) = support::server();
+    let schema = support::unique_schema("timeout");
+    let store = store_on(&url, &schema, Duration::from_millis(300)).await;
+    let k = key("locked");
+    let lease = store
+        .claim(&k, &ClaimOptions::default())
+        .await
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("won");
+    let admin = PgPool::connect(&url).await.expect("admin pool");
+    let mut blocker = admin.begin().await.expect("begin");
+    sqlx::query(&format!("SELECT 1 FROM \"{schema}\".dedupe_records WHERE namespace = 'pg' AND id = 'locked' FOR UPDATE"))
+        .execute(&mut *blocker)
+        .await
+        .expect("lock the row");
+    match store
+        .complete(&lease, b"blocked", Duration::from_secs(60))
+        .await
+    {
+        Err(e @ Error::Timeout { .. }) => assert!(e.is_retryable()),
+        other => panic!("a statement stuck on a lock answered {other:?}"),
+    }
+    blocker.rollback().await.expect("unlock");
+    let record = store.get(&k).await.expect("get").expect("record");
+    assert!(
+        matches!(record.state, dedupe_core::RecordState::InFlight { .. }),
+        "the timed-out complete took effect"
+    );
+    store
+        .complete(&lease, b"unblocked", Duration::from_secs(60))
+        .await
+        .expect("complete after the lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_and_table_names_must_be_plain_identifiers() {
+    let (_server, url) = support::server();
+    let pool = PgPool::connect(&url).await.expect("pool");
+    for (schema, table) in [
+        ("public", "x; DROP TABLE y"),
+        ("a\"b", "t"),
+        ("", "t"),
+        ("s", "1t"),
+        ("s", "dédupe"),
+    ] {
+        match PgStore::builder(pool.clone())
+            .schema(schema)
+            .table(table)
+            .build()
+        {
+            Err(Error::InvalidConfig { reason }) => {
+                assert!(reason.contains("plain identifier"), "{reason}")
+            }
+            other => panic!("{schema:?}.{table:?} answered {other:?}"),
+        }
+    }
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE tablename = 'y' OR tablename LIKE 'x;%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(n, 0);
+    match PgStore::connect("not a url").await {
+        Err(Error::InvalidConfig { .. }) => {}
+        other => panic!("a bad URL answered {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_rows_are_reported_not_guessed() {
+    let (_server, url) = support::server();
+    let schema = support::unique_schema("corrupt");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let far = "now() + interval '1 day'";
+    let t = format!("\"{schema}\".dedupe_records");
+    for (id, values) in [
+        ("done-no-outcome", format!("('pg', 'done-no-outcome', 1, 't', NULL, NULL, {far}, now(), NULL, 1, now())")),
+        ("zero-attempts", format!("('pg', 'zero-attempts', 0, 't', NULL, NULL, {far}, NULL, NULL, 0, now())")),
+        ("huge-fingerprint", format!("('pg', 'huge-fingerprint', 0, 't', NULL, decode(repeat('00', 100), 'hex'), {far}, NULL, NULL, 1, now())")),
+    ] {
+        sqlx::raw_sql(&format!("INSERT INTO {t} VALUES {values}")).execute(store.pool()).await.expect("plant");
+        match store.claim(&key(id), &ClaimOptions::default()).await {
+            Err(Error::CorruptRecord { .. }) => {}
+            other => panic!("claim of corrupt row {id} answered {other:?}"),
+        }
+        assert!(matches!(store.get(&key(id)).await, Err(Error::CorruptRecord { .. })));
+    }
+}
+
+/// Two OS processes, sixteen connections each, race on the same 100 keys: each key
+/// is Claimed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_winner_across_processes() {
+    let (_server, url) = support::server();
+    let schema = support::unique_schema("procs");
+    store_on(&url, &schema, Duration::from_secs(5)).await;
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(std::env::current_exe().expect("test binary"))
+                .args([
+                    "--ignored",
+                    "--exact",
+                    "child_racer",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("DEDUPE_CHILD_URL", &url)
+                .env("DEDUPE_CHILD_SCHEMA", &schema)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    let mut claimed = vec![0; 100];
+    let mut answers = vec![0; 100];
+    for child in children {
+        let out = child.wait_with_output().expect("child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for line in stdout
+            .lines()
+            .filter_map(|l| l.split_once("ANSWER ").map(|(_, r)| r))
+        {
+            let (round, kind) = line.split_once(' ').expect("round kind");
+            let round: usize = round.parse().expect("round");
+            answers[round] += 1;
+            match kind {
+                "claimed" => claimed[round] += 1,
+                "in-flight" => {}
+                other => panic!("round {round} answered {other}"),
+            }
+        }
+    }
+    for round in 0..100 {
+        assert_eq!(answers[round], 32, "round {round}: answers missing");
+        assert_eq!(
+            claimed[round], 1,
+            "round {round}: {} winners across processes",
+            claimed[round]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "run by single_winner_across_processes in a child process"]
+async fn child_racer() {
+    let url = std::env::var("DEDUPE_CHILD_URL").expect("child job");
+    let schema = std::env::var("DEDUPE_CHILD_SCHEMA").expect("schema");
+    let mut handles = Vec::new();
+    for _ in 0..16 {
+        let pool = PgStore::connect_pool(&url, 1, Duration::from_secs(20))
+            .await
+            .expect("pool");
+        handles.push(Arc::new(
+            PgStore::builder(pool)
+                .schema(&schema)
+                .timeout(Duration::from_secs(20))
+                .build()
+                .expect("store"),
+        ));
+    }
+    let barrier = Arc::new(tokio::sync::Barrier::new(handles.len()));
+    let tasks: Vec<_> = handles
+        .into_iter()
+        .map(|store| {
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                for round in 0..100 {
+                    barrier.wait().await;
+                    let answer = store
+                        .claim(
+                            &key(&format!("round-{round}")),
+                            &ClaimOptions::new(Duration::from_secs(600)),
+                        )
+                        .await
+                        .expect("claim");
+                    out.push((round, answer.kind()));
+                }
+                out
+            })
+        })
+        .collect();
+    for task in tasks {
+        for (round, kind) in task.await.expect("task") {
+            println!("ANSWER {round} {kind}");
+        }
+    }
+}
