@@ -39,9 +39,15 @@ impl PgBuilder {
         self
     }
 
-    /// Bound on each operation, from acquiring a connection to the last row
-    /// (default 5 s). Past it the operation fails with a retryable
-    /// [`Error::Timeout`].
+    /// Bound on each operation (default 5 s). Past it the operation fails with a
+    /// retryable [`Error::Timeout`].
+    ///
+    /// On a pool from [`PgStore::connect_pool`] the server enforces it as
+    /// `statement_timeout`: it cancels the statement, so a timed-out operation has
+    /// changed nothing. The client gives up only [`PgStore::BACKSTOP`] later, when
+    /// the server did not answer at all; only then is the effect unknown (retry
+    /// with the same claim id). On a pool of your own, set `statement_timeout` on
+    /// its connections to get the same guarantee.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -193,6 +199,9 @@ impl PgStore {
     pub const DEFAULT_SCHEMA: &'static str = "public";
     /// Default bound on each operation.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// How long after the timeout the client stops waiting for a server that does
+    /// not answer (a hung connection, a partitioned network).
+    pub const BACKSTOP: Duration = Duration::from_secs(1);
 
     /// Settings for a store on a pool the caller already has.
     pub fn builder(pool: PgPool) -> PgBuilder {
@@ -253,12 +262,14 @@ impl PgStore {
         crate::error::map(e, self.timeout)
     }
 
-    /// Runs `op` bounded by the store's timeout.
+    /// Runs `op` bounded by the store's timeout plus the backstop margin, so the
+    /// server's `statement_timeout` (which cancels cleanly) fires first.
     async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::time::timeout(self.timeout, op)
+        let bound = self.timeout + Self::BACKSTOP;
+        tokio::time::timeout(bound, op)
             .await
             .unwrap_or(Err(Error::Timeout {
-                after: self.timeout,
+                after: bound,
                 source: None,
             }))
     }
