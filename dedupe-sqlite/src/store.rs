@@ -1,8 +1,9 @@
 //! The async store over one SQLite connection.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use dedupe_core::{
@@ -71,7 +72,41 @@ impl SqliteBuilder {
     }
 }
 
+thread_local! {
+    /// When the operation running on this thread stops waiting for the write lock.
+    static BUSY_DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with this thread's busy deadline set to `busy_timeout` from now.
+fn with_busy_deadline<T>(busy_timeout: Duration, f: impl FnOnce() -> T) -> T {
+    BUSY_DEADLINE.with(|d| d.set(Some(Instant::now() + busy_timeout)));
+    let value = f();
+    BUSY_DEADLINE.with(|d| d.set(None));
+    value
+}
+
+/// SQLite's busy handler: retry every millisecond or so until the deadline.
+///
+/// SQLite's own `busy_timeout` handler backs off to 100 ms sleeps, which leaves the
+/// write lock idle most of the time when many connections contend for it; short
+/// sleeps hand it over as soon as it is free.
+fn wait_for_lock(attempt: i32) -> bool {
+    let Some(deadline) = BUSY_DEADLINE.with(Cell::get) else {
+        return false;
+    };
+    if Instant::now() >= deadline {
+        return false;
+    }
+    let micros = 250 * u64::from(attempt.clamp(1, 8).unsigned_abs());
+    std::thread::sleep(Duration::from_micros(micros));
+    true
+}
+
 fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection> {
+    with_busy_deadline(busy_timeout, || open_connection_now(path, busy_timeout))
+}
+
+fn open_connection_now(path: &Path, busy_timeout: Duration) -> Result<Connection> {
     let map = |e| crate::error::map(e, busy_timeout);
     let conn = Connection::open_with_flags(
         path,
@@ -81,7 +116,7 @@ fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection> {
             | OpenFlags::SQLITE_OPEN_URI,
     )
     .map_err(map)?;
-    conn.busy_timeout(busy_timeout).map_err(map)?;
+    conn.busy_handler(Some(wait_for_lock)).map_err(map)?;
     // WAL lets readers run beside the one writer; FULL sync makes a completed record
     // survive power loss, which is the point of keeping it.
     conn.pragma_update(None, "journal_mode", "WAL")
@@ -243,7 +278,7 @@ impl SqliteStore {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let mut conn = this.inner.conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&this.ops(), &mut conn)
+            with_busy_deadline(this.inner.busy_timeout, || f(&this.ops(), &mut conn))
         })
         .await
         .map_err(|e| Error::backend("sqlite worker thread failed", false, Some(Box::new(e) as _)))?
