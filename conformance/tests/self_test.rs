@@ -412,3 +412,72 @@ async fn the_reference_store_passes_everything() {
     assert!(report.all_passed(), "{report}");
     assert_eq!(report.checks.len(), CHECKS.len());
 }
+
+/// A store that expires natively (no explicit `expire()`): the expire check is
+/// reported as skipped, with the reason, and never counted as passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn capability_gaps_are_skipped_visibly() {
+    #[derive(Debug, Clone)]
+    struct NativeExpiry(MemoryStore);
+
+    #[async_trait]
+    impl DedupeStore for NativeExpiry {
+        async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+            self.0.claim(key, opts).await
+        }
+        async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+            self.0.complete(lease, outcome, retention).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<()> {
+            self.0.release(lease).await
+        }
+        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+            self.0.extend(lease, ttl).await
+        }
+        async fn expire(&self) -> Result<u64> {
+            Ok(0)
+        }
+        async fn get(&self, key: &Key) -> Result<Option<Record>> {
+            self.0.get(key).await
+        }
+        async fn forget(&self, key: &Key) -> Result<bool> {
+            self.0.forget(key).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities().with_explicit_expire(false)
+        }
+    }
+
+    struct Factory;
+    struct Fix(NativeExpiry);
+
+    #[async_trait]
+    impl StoreFactory for Factory {
+        async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
+            Ok(Box::new(Fix(NativeExpiry(MemoryStore::new()))))
+        }
+    }
+
+    #[async_trait]
+    impl Fixture for Fix {
+        fn store(&self) -> Arc<dyn DedupeStore> {
+            Arc::new(self.0.clone())
+        }
+        async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
+            Ok(Arc::new(self.0.clone()))
+        }
+    }
+
+    let report = run_all(&Factory).await;
+    let skipped: Vec<(&str, &str)> = report.skipped().collect();
+    assert_eq!(skipped.len(), 1, "{report}");
+    assert_eq!(skipped[0].0, "expire_removes_exactly_expired");
+    assert!(skipped[0].1.contains("natively"), "{report}");
+    assert!(report.all_passed(), "{report}");
+    let text = report.to_string();
+    assert!(
+        text.contains("SKIP  expire_removes_exactly_expired"),
+        "{text}"
+    );
+    assert!(text.contains("1 skipped"), "{text}");
+}
