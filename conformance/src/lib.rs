@@ -24,6 +24,7 @@
 
 pub mod checks;
 mod harness;
+pub mod processes;
 mod report;
 
 pub use harness::{CheckResult, Failure, Fixture, MemoryFactory, StoreFactory, Verdict};

@@ -31,6 +31,7 @@ mod key;
 mod memory;
 mod process;
 mod store;
+mod stored;
 mod types;
 
 pub use error::{BoxError, Error, Result};
@@ -41,6 +42,7 @@ pub use key::{
 pub use memory::MemoryStore;
 pub use process::{Deduper, HandleError, Handled, OnFailure};
 pub use store::DedupeStore;
+pub use stored::{check_identifier, StoredRecord};
 pub use types::{
     check_ttl, duration_millis, from_millis, to_millis, Capabilities, ClaimOptions, ClaimOutcome,
     Lease, LeaseToken, Record, RecordState, RecordStateKind, Retention, DEFAULT_MAX_OUTCOME_BYTES,

@@ -1,20 +1,6 @@
 //! The statements the store sends, built once per schema and table.
 
-use dedupe_core::{Error, Result};
-
-/// Checks a schema or table name: a plain identifier, so it can never carry SQL.
-pub(crate) fn check_identifier(what: &str, name: &str) -> Result<()> {
-    let mut chars = name.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    if !first_ok || name.len() > 63 || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(Error::config(format!(
-            "{what} name {name:?} is not a plain identifier (a letter or '_', then letters, digits or '_', at most 63)"
-        )));
-    }
-    Ok(())
-}
+use dedupe_core::{check_identifier, Result};
 
 /// Milliseconds since the epoch of a timestamptz column, as int8.
 fn ms(col: &str) -> String {

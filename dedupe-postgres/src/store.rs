@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dedupe_core::{
     check_ttl, duration_millis, from_millis, Capabilities, ClaimId, ClaimOptions, ClaimOutcome,
     DedupeStore, Error, Fingerprint, Key, Lease, LeaseToken, Record, RecordState, Result,
-    DEFAULT_MAX_OUTCOME_BYTES,
+    StoredRecord, DEFAULT_MAX_OUTCOME_BYTES,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Row};
@@ -114,57 +114,22 @@ pub struct PgStore {
 }
 
 fn decode_record(key: &Key, row: &PgRow) -> Result<Record> {
-    let corrupt = |why: String| Error::corrupt(key, why);
-    let get_err = |e: sqlx::Error| corrupt(format!("undecodable column: {e}"));
-    let state: i16 = row.try_get("state").map_err(get_err)?;
-    let token: String = row.try_get("token").map_err(get_err)?;
-    let claim_id: Option<String> = row.try_get("claim_id").map_err(get_err)?;
-    let fingerprint: Option<Vec<u8>> = row.try_get("fingerprint").map_err(get_err)?;
-    let expires: i64 = row.try_get("expires_ms").map_err(get_err)?;
-    let completed: Option<i64> = row.try_get("completed_ms").map_err(get_err)?;
-    let outcome: Option<Vec<u8>> = row.try_get("outcome").map_err(get_err)?;
-    let attempts: i32 = row.try_get("attempts").map_err(get_err)?;
-    let first_seen: i64 = row.try_get("first_seen_ms").map_err(get_err)?;
-    let state = match (state, completed, outcome) {
-        (0, _, _) => RecordState::InFlight {
-            lease_deadline: from_millis(expires),
-        },
-        (1, Some(completed), Some(outcome)) => RecordState::Done {
-            completed_at: from_millis(completed),
-            retention_deadline: from_millis(expires),
-            outcome,
-        },
-        (1, _, _) => {
-            return Err(corrupt(
-                "done record without completion time or outcome".into(),
-            ))
-        }
-        (other, _, _) => return Err(corrupt(format!("unknown state {other}"))),
+    let read = || -> std::result::Result<StoredRecord, sqlx::Error> {
+        Ok(StoredRecord {
+            state: i64::from(row.try_get::<i16, _>("state")?),
+            token: row.try_get("token")?,
+            claim_id: row.try_get("claim_id")?,
+            fingerprint: row.try_get("fingerprint")?,
+            expires_ms: row.try_get("expires_ms")?,
+            completed_ms: row.try_get("completed_ms")?,
+            outcome: row.try_get("outcome")?,
+            attempts: i64::from(row.try_get::<i32, _>("attempts")?),
+            first_seen_ms: row.try_get("first_seen_ms")?,
+        })
     };
-    if token.is_empty() {
-        return Err(corrupt("empty lease token".into()));
-    }
-    let attempts = u32::try_from(attempts)
-        .ok()
-        .filter(|a| *a >= 1)
-        .ok_or_else(|| corrupt(format!("attempt count {attempts}")))?;
-    let claim_id = claim_id
-        .map(ClaimId::new)
-        .transpose()
-        .map_err(|e| corrupt(format!("claim id: {e}")))?;
-    let fingerprint = fingerprint
-        .map(Fingerprint::from_bytes)
-        .transpose()
-        .map_err(|e| corrupt(format!("fingerprint: {e}")))?;
-    Ok(Record::new(
-        key.clone(),
-        state,
-        LeaseToken::from_stored(token),
-        claim_id,
-        fingerprint,
-        attempts,
-        from_millis(first_seen),
-    ))
+    read()
+        .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?
+        .decode(key)
 }
 
 /// The answer carried by one row of the claim statements.

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dedupe_conformance::processes::{answer_line, judge_answers};
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
 use dedupe_postgres::sqlx::{self, PgPool};
 use dedupe_postgres::PgStore;
@@ -470,37 +471,21 @@ async fn single_winner_across_processes() {
                 .expect("spawn")
         })
         .collect();
-    let mut claimed = vec![0; 100];
-    let mut answers = vec![0; 100];
-    for child in children {
-        let out = child.wait_with_output().expect("child");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for line in stdout
-            .lines()
-            .filter_map(|l| l.split_once("ANSWER ").map(|(_, r)| r))
-        {
-            let (round, kind) = line.split_once(' ').expect("round kind");
-            let round: usize = round.parse().expect("round");
-            answers[round] += 1;
-            match kind {
-                "claimed" => claimed[round] += 1,
-                "in-flight" => {}
-                other => panic!("round {round} answered {other}"),
-            }
-        }
-    }
-    for round in 0..100 {
-        assert_eq!(answers[round], 32, "round {round}: answers missing");
-        assert_eq!(
-            claimed[round], 1,
-            "round {round}: {} winners across processes",
-            claimed[round]
-        );
+    let outputs: Vec<String> = children
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().expect("child");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            stdout
+        })
+        .collect();
+    if let Err(failure) = judge_answers(&outputs, 100, 32) {
+        panic!("{failure}");
     }
 }
 
@@ -538,15 +523,15 @@ async fn child_racer() {
                         )
                         .await
                         .expect("claim");
-                    out.push((round, answer.kind()));
+                    out.push(answer_line(round, &answer));
                 }
                 out
             })
         })
         .collect();
     for task in tasks {
-        for (round, kind) in task.await.expect("task") {
-            println!("ANSWER {round} {kind}");
+        for line in task.await.expect("task") {
+            println!("{line}");
         }
     }
 }

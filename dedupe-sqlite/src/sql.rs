@@ -5,24 +5,11 @@
 use std::time::{Duration, SystemTime};
 
 use dedupe_core::{
-    check_ttl, duration_millis, from_millis, to_millis, Capabilities, ClaimId, ClaimOptions,
-    ClaimOutcome, Error, Fingerprint, Key, Lease, LeaseToken, Record, RecordState, Result,
+    check_identifier, check_ttl, duration_millis, from_millis, to_millis, Capabilities, ClaimId,
+    ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, LeaseToken, Record, Result,
+    StoredRecord,
 };
 use rusqlite::{named_params, Connection, OptionalExtension, Row};
-
-/// Checks a table name: a plain identifier, so it can never carry SQL.
-pub(crate) fn check_identifier(name: &str) -> Result<()> {
-    let mut chars = name.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    if !first_ok || name.len() > 63 || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(Error::config(format!(
-            "table name {name:?} is not a plain identifier (a letter or '_', then letters, digits or '_', at most 63)"
-        )));
-    }
-    Ok(())
-}
 
 /// The statements for one table, built once.
 #[derive(Debug)]
@@ -47,7 +34,7 @@ const COLUMNS: &str =
 
 impl Statements {
     pub(crate) fn new(table: &str) -> Result<Self> {
-        check_identifier(table)?;
+        check_identifier("table", table)?;
         let t = format!("\"{table}\"");
         Ok(Self {
             table: table.to_string(),
@@ -128,60 +115,20 @@ fn deadline(now: i64, ttl: Duration) -> i64 {
     now.saturating_add(duration_millis(ttl))
 }
 
-/// Decodes a row of [`COLUMNS`] for `key`, refusing anything malformed.
-fn decode(key: &Key, row: &Row<'_>) -> rusqlite::Result<Result<Record>> {
-    let state: i64 = row.get(0)?;
-    let token: String = row.get(1)?;
-    let claim_id: Option<String> = row.get(2)?;
-    let fingerprint: Option<Vec<u8>> = row.get(3)?;
-    let expires_at: i64 = row.get(4)?;
-    let completed_at: Option<i64> = row.get(5)?;
-    let outcome: Option<Vec<u8>> = row.get(6)?;
-    let attempts: i64 = row.get(7)?;
-    let first_seen: i64 = row.get(8)?;
-    Ok((|| {
-        let corrupt = |why: String| Error::corrupt(key, why);
-        let state = match (state, completed_at, outcome) {
-            (0, _, _) => RecordState::InFlight {
-                lease_deadline: from_millis(expires_at),
-            },
-            (1, Some(completed_at), Some(outcome)) => RecordState::Done {
-                completed_at: from_millis(completed_at),
-                retention_deadline: from_millis(expires_at),
-                outcome,
-            },
-            (1, _, _) => {
-                return Err(corrupt(
-                    "done record without completion time or outcome".into(),
-                ))
-            }
-            (other, _, _) => return Err(corrupt(format!("unknown state {other}"))),
-        };
-        if token.is_empty() {
-            return Err(corrupt("empty lease token".into()));
-        }
-        let attempts = u32::try_from(attempts)
-            .ok()
-            .filter(|a| *a >= 1)
-            .ok_or_else(|| corrupt(format!("attempt count {attempts}")))?;
-        let claim_id = claim_id
-            .map(ClaimId::new)
-            .transpose()
-            .map_err(|e| corrupt(format!("claim id: {e}")))?;
-        let fingerprint = fingerprint
-            .map(Fingerprint::from_bytes)
-            .transpose()
-            .map_err(|e| corrupt(format!("fingerprint: {e}")))?;
-        Ok(Record::new(
-            key.clone(),
-            state,
-            LeaseToken::from_stored(token),
-            claim_id,
-            fingerprint,
-            attempts,
-            from_millis(first_seen),
-        ))
-    })())
+/// Reads a row of [`COLUMNS`]; [`StoredRecord::decode`] then refuses anything
+/// malformed.
+fn read_row(row: &Row<'_>) -> rusqlite::Result<StoredRecord> {
+    Ok(StoredRecord {
+        state: row.get(0)?,
+        token: row.get(1)?,
+        claim_id: row.get(2)?,
+        fingerprint: row.get(3)?,
+        expires_ms: row.get(4)?,
+        completed_ms: row.get(5)?,
+        outcome: row.get(6)?,
+        attempts: row.get(7)?,
+        first_seen_ms: row.get(8)?,
+    })
 }
 
 /// Work on one connection, with the table's statements and the error mapping.
@@ -346,11 +293,12 @@ impl Ops<'_> {
             .and_then(|mut stmt| {
                 stmt.query_row(
                     named_params! {":ns": key.namespace(), ":id": key.id(), ":now": now},
-                    |row| decode(key, row),
+                    read_row,
                 )
                 .optional()
             })
             .map_err(|e| self.err(e))?
+            .map(|stored| stored.decode(key))
             .transpose()
     }
 

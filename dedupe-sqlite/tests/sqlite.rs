@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dedupe_conformance::processes::{answer_line, judge_answers};
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
 use dedupe_sqlite::rusqlite::{Connection, TransactionBehavior};
 use dedupe_sqlite::SqliteStore;
@@ -85,41 +86,21 @@ fn single_winner_across_processes() {
         );
     }
     std::fs::write(&go, b"go").expect("start signal");
-    let mut claimed = vec![0usize; ROUNDS];
-    let mut answers = vec![0usize; ROUNDS];
-    for c in children {
-        let out = c.wait_with_output().expect("racer output");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "racer failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        for line in stdout
-            .lines()
-            .filter_map(|l| l.split_once("ANSWER ").map(|(_, rest)| rest))
-        {
-            let (round, kind) = line.split_once(' ').expect("ANSWER round kind");
-            let round: usize = round.parse().expect("round number");
-            answers[round] += 1;
-            match kind {
-                "claimed" => claimed[round] += 1,
-                "in-flight" => {}
-                other => panic!("round {round}: a racer answered {other}"),
-            }
-        }
-    }
-    for round in 0..ROUNDS {
-        assert_eq!(
-            answers[round],
-            PROCESSES * TASKS_PER_PROCESS,
-            "round {round}: answers missing"
-        );
-        assert_eq!(
-            claimed[round], 1,
-            "round {round}: {} racers across processes were Claimed",
-            claimed[round]
-        );
+    let outputs: Vec<String> = children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().expect("racer output");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "racer failed:\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            stdout
+        })
+        .collect();
+    if let Err(failure) = judge_answers(&outputs, ROUNDS, PROCESSES * TASKS_PER_PROCESS) {
+        panic!("{failure}");
     }
 }
 
@@ -153,15 +134,15 @@ fn child_racer() {
                             )
                             .await
                             .expect("claim");
-                        out.push((round, answer.kind()));
+                        out.push(answer_line(round, &answer));
                     }
                     out
                 })
             })
             .collect();
         for task in tasks {
-            for (round, kind) in task.await.expect("racer task") {
-                println!("ANSWER {round} {kind}");
+            for line in task.await.expect("racer task") {
+                println!("{line}");
             }
         }
     });
