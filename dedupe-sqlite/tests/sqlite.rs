@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -237,6 +238,15 @@ async fn transactional_claim_rolled_back_leaves_the_event_claimable() {
     assert_eq!(order_count(&db), 1);
 }
 
+/// Set by the second transaction's busy handler when it finds the write lock taken.
+static SECOND_WAITED: AtomicBool = AtomicBool::new(false);
+
+fn note_busy_and_wait(attempt: i32) -> bool {
+    SECOND_WAITED.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(1));
+    attempt < 10_000
+}
+
 /// Two transactions on one key: the second waits on the write lock, then sees the
 /// first's work done (commit) or claims it itself (rollback).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,13 +294,21 @@ async fn concurrent_transactions_on_one_key_have_one_winner() {
             let (store, db, k) = (store.clone(), db.clone(), k.clone());
             std::thread::spawn(move || {
                 let mut conn = Connection::open(&db).expect("open");
-                conn.busy_timeout(Duration::from_secs(10))
-                    .expect("busy timeout");
+                conn.busy_handler(Some(note_busy_and_wait))
+                    .expect("busy handler");
                 handle_in_tx(&store, &mut conn, &k, true)
             })
         };
-        // The second is now blocked on the write lock; let the first finish.
-        std::thread::sleep(Duration::from_millis(50));
+        // Let the first finish only once the second has hit its write lock.
+        let since = Instant::now();
+        while !SECOND_WAITED.load(Ordering::SeqCst) {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "the second transaction never waited on the lock"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        SECOND_WAITED.store(false, Ordering::SeqCst);
         release_tx.send(()).expect("release first");
         first.join().expect("first thread");
         let second_answer = second.join().expect("second thread");
