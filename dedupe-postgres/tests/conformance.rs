@@ -1,7 +1,7 @@
 //! The Postgres store runs the whole conformance suite on a real server: each check
 //! gets a fresh schema, and each racing handle a pool (connection) of its own.
 
-mod support;
+use dedupe_testkit as support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +38,7 @@ impl StoreFactory for PgFactory {
         let (_, url) = self
             .server
             .get_or_init(|| async {
-                tokio::task::spawn_blocking(support::server)
+                tokio::task::spawn_blocking(support::postgres_server)
                     .await
                     .expect("server")
             })

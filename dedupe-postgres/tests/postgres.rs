@@ -3,7 +3,7 @@
 //! server restart, killed connections, statement timeouts, bad names, and a race
 //! across OS processes.
 
-mod support;
+use dedupe_testkit as support;
 
 #[path = "../examples/transactional_orders.rs"]
 #[allow(dead_code)]
@@ -69,7 +69,7 @@ async fn example_store(url: &str) -> (PgStore, PgPool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_claim_commits_with_the_order() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let (store, pool) = example_store(&url).await;
     let first = example::handle_delivery(&store, &pool, "evt_commit", 2500)
         .await
@@ -86,7 +86,7 @@ async fn transactional_claim_commits_with_the_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolled_back_claim_leaves_the_event_claimable() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let (store, pool) = example_store(&url).await;
     let k = key("evt_rollback");
     {
@@ -118,7 +118,7 @@ async fn rolled_back_claim_leaves_the_event_claimable() {
 /// the claim nor the order, and the next delivery claims the event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connection_mid_transaction_leaves_nothing_half_done() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let (store, pool) = example_store(&url).await;
     let k = key("evt_killed");
     let mut victim = pool.acquire().await.expect("connection");
@@ -181,7 +181,7 @@ async fn killed_connection_mid_transaction_leaves_nothing_half_done() {
 /// work done (commit) or claims it (rollback). One order either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_transactions_on_one_key_have_one_winner() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     for first_commits in [true, false] {
         let (store, pool) = example_store(&url).await;
         // The example's deliveries claim in the `stripe` namespace.
@@ -304,7 +304,7 @@ async fn server_restart_is_retryable_and_recovered() {
 /// fail retryably, and the store carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connections_are_retryable_and_recovered() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("kill");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
     let warm = store
@@ -350,7 +350,7 @@ async fn killed_connections_are_retryable_and_recovered() {
 /// timeout: a retryable Timeout, and nothing changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statement_timeout_is_retryable_and_changes_nothing() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("timeout");
     let store = store_on(&url, &schema, Duration::from_millis(300)).await;
     let k = key("locked");
@@ -392,7 +392,7 @@ async fn statement_timeout_is_retryable_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_and_table_names_must_be_plain_identifiers() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let pool = PgPool::connect(&url).await.expect("pool");
     for (schema, table) in [
         ("public", "x; DROP TABLE y"),
@@ -427,7 +427,7 @@ async fn schema_and_table_names_must_be_plain_identifiers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_rows_are_reported_not_guessed() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("corrupt");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
     let far = "now() + interval '1 day'";
@@ -450,7 +450,7 @@ async fn corrupt_rows_are_reported_not_guessed() {
 /// is Claimed exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_winner_across_processes() {
-    let (_server, url) = support::server();
+    let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("procs");
     store_on(&url, &schema, Duration::from_secs(5)).await;
     let children: Vec<_> = (0..2)

@@ -5,13 +5,12 @@
 //!
 //! When `DEDUPE_TEST_POSTGRES_URL` is set, tests use that server instead; every
 //! fixture still gets a schema of its own, so runs never collide.
-#![allow(dead_code)]
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Finds the directory of `initdb` and `pg_ctl`: `DEDUPE_PG_BIN`, then
 /// `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
@@ -62,7 +61,8 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-/// A private PostgreSQL cluster.
+/// A private PostgreSQL cluster, stopped when dropped.
+#[derive(Debug)]
 pub struct PgCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
@@ -220,24 +220,4 @@ pub fn unique_schema(label: &str) -> String {
         nanos % 1_000_000_000,
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// Waits until `f` answers true, at most `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let since = Instant::now();
-    while since.elapsed() < limit {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
-}
-
-pub fn path_str(p: &Path) -> String {
-    p.display().to_string()
 }
