@@ -2,17 +2,19 @@
 //! suite against it.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use dedupe_conformance::{Fixture, StoreFactory};
-use dedupe_core::{DedupeStore, Deduper, Error, HandleError, Handled, Key, MemoryStore};
-use dedupe_sqlite::SqliteStore;
+use dedupe_core::{DedupeStore, Deduper, Error, HandleError, Handled, Key};
+
+mod stores;
+
+use stores::{Opener, StoreArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -35,24 +37,6 @@ enum Command {
     Conformance(StoreArgs),
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum StoreKind {
-    /// A SQLite file (the embedded default).
-    Sqlite,
-    /// Process memory.
-    Memory,
-}
-
-#[derive(clap::Args, Debug)]
-struct StoreArgs {
-    /// Which store to use.
-    #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
-    store: StoreKind,
-    /// SQLite file (default: a new file in a temporary directory).
-    #[arg(long)]
-    file: Option<PathBuf>,
-}
-
 #[derive(clap::Args, Debug)]
 struct RaceArgs {
     #[command(flatten)]
@@ -69,47 +53,6 @@ struct RaceArgs {
     /// Milliseconds the work of one event takes.
     #[arg(long, default_value_t = 2)]
     work_ms: u64,
-}
-
-/// Opens store handles: one per worker, each with its own connection.
-struct Opener {
-    kind: StoreKind,
-    memory: MemoryStore,
-    file: PathBuf,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Opener {
-    fn new(args: &StoreArgs) -> Result<Self, Error> {
-        let (file, dir) = match &args.file {
-            Some(f) => (f.clone(), None),
-            None => {
-                let dir = tempfile::tempdir()
-                    .map_err(|e| Error::unavailable("temp dir", Some(Box::new(e))))?;
-                (dir.path().join("dedupe.db"), Some(dir))
-            }
-        };
-        Ok(Self {
-            kind: args.store,
-            memory: MemoryStore::new(),
-            file,
-            _dir: dir,
-        })
-    }
-
-    async fn open(&self) -> Result<Arc<dyn DedupeStore>, Error> {
-        Ok(match self.kind {
-            StoreKind::Memory => Arc::new(self.memory.clone()),
-            StoreKind::Sqlite => Arc::new(SqliteStore::open(&self.file).await?),
-        })
-    }
-
-    fn describe(&self) -> String {
-        match self.kind {
-            StoreKind::Memory => "memory".into(),
-            StoreKind::Sqlite => format!("sqlite ({})", self.file.display()),
-        }
-    }
 }
 
 #[derive(Default)]
@@ -163,7 +106,7 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 async fn race(args: RaceArgs) -> Result<bool, Error> {
-    let opener = Opener::new(&args.store)?;
+    let opener = Opener::new(&args.store).await?;
     let queue = Arc::new(Mutex::new(delivery_order(args.events, args.copies)));
     let deliveries = queue.lock().map(|q| q.len()).unwrap_or(0);
     let side_effects: Arc<Vec<AtomicU32>> =
@@ -272,6 +215,7 @@ async fn race(args: RaceArgs) -> Result<bool, Error> {
         "events whose work ran once: {once} of {}; done before this run: {done_before}; more than once: {twice}",
         args.events
     );
+    opener.finish().await?;
     let ok = twice == 0 && unresolved == 0 && load(&tally.errors) == 0;
     if ok {
         println!("OK: no event's work ran twice, and every delivery was answered");
@@ -281,21 +225,30 @@ async fn race(args: RaceArgs) -> Result<bool, Error> {
     Ok(ok)
 }
 
-struct CliFactory(StoreKind);
+/// Makes one isolated store per conformance check (a new temp file, a new
+/// Postgres schema), and remembers them to clean up after the run.
+struct CliFactory {
+    args: StoreArgs,
+    created: Mutex<Vec<Arc<Opener>>>,
+}
 
-/// One isolated store for one conformance check: its own temp file (or memory).
 struct CliFixture {
-    opener: Opener,
+    opener: Arc<Opener>,
     main: Arc<dyn DedupeStore>,
 }
 
 #[async_trait]
 impl StoreFactory for CliFactory {
     async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
-        let opener = Opener::new(&StoreArgs {
-            store: self.0,
+        let args = StoreArgs {
             file: None,
-        })?;
+            schema: None,
+            ..self.args.clone()
+        };
+        let opener = Arc::new(Opener::new(&args).await?);
+        if let Ok(mut created) = self.created.lock() {
+            created.push(Arc::clone(&opener));
+        }
         let main = opener.open().await?;
         Ok(Box::new(CliFixture { opener, main }))
     }
@@ -312,16 +265,35 @@ impl Fixture for CliFixture {
     }
 }
 
+async fn conformance(args: StoreArgs) -> Result<bool, Error> {
+    let factory = CliFactory {
+        args,
+        created: Mutex::new(Vec::new()),
+    };
+    let report = dedupe_conformance::run_all(&factory).await;
+    println!("{report}");
+    let created = factory
+        .created
+        .lock()
+        .map(|c| c.clone())
+        .unwrap_or_default();
+    for opener in created {
+        opener.finish().await?;
+    }
+    Ok(report.all_passed())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Spans of every store call, for RUST_LOG=dedupe=debug and the like.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Race(args) => race(args).await,
-        Command::Conformance(args) => {
-            let report = dedupe_conformance::run_all(&CliFactory(args.store)).await;
-            println!("{report}");
-            Ok(report.all_passed())
-        }
+        Command::Conformance(args) => conformance(args).await,
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -61,6 +61,59 @@ fn conformance_report_on_memory() {
     );
 }
 
+/// The same race and the suite on a real PostgreSQL server; the schemas the
+/// commands create are dropped when they end.
+#[test]
+fn race_and_conformance_on_postgres() {
+    let (_server, url) = dedupe_testkit::postgres_server();
+    let (ok, out) = dedupe(&[
+        "race",
+        "--store",
+        "postgres",
+        "--url",
+        &url,
+        "--events",
+        "40",
+        "--copies",
+        "4",
+        "--workers",
+        "8",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("claims won (work ran):     40"), "{out}");
+    assert!(out.contains("duplicates answered:       120"), "{out}");
+    let (ok, out) = dedupe(&["conformance", "--store", "postgres", "--url", &url]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("19 checks: 19 passed, 0 skipped, 0 failed"),
+        "{out}"
+    );
+    let left = Command::new("psql")
+        .args([
+            url.as_str(),
+            "-Atc",
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'dedupe_cli_%'",
+        ])
+        .output()
+        .expect("psql");
+    assert_eq!(
+        String::from_utf8_lossy(&left.stdout).trim(),
+        "0",
+        "the commands left schemas behind"
+    );
+}
+
+#[test]
+fn postgres_without_a_url_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+        .args(["race", "--store", "postgres"])
+        .env_remove("DEDUPE_POSTGRES_URL")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --url or DEDUPE_POSTGRES_URL"));
+}
+
 #[test]
 fn bad_arguments_are_refused() {
     let (ok, out) = dedupe(&["race", "--store", "oracle"]);
