@@ -535,3 +535,96 @@ async fn child_racer() {
         }
     }
 }
+
+/// A large purge goes in batches and skips rows another transaction holds: it
+/// removes every other expired row, never waits, and leaves live rows alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_purges_in_batches_and_skips_locked_rows() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("purge");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let t = format!("\"{schema}\".dedupe_records");
+    // 2,500 expired records (more than two batches) and 10 live ones.
+    sqlx::raw_sql(&format!(
+        "INSERT INTO {t} SELECT 'pg', 'old-' || g, 1, 't', NULL, NULL, now() - interval '1 hour', now(), ''::bytea, 1, now()
+         FROM generate_series(1, 2500) g;
+         INSERT INTO {t} SELECT 'pg', 'live-' || g, 0, 't', NULL, NULL, now() + interval '1 hour', NULL, NULL, 1, now()
+         FROM generate_series(1, 10) g;"
+    ))
+    .execute(store.pool())
+    .await
+    .expect("plant rows");
+    let admin = PgPool::connect(&url).await.expect("admin pool");
+    let mut holder = admin.begin().await.expect("begin");
+    sqlx::query(&format!("SELECT 1 FROM {t} WHERE id = 'old-7' FOR UPDATE"))
+        .execute(&mut *holder)
+        .await
+        .expect("hold one expired row");
+    let removed = store.expire().await.expect("expire");
+    assert_eq!(
+        removed, 2499,
+        "expire() should skip the held row and remove the rest"
+    );
+    holder.rollback().await.expect("release the row");
+    let left: Vec<String> =
+        sqlx::query_scalar(&format!("SELECT id FROM {t} WHERE id LIKE 'old-%'"))
+            .fetch_all(store.pool())
+            .await
+            .expect("left");
+    assert_eq!(left, vec!["old-7".to_string()]);
+    assert_eq!(store.expire().await.expect("expire again"), 1);
+    for i in 1..=10 {
+        assert!(store
+            .get(&key(&format!("live-{i}")))
+            .await
+            .expect("get")
+            .is_some());
+    }
+}
+
+/// Batches over the same keys in different orders, racing: every key is Claimed
+/// exactly once overall, and no batch deadlocks or fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_batches_in_any_order_claim_each_key_once() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("batches");
+    store_on(&url, &schema, Duration::from_secs(10)).await;
+    let keys: Vec<Key> = (0..200).map(|i| key(&format!("batch-{i:03}"))).collect();
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for racer in 0..8usize {
+        let store = store_on(&url, &schema, Duration::from_secs(10)).await;
+        let mut mine = keys.clone();
+        // Each racer walks the keys in its own order: rotated, every other one reversed.
+        mine.rotate_left(racer * 25);
+        if racer % 2 == 1 {
+            mine.reverse();
+        }
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let answers = store.claim_many(&mine, &ClaimOptions::default()).await;
+            (mine, answers)
+        }));
+    }
+    let mut wins = std::collections::HashMap::new();
+    for task in tasks {
+        let (mine, answers) = task.await.expect("racer");
+        let answers = answers.expect("a racing batch failed");
+        for (k, answer) in mine.iter().zip(answers) {
+            match answer {
+                ClaimOutcome::Claimed(_) => *wins.entry(k.clone()).or_insert(0) += 1,
+                ClaimOutcome::InFlight { .. } => {}
+                other => panic!("{k} answered {other:?}"),
+            }
+        }
+    }
+    for k in &keys {
+        assert_eq!(
+            wins.get(k),
+            Some(&1),
+            "{k} was Claimed {:?} times",
+            wins.get(k)
+        );
+    }
+}
