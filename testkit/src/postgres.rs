@@ -103,11 +103,18 @@ impl PgCluster {
 
     /// initdb and start.
     pub fn start() -> Self {
+        let as_postgres = is_root();
+        // The postgres user must reach the data dir: as root, use /tmp itself rather
+        // than a TMPDIR that may sit under /root.
+        let base = if as_postgres {
+            PathBuf::from("/tmp")
+        } else {
+            std::env::temp_dir()
+        };
         let dir = tempfile::Builder::new()
             .prefix("dedupe-pg-")
-            .tempdir()
+            .tempdir_in(base)
             .expect("temp dir");
-        let as_postgres = is_root();
         if as_postgres {
             let ok = Command::new("chown")
                 .args(["postgres:", &dir.path().display().to_string()])
