@@ -11,6 +11,7 @@ use dedupe_core::{
     Result, DEFAULT_MAX_OUTCOME_BYTES,
 };
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use tokio::sync::Semaphore;
 
 use crate::sql::{Ops, Statements, EXPIRE_BATCH};
 
@@ -21,9 +22,19 @@ pub struct SqliteBuilder {
     table: String,
     busy_timeout: Duration,
     max_outcome_bytes: usize,
+    connections: usize,
 }
 
 impl SqliteBuilder {
+    /// Connections this handle (and its clones) keeps open, at most (default 4).
+    /// SQLite lets one writer in at a time whatever the count; more connections let
+    /// reads run beside a write and keep callers waiting in async code rather than
+    /// on blocking threads.
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
+        self
+    }
+
     /// Table that holds the records (default `dedupe_records`). Must be a plain
     /// identifier; anything else is refused with `InvalidConfig` at `open`.
     pub fn table(mut self, table: impl Into<String>) -> Self {
@@ -51,8 +62,12 @@ impl SqliteBuilder {
         if self.busy_timeout.is_zero() {
             return Err(Error::config("busy timeout must be above zero"));
         }
+        if self.connections == 0 {
+            return Err(Error::config("a store needs at least one connection"));
+        }
         let busy_timeout = self.busy_timeout;
         let path = self.path.clone();
+        // The first connection is opened now, so a bad path or file fails here.
         let conn = tokio::task::spawn_blocking(move || open_connection(&path, busy_timeout))
             .await
             .map_err(|e| {
@@ -60,7 +75,9 @@ impl SqliteBuilder {
             })??;
         let store = SqliteStore {
             inner: Arc::new(Inner {
-                conn: Mutex::new(conn),
+                idle: Mutex::new(vec![conn]),
+                permits: Arc::new(Semaphore::new(self.connections)),
+                connections: self.connections,
                 sql,
                 path: self.path,
                 busy_timeout,
@@ -128,7 +145,11 @@ fn open_connection_now(path: &Path, busy_timeout: Duration) -> Result<Connection
 
 #[derive(Debug)]
 struct Inner {
-    conn: Mutex<Connection>,
+    /// Open connections not in use.
+    idle: Mutex<Vec<Connection>>,
+    /// One permit per connection the handle may use at once.
+    permits: Arc<Semaphore>,
+    connections: usize,
     sql: Statements,
     path: PathBuf,
     busy_timeout: Duration,
@@ -144,10 +165,12 @@ struct Inner {
 ///   over an expired one; when it leaves a live record alone, that record is read
 ///   back under the same write lock to answer. Complete, release and extend are
 ///   single statements conditional on the lease token. Nothing checks then writes.
-/// - **Concurrency**: one connection per `SqliteStore` (clones share it); each open
-///   is a new connection. The file is in WAL mode with a busy timeout, so
-///   connections in other threads and processes wait for the write lock rather than
-///   fail; past the timeout the error is a retryable [`Error::Timeout`].
+/// - **Concurrency**: each opened `SqliteStore` keeps a small pool of connections
+///   (default 4, see [`SqliteBuilder::connections`]); clones share it, and each
+///   `open` or [`reopen`](SqliteStore::reopen) is a handle with a pool of its own.
+///   The file is in WAL mode with a busy timeout, so connections in other threads
+///   and processes wait for the write lock rather than fail; past the timeout the
+///   error is a retryable [`Error::Timeout`].
 /// - **Runtime**: every statement runs on Tokio's blocking pool, never on the
 ///   async worker threads.
 /// - **Time**: deadlines are judged by the caller's clock (`SystemTime::now()`, in
@@ -181,6 +204,8 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Default table name.
     pub const DEFAULT_TABLE: &'static str = "dedupe_records";
+    /// Default number of connections per handle.
+    pub const DEFAULT_CONNECTIONS: usize = 4;
     /// Default busy timeout.
     pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -191,6 +216,7 @@ impl SqliteStore {
             table: Self::DEFAULT_TABLE.to_string(),
             busy_timeout: Self::DEFAULT_BUSY_TIMEOUT,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            connections: Self::DEFAULT_CONNECTIONS,
         }
     }
 
@@ -199,12 +225,13 @@ impl SqliteStore {
         Self::builder(path).open().await
     }
 
-    /// Another handle onto the same file with its own connection.
+    /// Another handle onto the same file with connections of its own.
     pub async fn reopen(&self) -> Result<Self> {
         Self::builder(&self.inner.path)
             .table(self.table_name())
             .busy_timeout(self.inner.busy_timeout)
             .max_outcome_bytes(self.inner.caps.max_outcome_bytes)
+            .connections(self.inner.connections)
             .open()
             .await
     }
@@ -269,16 +296,42 @@ impl SqliteStore {
         self.ops().release(conn, lease)
     }
 
-    /// Runs `f` with the connection on the blocking pool.
+    /// Runs `f` with a connection of the handle's pool on the blocking pool. The
+    /// wait for a free connection happens in async code, bounded by the busy
+    /// timeout; the connection is opened on first use and returned after.
     async fn with_conn<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Ops<'_>, &mut Connection) -> Result<T> + Send + 'static,
     {
+        let timeout = self.inner.busy_timeout;
+        let permit = tokio::time::timeout(timeout, Arc::clone(&self.inner.permits).acquire_owned())
+            .await
+            .map_err(|_| Error::Timeout {
+                after: timeout,
+                source: None,
+            })?
+            .map_err(|e| Error::backend("sqlite store closed", false, Some(Box::new(e) as _)))?;
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = this.inner.conn.lock().unwrap_or_else(|e| e.into_inner());
-            with_busy_deadline(this.inner.busy_timeout, || f(&this.ops(), &mut conn))
+            let _permit = permit;
+            let idle = this
+                .inner
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop();
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => open_connection(&this.inner.path, timeout)?,
+            };
+            let result = with_busy_deadline(timeout, || f(&this.ops(), &mut conn));
+            this.inner
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(conn);
+            result
         })
         .await
         .map_err(|e| Error::backend("sqlite worker thread failed", false, Some(Box::new(e) as _)))?

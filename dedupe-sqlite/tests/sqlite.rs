@@ -484,3 +484,56 @@ async fn a_file_that_is_not_a_database_is_an_error() {
         Ok(_) => panic!("opened a file that is not a database"),
     }
 }
+
+/// One handle shared by many tasks: its small pool serves them all, claims keep a
+/// single winner per key, and reads run beside the writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_shared_handle_serves_many_tasks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(
+        SqliteStore::builder(dir.path().join("shared.db"))
+            .connections(3)
+            .open()
+            .await
+            .expect("open"),
+    );
+    let mut tasks = Vec::new();
+    for t in 0..64 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let mut won = Vec::new();
+            for i in 0..50 {
+                // Every task claims the same 50 keys, and reads one as it goes.
+                let k = key(&format!("shared-{i}"));
+                if let ClaimOutcome::Claimed(lease) = store
+                    .claim(&k, &ClaimOptions::default())
+                    .await
+                    .expect("claim")
+                {
+                    won.push(lease);
+                }
+                store
+                    .get(&key(&format!("shared-{}", (i + t) % 50)))
+                    .await
+                    .expect("get");
+            }
+            won
+        }));
+    }
+    let mut winners = std::collections::HashMap::new();
+    for task in tasks {
+        for lease in task.await.expect("task") {
+            *winners.entry(lease.key.clone()).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(winners.len(), 50);
+    assert!(winners.values().all(|n| *n == 1), "{winners:?}");
+    match SqliteStore::builder(dir.path().join("x.db"))
+        .connections(0)
+        .open()
+        .await
+    {
+        Err(Error::InvalidConfig { .. }) => {}
+        other => panic!("zero connections answered {other:?}"),
+    }
+}
