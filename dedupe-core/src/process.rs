@@ -139,6 +139,37 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
+impl Deduper {
+    /// Drives `running` to its end, extending `lease` every third of `ttl`.
+    async fn with_heartbeat_on<T>(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        running: impl Future<Output = T>,
+    ) -> T {
+        let mut running = std::pin::pin!(running);
+        let every = (ttl / 3).max(crate::types::MIN_TTL);
+        let mut current = lease.clone();
+        loop {
+            let beat = std::pin::pin!(tokio::time::sleep(every));
+            match futures_util::future::select(running.as_mut(), beat).await {
+                futures_util::future::Either::Left((done, _)) => return done,
+                futures_util::future::Either::Right(((), _)) => {
+                    match self.store.extend(&current, ttl).await {
+                        Ok(extended) => current = extended,
+                        Err(error) => {
+                            // Lost (or the store is down): stop beating, let the work
+                            // finish; its completion tells the caller what happened.
+                            tracing::warn!(key = %lease.key, %error, "heartbeat could not extend the lease");
+                            return running.await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Claims, runs the caller's work, then completes with its output or releases.
 ///
 /// ```
@@ -168,6 +199,7 @@ pub struct Deduper {
     lease_ttl: Duration,
     retention: Retention,
     on_failure: OnFailure,
+    heartbeat: bool,
 }
 
 impl Deduper {
@@ -178,6 +210,7 @@ impl Deduper {
             lease_ttl: ClaimOptions::DEFAULT_LEASE_TTL,
             retention: Retention::default(),
             on_failure: OnFailure::default(),
+            heartbeat: false,
         }
     }
 
@@ -197,6 +230,16 @@ impl Deduper {
     /// Sets what happens to the claim when the work fails.
     pub fn with_on_failure(mut self, on_failure: OnFailure) -> Self {
         self.on_failure = on_failure;
+        self
+    }
+
+    /// Keeps the lease alive while the work runs: every third of the lease TTL it
+    /// is extended by a full TTL, so work longer than the lease is not taken over.
+    /// Off by default: a heartbeat also keeps a hung worker's lease alive for as
+    /// long as its process lives. If an extension finds the lease lost, the work
+    /// goes on and its completion reports [`HandleError::NotRecorded`].
+    pub fn with_heartbeat(mut self, on: bool) -> Self {
+        self.heartbeat = on;
         self
     }
 
@@ -246,7 +289,13 @@ impl Deduper {
             store: Arc::clone(&self.store),
             lease: Some(lease.clone()),
         };
-        let result = AssertUnwindSafe(work(lease.clone())).catch_unwind().await;
+        let running = AssertUnwindSafe(work(lease.clone())).catch_unwind();
+        let result = if self.heartbeat {
+            self.with_heartbeat_on(&lease, opts.lease_ttl, running)
+                .await
+        } else {
+            running.await
+        };
         guard.disarm();
         let retention = self.retention.for_namespace(key.namespace());
         match result {

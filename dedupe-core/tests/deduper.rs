@@ -213,3 +213,49 @@ async fn work_that_outlives_its_lease_is_reported_not_recorded() {
     );
     assert_eq!(record.attempts, 2);
 }
+
+/// With the heartbeat on, work that runs for several lease TTLs keeps its lease:
+/// other deliveries meanwhile are answered InFlight, never a takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_keeps_long_work_from_being_taken_over() {
+    let store = MemoryStore::new();
+    let ttl = Duration::from_millis(300);
+    let deduper = Deduper::new(Arc::new(store.clone()))
+        .with_lease_ttl(ttl)
+        .expect("ttl")
+        .with_heartbeat(true);
+    let k = key("long-work");
+    let handled = deduper
+        .run(&k, |_lease| {
+            let (store, k) = (store.clone(), k.clone());
+            async move {
+                // The work lasts more than three lease TTLs; other copies arrive
+                // after the first TTL and after the second.
+                for _ in 0..2 {
+                    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+                    let other = store
+                        .claim(&k, &ClaimOptions::default())
+                        .await
+                        .expect("claim");
+                    assert!(
+                        matches!(
+                            other,
+                            dedupe_core::ClaimOutcome::InFlight { attempt: 1, .. }
+                        ),
+                        "a copy during long work answered {other:?}"
+                    );
+                }
+                tokio::time::sleep(ttl).await;
+                Ok::<_, Declined>(b"long".to_vec())
+            }
+        })
+        .await
+        .expect("run");
+    assert_eq!(
+        handled,
+        Handled::Ran {
+            outcome: b"long".to_vec(),
+            attempt: 1
+        }
+    );
+}
