@@ -39,7 +39,11 @@ async fn pool_in(url: &str, schema: &str) -> PgPool {
     let options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(8)
-        .connect_with(options.options([("search_path", schema)]))
+        .connect_with(
+            options
+                .options([("search_path", schema)])
+                .application_name(schema),
+        )
         .await
         .expect("pool")
 }
@@ -216,7 +220,8 @@ async fn concurrent_transactions_on_one_key_have_one_winner() {
             let pool = pool.clone();
             async move {
                 sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE wait_event_type = 'Lock' AND application_name = current_setting('application_name')",
                 )
                 .fetch_one(&pool)
                 .await
@@ -306,7 +311,13 @@ async fn server_restart_is_retryable_and_recovered() {
 async fn killed_connections_are_retryable_and_recovered() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("kill");
-    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    // The store's own connections carry the schema as application name, so only
+    // they are killed (other tests may share the server).
+    let store = PgStore::builder(pool_in(&url, &schema).await)
+        .schema(&schema)
+        .build()
+        .expect("store");
+    store.migrate().await.expect("migrate");
     let warm = store
         .claim(&key("warm"), &ClaimOptions::default())
         .await
@@ -314,9 +325,9 @@ async fn killed_connections_are_retryable_and_recovered() {
     assert!(warm.lease().is_some());
     let admin = PgPool::connect(&url).await.expect("admin pool");
     let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-         WHERE pid <> pg_backend_pid() AND datname = current_database() AND backend_type = 'client backend'",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
     )
+    .bind(&schema)
     .fetch_all(&admin)
     .await
     .expect("kill");
