@@ -19,7 +19,7 @@ use tokio::sync::Barrier;
 use crate::harness::{CheckResult, Failure, StoreFactory, Verdict};
 
 /// Lease used where a check needs it to pass quickly.
-pub const SHORT_TTL: Duration = Duration::from_millis(150);
+pub const SHORT_TTL: Duration = Duration::from_millis(250);
 /// Lease or retention used where a check needs it to outlive the check.
 pub const LONG_TTL: Duration = Duration::from_secs(600);
 /// Tasks racing on one key in the race checks.

@@ -219,7 +219,7 @@ async fn work_that_outlives_its_lease_is_reported_not_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_keeps_long_work_from_being_taken_over() {
     let store = MemoryStore::new();
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(600);
     let deduper = Deduper::new(Arc::new(store.clone()))
         .with_lease_ttl(ttl)
         .expect("ttl")
