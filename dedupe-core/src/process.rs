@@ -139,37 +139,6 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
-impl Deduper {
-    /// Drives `running` to its end, extending `lease` every third of `ttl`.
-    async fn with_heartbeat_on<T>(
-        &self,
-        lease: &Lease,
-        ttl: Duration,
-        running: impl Future<Output = T>,
-    ) -> T {
-        let mut running = std::pin::pin!(running);
-        let every = (ttl / 3).max(crate::types::MIN_TTL);
-        let mut current = lease.clone();
-        loop {
-            let beat = std::pin::pin!(tokio::time::sleep(every));
-            match futures_util::future::select(running.as_mut(), beat).await {
-                futures_util::future::Either::Left((done, _)) => return done,
-                futures_util::future::Either::Right(((), _)) => {
-                    match self.store.extend(&current, ttl).await {
-                        Ok(extended) => current = extended,
-                        Err(error) => {
-                            // Lost (or the store is down): stop beating, let the work
-                            // finish; its completion tells the caller what happened.
-                            tracing::warn!(key = %lease.key, %error, "heartbeat could not extend the lease");
-                            return running.await;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Claims, runs the caller's work, then completes with its output or releases.
 ///
 /// ```
@@ -323,6 +292,37 @@ impl Deduper {
                         .map(|()| OnFailure::Keep),
                 };
                 Err(HandleError::Work { error, claim })
+            }
+        }
+    }
+}
+
+impl Deduper {
+    /// Drives `running` to its end, extending `lease` every third of `ttl`.
+    async fn with_heartbeat_on<T>(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        running: impl Future<Output = T>,
+    ) -> T {
+        let mut running = std::pin::pin!(running);
+        let every = (ttl / 3).max(crate::types::MIN_TTL);
+        let mut current = lease.clone();
+        loop {
+            let beat = std::pin::pin!(tokio::time::sleep(every));
+            match futures_util::future::select(running.as_mut(), beat).await {
+                futures_util::future::Either::Left((done, _)) => return done,
+                futures_util::future::Either::Right(((), _)) => {
+                    match self.store.extend(&current, ttl).await {
+                        Ok(extended) => current = extended,
+                        Err(error) => {
+                            // Lost (or the store is down): stop beating, let the work
+                            // finish; its completion tells the caller what happened.
+                            tracing::warn!(key = %lease.key, %error, "heartbeat could not extend the lease");
+                            return running.await;
+                        }
+                    }
+                }
             }
         }
     }
