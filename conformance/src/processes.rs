@@ -3,7 +3,11 @@
 //! with [`answer_line`], the parent judges every child's output together with
 //! [`judge_answers`].
 
-use dedupe_core::ClaimOutcome;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Key};
+use tokio::sync::Barrier;
 
 use crate::harness::Failure;
 
@@ -12,6 +16,43 @@ const PREFIX: &str = "ANSWER ";
 /// The line a racing child prints for its answer in `round`.
 pub fn answer_line(round: usize, answer: &ClaimOutcome) -> String {
     format!("{PREFIX}{round} {}", answer.kind())
+}
+
+/// The child's side: races every handle on keys `race:round-0` ..
+/// `race:round-{rounds-1}`, one round at a time behind a barrier, and answers the
+/// [`answer_line`]s to print, every handle's answer for every round.
+pub async fn race_rounds(
+    handles: Vec<Arc<dyn DedupeStore>>,
+    rounds: usize,
+) -> Result<Vec<String>, Failure> {
+    let barrier = Arc::new(Barrier::new(handles.len()));
+    let tasks: Vec<_> = handles
+        .into_iter()
+        .map(|store| {
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                let mut lines = Vec::with_capacity(rounds);
+                for round in 0..rounds {
+                    barrier.wait().await;
+                    let key = Key::new("race", format!("round-{round}"))
+                        .map_err(|e| Failure::new(e.to_string()))?;
+                    let answer = store
+                        .claim(&key, &ClaimOptions::new(Duration::from_secs(600)))
+                        .await?;
+                    lines.push(answer_line(round, &answer));
+                }
+                Ok::<_, Failure>(lines)
+            })
+        })
+        .collect();
+    let mut lines = Vec::new();
+    for task in tasks {
+        lines.extend(
+            task.await
+                .map_err(|e| Failure::new(format!("a racing task died: {e}")))??,
+        );
+    }
+    Ok(lines)
 }
 
 /// Judges the output of every child of a cross-process race: each of `rounds`

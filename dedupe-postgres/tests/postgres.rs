@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_conformance::processes::{answer_line, judge_answers};
+use dedupe_conformance::processes::{judge_answers, race_rounds};
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
 use dedupe_postgres::sqlx::{self, PgPool};
 use dedupe_postgres::PgStore;
@@ -505,7 +505,7 @@ async fn single_winner_across_processes() {
 async fn child_racer() {
     let url = std::env::var("DEDUPE_CHILD_URL").expect("child job");
     let schema = std::env::var("DEDUPE_CHILD_SCHEMA").expect("schema");
-    let mut handles = Vec::new();
+    let mut handles: Vec<Arc<dyn DedupeStore>> = Vec::new();
     for _ in 0..16 {
         let pool = PgStore::connect_pool(&url, 1, Duration::from_secs(20))
             .await
@@ -518,32 +518,11 @@ async fn child_racer() {
                 .expect("store"),
         ));
     }
-    let barrier = Arc::new(tokio::sync::Barrier::new(handles.len()));
-    let tasks: Vec<_> = handles
-        .into_iter()
-        .map(|store| {
-            let barrier = Arc::clone(&barrier);
-            tokio::spawn(async move {
-                let mut out = Vec::new();
-                for round in 0..100 {
-                    barrier.wait().await;
-                    let answer = store
-                        .claim(
-                            &key(&format!("round-{round}")),
-                            &ClaimOptions::new(Duration::from_secs(600)),
-                        )
-                        .await
-                        .expect("claim");
-                    out.push(answer_line(round, &answer));
-                }
-                out
-            })
-        })
-        .collect();
-    for task in tasks {
-        for line in task.await.expect("task") {
-            println!("{line}");
-        }
+    for line in race_rounds(handles, 100)
+        .await
+        .unwrap_or_else(|f| panic!("{f}"))
+    {
+        println!("{line}");
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupe_conformance::processes::{answer_line, judge_answers};
+use dedupe_conformance::processes::{judge_answers, race_rounds};
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
 use dedupe_sqlite::rusqlite::{Connection, TransactionBehavior};
 use dedupe_sqlite::SqliteStore;
@@ -119,32 +119,15 @@ fn child_racer() {
         }
         std::fs::write(&ready, b"ready").expect("ready file");
         wait_for(&go, "the start signal");
-        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS_PER_PROCESS));
-        let tasks: Vec<_> = handles
+        let handles = handles
             .into_iter()
-            .map(|store| {
-                let barrier = Arc::clone(&barrier);
-                tokio::spawn(async move {
-                    let mut out = Vec::new();
-                    for round in 0..ROUNDS {
-                        barrier.wait().await;
-                        let answer = store
-                            .claim(
-                                &key(&format!("round-{round}")),
-                                &ClaimOptions::new(Duration::from_secs(600)),
-                            )
-                            .await
-                            .expect("claim");
-                        out.push(answer_line(round, &answer));
-                    }
-                    out
-                })
-            })
+            .map(|h| Arc::new(h) as Arc<dyn DedupeStore>)
             .collect();
-        for task in tasks {
-            for line in task.await.expect("racer task") {
-                println!("{line}");
-            }
+        for line in race_rounds(handles, ROUNDS)
+            .await
+            .unwrap_or_else(|f| panic!("{f}"))
+        {
+            println!("{line}");
         }
     });
 }
