@@ -68,6 +68,7 @@ macro_rules! suite {
             ten_thousand_distinct_keys,
             single_winner_race,
             single_winner_takeover_race,
+            matches_reference_store,
         );
     };
     (@checks $factory:expr; $($name:ident),* $(,)?) => {

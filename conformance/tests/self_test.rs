@@ -306,8 +306,14 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         Flaw::CheckThenWrite,
         &["single_winner_race", "single_winner_takeover_race"],
     ),
-    (Flaw::ReleaseIgnoresToken, &["stale_holder_is_fenced"]),
-    (Flaw::CompleteIgnoresToken, &["stale_holder_is_fenced"]),
+    (
+        Flaw::ReleaseIgnoresToken,
+        &["stale_holder_is_fenced", "matches_reference_store"],
+    ),
+    (
+        Flaw::CompleteIgnoresToken,
+        &["stale_holder_is_fenced", "matches_reference_store"],
+    ),
     (Flaw::ExtendIgnoresToken, &["stale_holder_is_fenced"]),
     (
         Flaw::ExpiryByDeletionOnly,
@@ -315,17 +321,29 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     ),
     (
         Flaw::ClaimManyIgnoresBatchDuplicates,
-        &["claim_many_matches_claim"],
+        &["claim_many_matches_claim", "matches_reference_store"],
     ),
     (Flaw::TruncatesOutcome, &["duplicate_returns_exact_outcome"]),
-    (Flaw::IgnoresFingerprint, &["fingerprint_mismatch"]),
-    (Flaw::IgnoresClaimId, &["reentrant_claim_id"]),
+    (
+        Flaw::IgnoresFingerprint,
+        &["fingerprint_mismatch", "matches_reference_store"],
+    ),
+    (
+        Flaw::IgnoresClaimId,
+        &["reentrant_claim_id", "matches_reference_store"],
+    ),
     (Flaw::NamespaceBlind, &["namespaces_isolate"]),
     (Flaw::CaseInsensitive, &["key_case_unicode_and_max_length"]),
     (Flaw::ExpireRemovesLive, &["expire_removes_exactly_expired"]),
-    (Flaw::ReleaseKeepsRecord, &["release_then_reclaim"]),
+    (
+        Flaw::ReleaseKeepsRecord,
+        &["release_then_reclaim", "matches_reference_store"],
+    ),
     (Flaw::ExtendForgets, &["extend_pushes_deadline"]),
-    (Flaw::ForgetAnswersFalse, &["forget_removes_any_state"]),
+    (
+        Flaw::ForgetAnswersFalse,
+        &["forget_removes_any_state", "matches_reference_store"],
+    ),
     (
         Flaw::NoOutcomeLimit,
         &["bad_input_rejected_nothing_written"],

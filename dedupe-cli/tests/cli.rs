@@ -56,7 +56,7 @@ fn conformance_report_on_memory() {
     let (ok, out) = dedupe(&["conformance", "--store", "memory"]);
     assert!(ok, "{out}");
     assert!(
-        out.contains("19 checks: 19 passed, 0 skipped, 0 failed"),
+        out.contains("20 checks: 20 passed, 0 skipped, 0 failed"),
         "{out}"
     );
 }
@@ -85,7 +85,7 @@ fn race_and_conformance_on_postgres() {
     let (ok, out) = dedupe(&["conformance", "--store", "postgres", "--url", &url]);
     assert!(ok, "{out}");
     assert!(
-        out.contains("19 checks: 19 passed, 0 skipped, 0 failed"),
+        out.contains("20 checks: 20 passed, 0 skipped, 0 failed"),
         "{out}"
     );
     let left = Command::new("psql")
