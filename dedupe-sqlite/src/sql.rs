@@ -87,8 +87,7 @@ impl Statements {
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = :until
-                 WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now
-                 RETURNING attempts"
+                 WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now"
             ),
             expire_batch: format!(
                 "DELETE FROM {t} WHERE (namespace, id) IN
@@ -251,28 +250,25 @@ impl Ops<'_> {
         check_ttl("lease ttl", ttl)?;
         let now = now_ms();
         let until = deadline(now, ttl);
-        let attempts: Option<i64> = conn
+        let changed = conn
             .prepare_cached(&self.sql.extend)
             .and_then(|mut stmt| {
-                stmt.query_row(
-                    named_params! {
-                        ":ns": lease.key.namespace(),
-                        ":id": lease.key.id(),
-                        ":token": lease.token.as_str(),
-                        ":until": until,
-                        ":now": now,
-                    },
-                    |row| row.get(0),
-                )
-                .optional()
+                stmt.execute(named_params! {
+                    ":ns": lease.key.namespace(),
+                    ":id": lease.key.id(),
+                    ":token": lease.token.as_str(),
+                    ":until": until,
+                    ":now": now,
+                })
             })
             .map_err(|e| self.err(e))?;
-        match attempts {
-            Some(_) => Ok(Lease {
+        if changed == 1 {
+            Ok(Lease {
                 deadline: from_millis(until),
                 ..lease.clone()
-            }),
-            None => Err(Error::lease_lost(&lease.key)),
+            })
+        } else {
+            Err(Error::lease_lost(&lease.key))
         }
     }
 
