@@ -33,22 +33,17 @@ pub use report::{assert_check, run_all, run_check, CheckReport, Report};
 #[doc(hidden)]
 pub use tokio as __tokio;
 
-/// Expands to one `#[tokio::test]` per conformance check, each creating its store
-/// from `$factory` (an expression whose value implements [`StoreFactory`]).
+/// Hands the name of every check, in suite order, to a macro of this crate:
+/// `__with_check_names!(callback! args)` expands to
+/// `callback! { args ; name, name, ... }`. The one list of checks: [`CHECKS`]
+/// and [`suite!`] are both generated from it.
 ///
-/// ```
-/// // tests/conformance.rs of a store crate (here: the memory store's factory).
-/// dedupe_conformance::suite!(dedupe_conformance::MemoryFactory);
-/// # fn main() {}
-/// ```
-///
-/// Put it at the top level of an integration test file (or inside a module); the
-/// crate needs `tokio` as a dev-dependency. A skipped check prints `SKIPPED` with
-/// the reason and passes; [`run_all`] lists skips in its report.
+/// [`CHECKS`]: crate::checks::CHECKS
+#[doc(hidden)]
 #[macro_export]
-macro_rules! suite {
-    ($factory:expr) => {
-        $crate::suite!(@checks $factory;
+macro_rules! __with_check_names {
+    ($callback:ident ! $($args:tt)*) => {
+        $crate::$callback! { $($args)* ;
             fresh_claim,
             in_flight_answer,
             duplicate_returns_exact_outcome,
@@ -69,20 +64,41 @@ macro_rules! suite {
             single_winner_race,
             single_winner_takeover_race,
             matches_reference_store,
-        );
-    };
-    (@checks $factory:expr; $($name:ident),* $(,)?) => {
-        /// The checks this expansion covers, compared with the suite's list by
-        /// `suite_covers_every_check`.
-        #[allow(dead_code)]
-        const CONFORMANCE_CHECKS: &[&str] = &[$(stringify!($name)),*];
-
-        #[test]
-        fn suite_covers_every_check() {
-            let all: Vec<&str> = $crate::checks::CHECKS.iter().map(|c| c.name).collect();
-            assert_eq!(CONFORMANCE_CHECKS, all.as_slice(), "the suite! macro and CHECKS disagree");
         }
+    };
+}
 
+/// Builds [`CHECKS`](crate::checks::CHECKS) from the list.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __check_table {
+    (; $($name:ident),* $(,)?) => {
+        /// Every check, in the order the runner runs them.
+        pub const CHECKS: &[Check] = &[$(Check {
+            name: stringify!($name),
+            run: |factory| Box::pin($crate::checks::$name(factory)),
+        }),*];
+    };
+}
+
+/// Expands to one `#[tokio::test]` per conformance check, each creating its store
+/// from `$factory` (an expression whose value implements [`StoreFactory`]).
+///
+/// ```
+/// // tests/conformance.rs of a store crate (here: the memory store's factory).
+/// dedupe_conformance::suite!(dedupe_conformance::MemoryFactory);
+/// # fn main() {}
+/// ```
+///
+/// Put it at the top level of an integration test file (or inside a module); the
+/// crate needs `tokio` as a dev-dependency. A skipped check prints `SKIPPED` with
+/// the reason and passes; [`run_all`] lists skips in its report.
+#[macro_export]
+macro_rules! suite {
+    ($factory:expr) => {
+        $crate::__with_check_names!(suite! @tests ($factory));
+    };
+    (@tests ($factory:expr) ; $($name:ident),* $(,)?) => {
         $(
             #[$crate::__tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {

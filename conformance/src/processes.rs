@@ -1,10 +1,36 @@
-//! Helpers for races across OS processes, which a store's own tests run (each
-//! backend spawns its children differently): children print one line per claim
-//! with [`answer_line`], the parent judges every child's output together with
-//! [`judge_answers`].
+//! Races across OS processes, which a store's own tests run: the parent test
+//! calls [`race_across_processes`], which starts copies of the test binary, each
+//! running one ignored child test that opens its handles and calls
+//! [`run_race_child`]; every child claims the same keys at the same moment and
+//! prints one [`answer_line`] per claim, and the parent judges every child's
+//! output together with [`judge_answers`].
+//!
+//! ```no_run
+//! // tests/processes.rs of a store crate
+//! use std::sync::Arc;
+//! use dedupe_conformance::processes::{race_across_processes, run_race_child};
+//! use dedupe_core::{DedupeStore, MemoryStore};
+//!
+//! #[test]
+//! fn single_winner_across_processes() {
+//!     // Tell the children where the shared store is (a file, a URL, a schema).
+//!     let env = [("MY_STORE_URL", "...".to_string())];
+//!     race_across_processes("child_racer", 4, 8, 100, &env).unwrap_or_else(|f| panic!("{f}"));
+//! }
+//!
+//! #[tokio::test]
+//! #[ignore = "run by single_winner_across_processes in a child process"]
+//! async fn child_racer() {
+//!     let handles: Vec<Arc<dyn DedupeStore>> = Vec::new(); // open 8 handles on MY_STORE_URL
+//!     run_race_child(handles).await;
+//! }
+//! # fn main() {}
+//! ```
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Key};
 use tokio::sync::Barrier;
@@ -12,6 +38,129 @@ use tokio::sync::Barrier;
 use crate::harness::Failure;
 
 const PREFIX: &str = "ANSWER ";
+/// The folder the parent and its children meet in (ready and go files).
+const DIR_VAR: &str = "DEDUPE_RACE_DIR";
+/// The child's number.
+const INDEX_VAR: &str = "DEDUPE_RACE_INDEX";
+/// Rounds to race.
+const ROUNDS_VAR: &str = "DEDUPE_RACE_ROUNDS";
+/// How long either side waits for the other before it fails.
+const MEET_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The parent's side: starts `processes` copies of the current test binary, each
+/// running the ignored test `child_test` with `env` set (where the shared store
+/// is); waits until every child has opened its handles; starts them together;
+/// then judges every answer: each of `rounds` keys Claimed exactly once across
+/// all `processes * racers_per_process` racers, the others InFlight.
+pub fn race_across_processes(
+    child_test: &str,
+    processes: usize,
+    racers_per_process: usize,
+    rounds: usize,
+    env: &[(&str, String)],
+) -> Result<(), Failure> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("dedupe-race-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(format!("race dir: {e}")))?;
+    let result = race_in(&dir, child_test, processes, racers_per_process, rounds, env);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn race_in(
+    dir: &Path,
+    child_test: &str,
+    processes: usize,
+    racers_per_process: usize,
+    rounds: usize,
+    env: &[(&str, String)],
+) -> Result<(), Failure> {
+    let exe = std::env::current_exe().map_err(|e| Failure::new(format!("test binary: {e}")))?;
+    let mut children = Vec::with_capacity(processes);
+    for index in 0..processes {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "--ignored",
+            "--exact",
+            child_test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DIR_VAR, dir)
+        .env(INDEX_VAR, index.to_string())
+        .env(ROUNDS_VAR, rounds.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        children.push(
+            cmd.spawn()
+                .map_err(|e| Failure::new(format!("spawn child {index}: {e}")))?,
+        );
+    }
+    for index in 0..processes {
+        wait_for_file(&dir.join(format!("ready-{index}")))
+            .map_err(|()| Failure::new(format!("child {index} never opened its handles")))?;
+    }
+    std::fs::write(dir.join("go"), b"go").map_err(|e| Failure::new(format!("go file: {e}")))?;
+    let mut outputs = Vec::with_capacity(processes);
+    for (index, child) in children.into_iter().enumerate() {
+        let out = child
+            .wait_with_output()
+            .map_err(|e| Failure::new(format!("child {index}: {e}")))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(Failure::new(format!(
+                "child {index} failed ({}):\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        outputs.push(stdout);
+    }
+    judge_answers(&outputs, rounds, processes * racers_per_process)
+}
+
+fn wait_for_file(path: &Path) -> Result<(), ()> {
+    let started = Instant::now();
+    while !path.exists() {
+        if started.elapsed() > MEET_TIMEOUT {
+            return Err(());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// The child's side, called by the ignored child test with its handles already
+/// open (each with its own connection): says it is ready, waits for the parent's
+/// start, races every handle on the same keys round by round, and prints the
+/// answers for the parent to judge. Panics (failing the child) on any error.
+pub async fn run_race_child(handles: Vec<Arc<dyn DedupeStore>>) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
+    };
+    let dir = PathBuf::from(var(DIR_VAR));
+    let index = var(INDEX_VAR);
+    let rounds: usize = var(ROUNDS_VAR).parse().expect("rounds");
+    std::fs::write(dir.join(format!("ready-{index}")), b"ready").expect("ready file");
+    let go = dir.join("go");
+    let started = Instant::now();
+    while !go.exists() {
+        assert!(started.elapsed() < MEET_TIMEOUT, "the parent never said go");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let lines = race_rounds(handles, rounds)
+        .await
+        .unwrap_or_else(|f| panic!("{f}"));
+    for line in lines {
+        println!("{line}");
+    }
+}
 
 /// The line a racing child prints for its answer in `round`.
 pub fn answer_line(round: usize, answer: &ClaimOutcome) -> String {

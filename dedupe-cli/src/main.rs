@@ -163,6 +163,11 @@ async fn race(args: RaceArgs) -> Result<bool, Error> {
                         Ok(Handled::Mismatch) => {
                             tally.mismatches.fetch_add(1, Ordering::Relaxed);
                         }
+                        Ok(Handled::Failed { error }) => {
+                            // The race's work never fails: a stored failure is a bug.
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("delivery of {key} answered a stored failure: {error}");
+                        }
                         Err(e) => {
                             tally.errors.fetch_add(1, Ordering::Relaxed);
                             eprintln!("delivery of {key} failed: {e}");

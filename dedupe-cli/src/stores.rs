@@ -1,6 +1,7 @@
 //! Which store a command runs on, and how it opens handles onto it: one per
 //! worker, each with its own connection.
 
+use dedupe_postgres::sqlx::AssertSqlSafe;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -128,7 +129,7 @@ impl Opener {
         } = self
         {
             let store = self.postgres(1).await?;
-            dedupe_postgres::sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            dedupe_postgres::sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
                 .execute(store.pool())
                 .await
                 .map_err(|e| Error::backend("dropping the schema", true, Some(Box::new(e) as _)))?;

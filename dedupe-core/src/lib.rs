@@ -11,12 +11,14 @@
 //! delivery wins. Backends do the claim with their own atomic primitive:
 //! `dedupe-sqlite`, `dedupe-postgres`, and the others in the workspace.
 //!
+//! The crate root is what an application uses. What only a store author needs
+//! (decoding stored rows, building answers, time helpers) is in [`backend`].
+//!
 //! ```
-//! use std::sync::Arc;
 //! use dedupe_core::{Deduper, Handled, Key, MemoryStore};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! let deduper = Deduper::new(Arc::new(MemoryStore::new()));
+//! let deduper = Deduper::new(MemoryStore::new());
 //! let body = br#"{"id":"evt_1P9x","type":"payment_intent.succeeded"}"#;
 //! let key = Key::from_event_id_or_body("stripe", Some("evt_1P9x"), body)?;
 //! let handled = deduper
@@ -26,28 +28,34 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 //! ```
 
+pub mod backend;
+mod capabilities;
+mod claim;
+mod deduper;
 mod error;
+mod expire_task;
 mod key;
 mod memory;
-mod process;
+mod record;
+mod retention;
 mod store;
-mod stored;
-mod types;
+mod traced;
 
+pub use capabilities::{Capabilities, DEFAULT_MAX_OUTCOME_BYTES};
+pub use claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken, MAX_TTL, MIN_TTL};
+pub use deduper::{Deduper, HandleError, Handled, OnFailure};
 pub use error::{BoxError, Error, Result};
+pub use expire_task::{spawn_expire_task, ExpireTask};
 pub use key::{
     ClaimId, Fingerprint, Key, KeyError, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES, MAX_ID_BYTES,
     MAX_NAMESPACE_BYTES,
 };
 pub use memory::MemoryStore;
-pub use process::{Deduper, HandleError, Handled, OnFailure};
+pub use record::{Record, RecordState, RecordStateKind};
+pub use retention::Retention;
 pub use store::DedupeStore;
-pub use stored::{check_identifier, StoredRecord};
-pub use types::{
-    check_ttl, duration_millis, from_millis, to_millis, Capabilities, ClaimOptions, ClaimOutcome,
-    Lease, LeaseToken, Record, RecordState, RecordStateKind, Retention, DEFAULT_MAX_OUTCOME_BYTES,
-    MAX_TTL, MIN_TTL,
-};
+pub use traced::TracedStore;
 
-// Re-exported so that store crates and their users name one version.
+/// The attribute that implements [`DedupeStore`] (re-exported, so that store
+/// crates and their users name one version).
 pub use async_trait::async_trait;

@@ -6,10 +6,11 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease, LeaseToken};
 use crate::error::{Error, Result};
 use crate::key::{ClaimId, Fingerprint, Key};
+use crate::record::{Record, RecordState};
 use crate::store::DedupeStore;
-use crate::types::{check_ttl, ClaimOptions, ClaimOutcome, Lease, LeaseToken, Record, RecordState};
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -150,14 +151,12 @@ impl MemoryStore {
 
 #[async_trait]
 impl DedupeStore for MemoryStore {
-    #[tracing::instrument(name = "dedupe.claim", skip_all, fields(store = "memory", key = %key), err)]
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
         let now = SystemTime::now();
         Ok(Self::claim_locked(&mut self.lock(), key, opts, now))
     }
 
-    #[tracing::instrument(name = "dedupe.complete", skip_all, fields(store = "memory", key = %lease.key), err)]
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         check_ttl("retention", retention)?;
         self.capabilities().check_outcome(outcome)?;
@@ -173,7 +172,6 @@ impl DedupeStore for MemoryStore {
         }
     }
 
-    #[tracing::instrument(name = "dedupe.release", skip_all, fields(store = "memory", key = %lease.key), err)]
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = SystemTime::now();
         let mut map = self.lock();
@@ -186,7 +184,6 @@ impl DedupeStore for MemoryStore {
         }
     }
 
-    #[tracing::instrument(name = "dedupe.extend", skip_all, fields(store = "memory", key = %lease.key), err)]
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
         let now = SystemTime::now();
@@ -200,7 +197,6 @@ impl DedupeStore for MemoryStore {
         }
     }
 
-    #[tracing::instrument(name = "dedupe.expire", skip_all, fields(store = "memory"), err)]
     async fn expire(&self) -> Result<u64> {
         let now = SystemTime::now();
         let mut map = self.lock();
@@ -209,7 +205,6 @@ impl DedupeStore for MemoryStore {
         Ok((before - map.len()) as u64)
     }
 
-    #[tracing::instrument(name = "dedupe.get", skip_all, fields(store = "memory", key = %key), err)]
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let now = SystemTime::now();
         Ok(self
@@ -219,7 +214,6 @@ impl DedupeStore for MemoryStore {
             .map(|entry| entry.record(key)))
     }
 
-    #[tracing::instrument(name = "dedupe.forget", skip_all, fields(store = "memory", key = %key), err)]
     async fn forget(&self, key: &Key) -> Result<bool> {
         let now = SystemTime::now();
         Ok(self
@@ -228,7 +222,6 @@ impl DedupeStore for MemoryStore {
             .is_some_and(|entry| entry.is_live(now)))
     }
 
-    #[tracing::instrument(name = "dedupe.claim_many", skip_all, fields(store = "memory", keys = keys.len()), err)]
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         let now = SystemTime::now();

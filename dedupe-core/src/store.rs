@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::capabilities::Capabilities;
+use crate::claim::{ClaimOptions, ClaimOutcome, Lease};
 use crate::error::Result;
 use crate::key::Key;
-use crate::types::{Capabilities, ClaimOptions, ClaimOutcome, Lease, Record};
+use crate::record::Record;
 
 /// A store of idempotency records: the one place that decides, atomically, which
 /// delivery of an event does the work.
@@ -31,6 +33,7 @@ use crate::types::{Capabilities, ClaimOptions, ClaimOutcome, Lease, Record};
 /// use std::{collections::HashMap, sync::Mutex, time::{Duration, SystemTime}};
 /// use async_trait::async_trait;
 /// use dedupe_core::*;
+/// use dedupe_core::backend::new_token;
 ///
 /// #[derive(Debug, Default)]
 /// struct Tiny(Mutex<HashMap<Key, (LeaseToken, SystemTime, Option<Vec<u8>>)>>);
@@ -46,7 +49,7 @@ use crate::types::{Capabilities, ClaimOptions, ClaimOutcome, Lease, Record};
 ///             Some((_, until, None)) if *until > now => Ok(ClaimOutcome::InFlight {
 ///                 deadline: *until, attempt: 1 }),
 ///             _ => {
-///                 let lease = Lease { key: key.clone(), token: LeaseToken::generate(),
+///                 let lease = Lease { key: key.clone(), token: new_token(),
 ///                     deadline: now + opts.lease_ttl, attempt: 1, claim_id: None };
 ///                 map.insert(key.clone(), (lease.token.clone(), lease.deadline, None));
 ///                 Ok(ClaimOutcome::Claimed(lease))

@@ -49,7 +49,7 @@ async fn failed_work_is_released_and_runs_again() {
 }
 
 #[tokio::test]
-async fn kept_failures_are_answered_as_duplicates() {
+async fn kept_failures_are_answered_as_failures_not_successes() {
     let store = MemoryStore::new();
     let deduper = Deduper::new(Arc::new(store.clone())).with_on_failure(OnFailure::Keep);
     let k = key("keep-failure");
@@ -71,10 +71,96 @@ async fn kept_failures_are_answered_as_duplicates() {
         .expect("second run");
     assert_eq!(
         again,
+        Handled::Failed {
+            error: "payment provider said no".into()
+        }
+    );
+    // Work that succeeded with the very same bytes is told apart.
+    let ok = key("succeeded-with-same-text");
+    deduper
+        .run(&ok, |_| async {
+            Ok::<_, Declined>(b"payment provider said no".to_vec())
+        })
+        .await
+        .expect("first run");
+    let dup = deduper
+        .run(&ok, |_| async { Ok::<_, Declined>(Vec::new()) })
+        .await
+        .expect("duplicate");
+    assert_eq!(
+        dup,
         Handled::Duplicate {
             outcome: b"payment provider said no".to_vec()
         }
     );
+}
+
+#[tokio::test]
+async fn an_outcome_not_written_by_a_deduper_is_corrupt_not_guessed() {
+    let store = MemoryStore::new();
+    let k = key("raw");
+    let lease = store
+        .claim(&k, &ClaimOptions::default())
+        .await
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("claimed");
+    store
+        .complete(&lease, b"raw bytes", Duration::from_secs(60))
+        .await
+        .expect("complete");
+    let deduper = Deduper::new(store);
+    match deduper
+        .run(&k, |_| async { Ok::<_, Declined>(Vec::new()) })
+        .await
+    {
+        Err(HandleError::Store(dedupe_core::Error::CorruptRecord { .. })) => {}
+        other => panic!("an untagged outcome answered {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_bad_lease_ttl_is_reported_before_anything_is_claimed() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(store.clone()).with_lease_ttl(Duration::ZERO);
+    assert!(deduper.validate().is_err());
+    match deduper
+        .run(&key("zero"), |_| async { Ok::<_, Declined>(Vec::new()) })
+        .await
+    {
+        Err(HandleError::Store(dedupe_core::Error::InvalidConfig { .. })) => {}
+        other => panic!("a zero lease answered {other:?}"),
+    }
+    assert!(store.is_empty(), "something was written");
+}
+
+#[tokio::test]
+async fn the_expire_task_purges_on_its_period_and_stops() {
+    let store = MemoryStore::new();
+    let lease = store
+        .claim(&key("short"), &ClaimOptions::new(Duration::from_millis(5)))
+        .await
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("claimed");
+    drop(lease);
+    assert_eq!(store.len(), 1);
+    let task = dedupe_core::spawn_expire_task(Arc::new(store.clone()), Duration::from_millis(10));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !store.is_empty() {
+        assert!(Instant::now() < deadline, "the expire task never purged");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.stop().await;
+    // Stopped: an expired record stays until someone purges it.
+    let _claimed = store
+        .claim(&key("after-stop"), &ClaimOptions::new(Duration::from_millis(1)))
+        .await
+        .expect("claim");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.len(), 1, "the task still ran after stop");
 }
 
 #[tokio::test]
@@ -177,8 +263,7 @@ async fn in_flight_and_mismatch_do_not_run_the_work() {
 async fn work_that_outlives_its_lease_is_reported_not_recorded() {
     let store = MemoryStore::new();
     let deduper = Deduper::new(Arc::new(store.clone()))
-        .with_lease_ttl(Duration::from_millis(20))
-        .expect("ttl");
+        .with_lease_ttl(Duration::from_millis(20));
     let k = key("slow");
     let result = deduper
         .run(&k, |lease| {
@@ -222,7 +307,6 @@ async fn heartbeat_keeps_long_work_from_being_taken_over() {
     let ttl = Duration::from_millis(600);
     let deduper = Deduper::new(Arc::new(store.clone()))
         .with_lease_ttl(ttl)
-        .expect("ttl")
         .with_heartbeat(true);
     let k = key("long-work");
     let handled = deduper

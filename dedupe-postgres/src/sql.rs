@@ -1,6 +1,10 @@
-//! The statements the store sends, built once per schema and table.
+//! The statement text of the store, built once per schema and table.
 
-use dedupe_core::{check_identifier, Result};
+use std::sync::Arc;
+
+use dedupe_core::backend::check_identifier;
+use dedupe_core::Result;
+use sqlx::AssertSqlSafe;
 
 /// Milliseconds since the epoch of a timestamptz column, as int8.
 fn ms(col: &str) -> String {
@@ -31,20 +35,30 @@ const ALIASES: &str =
 /// Rows deleted per `expire()` statement.
 pub(crate) const EXPIRE_BATCH: i64 = 1000;
 
+/// A statement's text, shared cheaply with every query that runs it. Only
+/// [`Statements::new`] makes one, from validated identifiers and fixed text.
+pub(crate) type Sql = Arc<str>;
+
+/// The text as sqlx takes it: built from plain identifiers checked by
+/// [`check_identifier`] and the fixed text below, never from input.
+pub(crate) fn text(sql: &Sql) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(sql))
+}
+
 /// The SQL of one store.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) schema: String,
     pub(crate) table: String,
-    pub(crate) migrate: String,
-    pub(crate) claim: String,
-    pub(crate) claim_many: String,
-    pub(crate) select_live: String,
-    pub(crate) complete: String,
-    pub(crate) release: String,
-    pub(crate) extend: String,
-    pub(crate) expire_batch: String,
-    pub(crate) forget: String,
+    pub(crate) migrate: Sql,
+    pub(crate) claim: Sql,
+    pub(crate) claim_many: Sql,
+    pub(crate) select_live: Sql,
+    pub(crate) complete: Sql,
+    pub(crate) release: Sql,
+    pub(crate) extend: Sql,
+    pub(crate) expire_batch: Sql,
+    pub(crate) forget: Sql,
 }
 
 impl Statements {
@@ -85,14 +99,15 @@ impl Statements {
                      PRIMARY KEY (namespace, id)
                  );
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {t} (expires_at);"
-            ),
+            )
+            .into(),
             // One statement, one round trip: insert a fresh record or take over an
             // expired one; otherwise return the live record that stopped it.
             claim: format!(
                 "WITH claimed AS (
                     INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint,
                                           expires_at, completed_at, outcome, attempts, first_seen)
-                    VALUES ($1, $2, 0, $3, $4, $5, now() + $6::float8 * interval '1 millisecond',
+                    VALUES ($1, $2, 0, $3, $4, $5, now() + $6::interval,
                             NULL, NULL, 1, now())
                     {upsert_tail}
                     RETURNING {cols}
@@ -102,7 +117,8 @@ impl Statements {
                  SELECT false AS won, {cols} FROM {t}
                  WHERE namespace = $1 AND id = $2 AND expires_at > now()
                    AND NOT EXISTS (SELECT 1 FROM claimed)"
-            ),
+            )
+            .into(),
             // The same for a batch of distinct keys, in one round trip; rows are
             // taken in key order so concurrent batches lock in the same order.
             claim_many: format!(
@@ -111,7 +127,7 @@ impl Statements {
                  ), claimed AS (
                     INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint,
                                           expires_at, completed_at, outcome, attempts, first_seen)
-                    SELECT namespace, id, 0, token, $4, $5, now() + $6::float8 * interval '1 millisecond',
+                    SELECT namespace, id, 0, token, $4, $5, now() + $6::interval,
                            NULL, NULL, 1, now()
                     FROM input ORDER BY namespace, id
                     {upsert_tail}
@@ -124,35 +140,42 @@ impl Statements {
                  WHERE t.expires_at > now()
                    AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.namespace = t.namespace AND c.id = t.id)",
                 tcols = columns("t.")
-            ),
+            )
+            .into(),
             select_live: format!(
                 "SELECT {cols} FROM {t} WHERE namespace = $1 AND id = $2 AND expires_at > now()"
-            ),
+            )
+            .into(),
             complete: format!(
-                "UPDATE {t} SET state = 1, expires_at = now() + $4::float8 * interval '1 millisecond',
+                "UPDATE {t} SET state = 1, expires_at = now() + $4::interval,
                                 completed_at = now(), outcome = $5
                  WHERE namespace = $1 AND id = $2 AND token = $3 AND state = 0 AND expires_at > now()"
-            ),
+            )
+            .into(),
             release: format!(
                 "DELETE FROM {t}
                  WHERE namespace = $1 AND id = $2 AND token = $3 AND state = 0 AND expires_at > now()"
-            ),
+            )
+            .into(),
             extend: format!(
-                "UPDATE {t} SET expires_at = now() + $4::float8 * interval '1 millisecond'
+                "UPDATE {t} SET expires_at = now() + $4::interval
                  WHERE namespace = $1 AND id = $2 AND token = $3 AND state = 0 AND expires_at > now()
                  RETURNING {expires}",
                 expires = ms("expires_at")
-            ),
+            )
+            .into(),
             // Bounded batches that skip rows other transactions hold, so a large purge
             // never waits on (or blocks) a claim.
             expire_batch: format!(
                 "DELETE FROM {t} WHERE ctid = ANY(ARRAY(
                     SELECT ctid FROM {t} WHERE expires_at <= now()
                     LIMIT $1 FOR UPDATE SKIP LOCKED))"
-            ),
+            )
+            .into(),
             forget: format!(
                 "DELETE FROM {t} WHERE namespace = $1 AND id = $2 RETURNING expires_at > now()"
-            ),
+            )
+            .into(),
         })
     }
 }

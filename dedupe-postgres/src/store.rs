@@ -1,19 +1,19 @@
 //! The async Postgres store.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dedupe_core::backend::{check_ttl, duration_millis};
 use dedupe_core::{
-    check_ttl, duration_millis, from_millis, Capabilities, ClaimId, ClaimOptions, ClaimOutcome,
-    DedupeStore, Error, Fingerprint, Key, Lease, LeaseToken, Record, RecordState, Result,
-    StoredRecord, DEFAULT_MAX_OUTCOME_BYTES,
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
+    DEFAULT_MAX_OUTCOME_BYTES,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool};
 
+use crate::ops::Ops;
 use crate::sql::{Statements, EXPIRE_BATCH};
 
 /// Settings of a [`PgStore`]; start with [`PgStore::builder`].
@@ -113,50 +113,6 @@ pub struct PgStore {
     caps: Capabilities,
 }
 
-fn decode_record(key: &Key, row: &PgRow) -> Result<Record> {
-    let read = || -> std::result::Result<StoredRecord, sqlx::Error> {
-        Ok(StoredRecord {
-            state: i64::from(row.try_get::<i16, _>("state")?),
-            token: row.try_get("token")?,
-            claim_id: row.try_get("claim_id")?,
-            fingerprint: row.try_get("fingerprint")?,
-            expires_ms: row.try_get("expires_ms")?,
-            completed_ms: row.try_get("completed_ms")?,
-            outcome: row.try_get("outcome")?,
-            attempts: i64::from(row.try_get::<i32, _>("attempts")?),
-            first_seen_ms: row.try_get("first_seen_ms")?,
-        })
-    };
-    read()
-        .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?
-        .decode(key)
-}
-
-/// The answer carried by one row of the claim statements.
-fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<ClaimOutcome> {
-    let won: bool = row
-        .try_get("won")
-        .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?;
-    let record = decode_record(key, row)?;
-    if !won {
-        return Ok(record.into_claim_answer(opts));
-    }
-    let RecordState::InFlight { lease_deadline } = record.state else {
-        return Err(Error::corrupt(key, "a won claim returned a done record"));
-    };
-    Ok(ClaimOutcome::Claimed(Lease {
-        key: key.clone(),
-        token: record.token,
-        deadline: lease_deadline,
-        attempt: record.attempts,
-        claim_id: record.claim_id,
-    }))
-}
-
-/// How often a claim is retried when its record vanished between the upsert and
-/// the read that answers it (a concurrent release, forget or expire).
-const CLAIM_ROUNDS: usize = 3;
-
 impl PgStore {
     /// Default table name.
     pub const DEFAULT_TABLE: &'static str = "dedupe_records";
@@ -243,18 +199,20 @@ impl PgStore {
         self.pool.acquire().await.map_err(|e| self.err(e))
     }
 
+    fn ops(&self) -> Ops<'_> {
+        Ops {
+            sql: &self.sql,
+            timeout: self.timeout,
+            caps: self.caps,
+        }
+    }
+
     /// Creates the schema, table and expiry index if they are missing. Safe to run
     /// from several processes at once (it takes an advisory lock).
-    #[tracing::instrument(name = "dedupe.migrate", skip_all, fields(store = "postgres"), err)]
     pub async fn migrate(&self) -> Result<()> {
-        // One simple-query message: Postgres runs its statements as one implicit
-        // transaction, which holds the advisory lock to the end.
         self.bounded(async {
-            sqlx::raw_sql(&self.sql.migrate)
-                .execute(&self.pool)
-                .await
-                .map(|_| ())
-                .map_err(|e| self.err(e))
+            let mut conn = self.acquire().await?;
+            self.ops().migrate(&mut conn).await
         })
         .await
     }
@@ -272,33 +230,7 @@ impl PgStore {
         key: &Key,
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
-        opts.validate()?;
-        for _ in 0..CLAIM_ROUNDS {
-            let token = LeaseToken::generate();
-            let row = sqlx::query(&self.sql.claim)
-                .bind(key.namespace())
-                .bind(key.id())
-                .bind(token.as_str())
-                .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
-                .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                .bind(duration_millis(opts.lease_ttl) as f64)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some(row) = row {
-                return answer_from_row(key, &row, opts);
-            }
-            // The upsert found a live record committed after this statement's
-            // snapshot began, so the same statement could not read it: read it now.
-            if let Some(record) = self.get_on(conn, key).await? {
-                return Ok(record.into_claim_answer(opts));
-            }
-        }
-        Err(Error::backend(
-            "the record kept changing under the claim; retry",
-            true,
-            None,
-        ))
+        self.ops().claim(conn, key, opts).await
     }
 
     /// Completes a lease on the caller's connection or transaction.
@@ -310,198 +242,67 @@ impl PgStore {
         outcome: &[u8],
         retention: Duration,
     ) -> Result<()> {
-        check_ttl("retention", retention)?;
-        self.caps.check_outcome(outcome)?;
-        let done = sqlx::query(&self.sql.complete)
-            .bind(lease.key.namespace())
-            .bind(lease.key.id())
-            .bind(lease.token.as_str())
-            .bind(duration_millis(retention) as f64)
-            .bind(outcome)
-            .execute(conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(Error::lease_lost(&lease.key))
-        }
+        self.ops().complete(conn, lease, outcome, retention).await
     }
 
     /// Releases a lease on the caller's connection or transaction.
     #[tracing::instrument(name = "dedupe.release_in", skip_all, fields(store = "postgres", key = %lease.key), err)]
     pub async fn release_in(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-        let done = sqlx::query(&self.sql.release)
-            .bind(lease.key.namespace())
-            .bind(lease.key.id())
-            .bind(lease.token.as_str())
-            .execute(conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(Error::lease_lost(&lease.key))
-        }
-    }
-
-    async fn get_on(&self, conn: &mut PgConnection, key: &Key) -> Result<Option<Record>> {
-        let row = sqlx::query(&self.sql.select_live)
-            .bind(key.namespace())
-            .bind(key.id())
-            .fetch_optional(conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        row.map(|row| decode_record(key, &row)).transpose()
-    }
-
-    async fn claim_batch(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
-        // Distinct keys go to the server; a key repeated in the batch is answered
-        // as a claim right after the first would be.
-        let mut first_index: HashMap<&Key, usize> = HashMap::new();
-        let mut distinct: Vec<&Key> = Vec::new();
-        for key in keys {
-            first_index.entry(key).or_insert_with(|| {
-                distinct.push(key);
-                distinct.len() - 1
-            });
-        }
-        let namespaces: Vec<&str> = distinct.iter().map(|k| k.namespace()).collect();
-        let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
-        let tokens: Vec<String> = distinct
-            .iter()
-            .map(|_| LeaseToken::generate().as_str().to_string())
-            .collect();
-        let mut conn = self.acquire().await?;
-        let rows = sqlx::query(&self.sql.claim_many)
-            .bind(&namespaces)
-            .bind(&ids)
-            .bind(&tokens)
-            .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
-            .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
-            .bind(duration_millis(opts.lease_ttl) as f64)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        let by_key: HashMap<&Key, usize> =
-            distinct.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
-        for row in &rows {
-            let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
-            let id: String = row.try_get("id").map_err(|e| self.err(e))?;
-            let key =
-                Key::new(namespace, id).map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
-            let index = *by_key.get(&key).ok_or_else(|| {
-                Error::corrupt(&key, "claim_many returned a key it was not asked")
-            })?;
-            answers[index] = Some(answer_from_row(&key, row, opts)?);
-        }
-        let mut distinct_answers = Vec::with_capacity(distinct.len());
-        for (key, answer) in distinct.iter().zip(answers) {
-            distinct_answers.push(match answer {
-                Some(answer) => answer,
-                // Committed after the statement's snapshot: claim it on its own.
-                None => self.claim_in(&mut conn, key, opts).await?,
-            });
-        }
-        let mut seen = vec![false; distinct.len()];
-        Ok(keys
-            .iter()
-            .map(|key| {
-                let i = first_index[key];
-                let first = &distinct_answers[i];
-                if std::mem::replace(&mut seen[i], true) {
-                    repeat_answer(first, opts)
-                } else {
-                    first.clone()
-                }
-            })
-            .collect())
-    }
-}
-
-/// What a second claim of a key in the same batch answers, given the first one's
-/// answer: the record the first left behind, seen again.
-fn repeat_answer(first: &ClaimOutcome, opts: &ClaimOptions) -> ClaimOutcome {
-    match first {
-        ClaimOutcome::Claimed(lease) if opts.claim_id.is_none() => ClaimOutcome::InFlight {
-            deadline: lease.deadline,
-            attempt: lease.attempt,
-        },
-        other => other.clone(),
+        self.ops().release(conn, lease).await
     }
 }
 
 #[async_trait]
 impl DedupeStore for PgStore {
-    #[tracing::instrument(name = "dedupe.claim", skip_all, fields(store = "postgres", key = %key), err)]
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.claim_in(&mut conn, key, opts).await
+            self.ops().claim(&mut conn, key, opts).await
         })
         .await
     }
 
-    #[tracing::instrument(name = "dedupe.complete", skip_all, fields(store = "postgres", key = %lease.key), err)]
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.complete_in(&mut conn, lease, outcome, retention).await
+            self.ops()
+                .complete(&mut conn, lease, outcome, retention)
+                .await
         })
         .await
     }
 
-    #[tracing::instrument(name = "dedupe.release", skip_all, fields(store = "postgres", key = %lease.key), err)]
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.release_in(&mut conn, lease).await
+            self.ops().release(&mut conn, lease).await
         })
         .await
     }
 
-    #[tracing::instrument(name = "dedupe.extend", skip_all, fields(store = "postgres", key = %lease.key), err)]
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
         self.bounded(async {
-            let deadline: Option<i64> = sqlx::query_scalar(&self.sql.extend)
-                .bind(lease.key.namespace())
-                .bind(lease.key.id())
-                .bind(lease.token.as_str())
-                .bind(duration_millis(ttl) as f64)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            match deadline {
-                Some(ms) => Ok(Lease {
-                    deadline: from_millis(ms),
-                    ..lease.clone()
-                }),
-                None => Err(Error::lease_lost(&lease.key)),
-            }
+            let mut conn = self.acquire().await?;
+            self.ops().extend(&mut conn, lease, ttl).await
         })
         .await
     }
 
     /// Deletes expired rows in batches of 1,000, each its own statement, skipping
-    /// rows other transactions hold. Run it from cron (or a timer task), for example
-    /// hourly; claims never depend on it, since expiry is judged by `now()`.
-    #[tracing::instrument(name = "dedupe.expire", skip_all, fields(store = "postgres"), err)]
+    /// rows other transactions hold. Run it on a period (for example hourly, with
+    /// [`dedupe_core::spawn_expire_task`]); claims never depend on it, since expiry
+    /// is judged by `now()`.
     async fn expire(&self) -> Result<u64> {
         let mut removed = 0;
         loop {
             let n = self
                 .bounded(async {
-                    sqlx::query(&self.sql.expire_batch)
-                        .bind(EXPIRE_BATCH)
-                        .execute(&self.pool)
-                        .await
-                        .map(|done| done.rows_affected())
-                        .map_err(|e| self.err(e))
+                    let mut conn = self.acquire().await?;
+                    self.ops().expire_batch(&mut conn).await
                 })
                 .await?;
             removed += n;
@@ -511,37 +312,33 @@ impl DedupeStore for PgStore {
         }
     }
 
-    #[tracing::instrument(name = "dedupe.get", skip_all, fields(store = "postgres", key = %key), err)]
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.get_on(&mut conn, key).await
+            self.ops().get(&mut conn, key).await
         })
         .await
     }
 
-    #[tracing::instrument(name = "dedupe.forget", skip_all, fields(store = "postgres", key = %key), err)]
     async fn forget(&self, key: &Key) -> Result<bool> {
         self.bounded(async {
-            let live: Option<bool> = sqlx::query_scalar(&self.sql.forget)
-                .bind(key.namespace())
-                .bind(key.id())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            Ok(live.unwrap_or(false))
+            let mut conn = self.acquire().await?;
+            self.ops().forget(&mut conn, key).await
         })
         .await
     }
 
     /// The whole batch in one statement (`unnest` of arrays), one round trip.
-    #[tracing::instrument(name = "dedupe.claim_many", skip_all, fields(store = "postgres", keys = keys.len()), err)]
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        self.bounded(self.claim_batch(keys, opts)).await
+        self.bounded(async {
+            let mut conn = self.acquire().await?;
+            self.ops().claim_many(&mut conn, keys, opts).await
+        })
+        .await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -3,17 +3,17 @@
 //! server restart, killed connections, statement timeouts, bad names, and a race
 //! across OS processes.
 
+use sqlx::AssertSqlSafe;
 use dedupe_testkit as support;
 
 #[path = "../examples/transactional_orders.rs"]
 #[allow(dead_code)]
 mod example;
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_conformance::processes::{judge_answers, race_rounds};
+use dedupe_conformance::processes::{race_across_processes, run_race_child};
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
 use dedupe_postgres::sqlx::{self, PgPool};
 use dedupe_postgres::PgStore;
@@ -59,7 +59,7 @@ async fn orders(pool: &PgPool, event: &str) -> i64 {
 async fn example_store(url: &str) -> (PgStore, PgPool) {
     let schema = support::unique_schema("orders");
     let pool = pool_in(url, &schema).await;
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&pool)
         .await
         .expect("schema");
@@ -374,7 +374,7 @@ async fn statement_timeout_is_retryable_and_changes_nothing() {
         .expect("won");
     let admin = PgPool::connect(&url).await.expect("admin pool");
     let mut blocker = admin.begin().await.expect("begin");
-    sqlx::query(&format!("SELECT 1 FROM \"{schema}\".dedupe_records WHERE namespace = 'pg' AND id = 'locked' FOR UPDATE"))
+    sqlx::query(AssertSqlSafe(format!("SELECT 1 FROM \"{schema}\".dedupe_records WHERE namespace = 'pg' AND id = 'locked' FOR UPDATE")))
         .execute(&mut *blocker)
         .await
         .expect("lock the row");
@@ -448,7 +448,7 @@ async fn corrupt_rows_are_reported_not_guessed() {
         ("zero-attempts", format!("('pg', 'zero-attempts', 0, 't', NULL, NULL, {far}, NULL, NULL, 0, now())")),
         ("huge-fingerprint", format!("('pg', 'huge-fingerprint', 0, 't', NULL, decode(repeat('00', 100), 'hex'), {far}, NULL, NULL, 1, now())")),
     ] {
-        sqlx::raw_sql(&format!("INSERT INTO {t} VALUES {values}")).execute(store.pool()).await.expect("plant");
+        sqlx::raw_sql(AssertSqlSafe(format!("INSERT INTO {t} VALUES {values}"))).execute(store.pool()).await.expect("plant");
         match store.claim(&key(id), &ClaimOptions::default()).await {
             Err(Error::CorruptRecord { .. }) => {}
             other => panic!("claim of corrupt row {id} answered {other:?}"),
@@ -464,40 +464,11 @@ async fn single_winner_across_processes() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("procs");
     store_on(&url, &schema, Duration::from_secs(5)).await;
-    let children: Vec<_> = (0..2)
-        .map(|_| {
-            Command::new(std::env::current_exe().expect("test binary"))
-                .args([
-                    "--ignored",
-                    "--exact",
-                    "child_racer",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("DEDUPE_CHILD_URL", &url)
-                .env("DEDUPE_CHILD_SCHEMA", &schema)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn")
-        })
-        .collect();
-    let outputs: Vec<String> = children
-        .into_iter()
-        .map(|child| {
-            let out = child.wait_with_output().expect("child");
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(
-                out.status.success(),
-                "{stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            stdout
-        })
-        .collect();
-    if let Err(failure) = judge_answers(&outputs, 100, 32) {
-        panic!("{failure}");
-    }
+    let env = [("DEDUPE_CHILD_URL", url.clone()), ("DEDUPE_CHILD_SCHEMA", schema)];
+    tokio::task::spawn_blocking(move || race_across_processes("child_racer", 2, 16, 100, &env))
+        .await
+        .expect("race")
+        .unwrap_or_else(|failure| panic!("{failure}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -518,12 +489,7 @@ async fn child_racer() {
                 .expect("store"),
         ));
     }
-    for line in race_rounds(handles, 100)
-        .await
-        .unwrap_or_else(|f| panic!("{f}"))
-    {
-        println!("{line}");
-    }
+    run_race_child(handles).await;
 }
 
 /// A large purge goes in batches and skips rows another transaction holds: it
@@ -535,18 +501,18 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
     let t = format!("\"{schema}\".dedupe_records");
     // 2,500 expired records (more than two batches) and 10 live ones.
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(AssertSqlSafe(format!(
         "INSERT INTO {t} SELECT 'pg', 'old-' || g, 1, 't', NULL, NULL, now() - interval '1 hour', now(), ''::bytea, 1, now()
          FROM generate_series(1, 2500) g;
          INSERT INTO {t} SELECT 'pg', 'live-' || g, 0, 't', NULL, NULL, now() + interval '1 hour', NULL, NULL, 1, now()
          FROM generate_series(1, 10) g;"
-    ))
+    )))
     .execute(store.pool())
     .await
     .expect("plant rows");
     let admin = PgPool::connect(&url).await.expect("admin pool");
     let mut holder = admin.begin().await.expect("begin");
-    sqlx::query(&format!("SELECT 1 FROM {t} WHERE id = 'old-7' FOR UPDATE"))
+    sqlx::query(AssertSqlSafe(format!("SELECT 1 FROM {t} WHERE id = 'old-7' FOR UPDATE")))
         .execute(&mut *holder)
         .await
         .expect("hold one expired row");
@@ -557,7 +523,7 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     );
     holder.rollback().await.expect("release the row");
     let left: Vec<String> =
-        sqlx::query_scalar(&format!("SELECT id FROM {t} WHERE id LIKE 'old-%'"))
+        sqlx::query_scalar(AssertSqlSafe(format!("SELECT id FROM {t} WHERE id LIKE 'old-%'")))
             .fetch_all(store.pool())
             .await
             .expect("left");

@@ -5,8 +5,6 @@
 //! cargo run -p dedupe-sqlite --example webhook_app
 //! ```
 
-use std::sync::Arc;
-
 use dedupe_core::{Deduper, HandleError, Handled, Key};
 use dedupe_sqlite::SqliteStore;
 
@@ -28,6 +26,8 @@ async fn on_webhook(deduper: &Deduper, event_id: Option<&str>, body: &[u8]) -> u
         Ok(Handled::InFlight { .. }) => 409,
         // Same event id, different payload.
         Ok(Handled::Mismatch) => 422,
+        // Processed before, and its failure was kept (OnFailure::Keep): never a success.
+        Ok(Handled::Failed { .. }) => 500,
         Err(HandleError::Store(e)) if e.is_retryable() => 503,
         Err(_) => 500,
     }
@@ -37,7 +37,7 @@ async fn on_webhook(deduper: &Deduper, event_id: Option<&str>, body: &[u8]) -> u
 async fn main() -> Result<(), dedupe_core::Error> {
     let path = std::env::temp_dir().join(format!("dedupe-example-{}.db", std::process::id()));
     let store = SqliteStore::open(&path).await?;
-    let deduper = Deduper::new(Arc::new(store));
+    let deduper = Deduper::new(store);
     let body = br#"{"id":"evt_1P9x","type":"payment_intent.succeeded"}"#;
     println!(
         "first delivery:  HTTP {}",

@@ -6,14 +6,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
+use dedupe_core::backend::{check_ttl, to_millis};
 use dedupe_core::{
-    to_millis, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record,
-    Result, DEFAULT_MAX_OUTCOME_BYTES,
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
+    DEFAULT_MAX_OUTCOME_BYTES,
 };
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use tokio::sync::Semaphore;
 
-use crate::sql::{Ops, Statements, EXPIRE_BATCH};
+use crate::ops::Ops;
+use crate::sql::{Statements, EXPIRE_BATCH};
 
 /// Settings of a [`SqliteStore`]; build one with [`SqliteStore::builder`].
 #[derive(Debug, Clone)]
@@ -358,7 +360,6 @@ impl SqliteStore {
 
 #[async_trait]
 impl DedupeStore for SqliteStore {
-    #[tracing::instrument(name = "dedupe.claim", skip_all, fields(store = "sqlite", key = %key), err)]
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
         let (key, opts) = (key.clone(), opts.clone());
@@ -366,30 +367,26 @@ impl DedupeStore for SqliteStore {
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.complete", skip_all, fields(store = "sqlite", key = %lease.key), err)]
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
-        dedupe_core::check_ttl("retention", retention)?;
+        check_ttl("retention", retention)?;
         self.inner.caps.check_outcome(outcome)?;
         let (lease, outcome) = (lease.clone(), outcome.to_vec());
         self.with_conn(move |ops, conn| ops.complete(conn, &lease, &outcome, retention))
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.release", skip_all, fields(store = "sqlite", key = %lease.key), err)]
     async fn release(&self, lease: &Lease) -> Result<()> {
         let lease = lease.clone();
         self.with_conn(move |ops, conn| ops.release(conn, &lease))
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.extend", skip_all, fields(store = "sqlite", key = %lease.key), err)]
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let lease = lease.clone();
         self.with_conn(move |ops, conn| ops.extend(conn, &lease, ttl))
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.expire", skip_all, fields(store = "sqlite"), err)]
     async fn expire(&self) -> Result<u64> {
         let now = to_millis(SystemTime::now());
         let mut removed = 0;
@@ -406,13 +403,11 @@ impl DedupeStore for SqliteStore {
         }
     }
 
-    #[tracing::instrument(name = "dedupe.get", skip_all, fields(store = "sqlite", key = %key), err)]
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let key = key.clone();
         self.with_conn(move |ops, conn| ops.get(conn, &key)).await
     }
 
-    #[tracing::instrument(name = "dedupe.forget", skip_all, fields(store = "sqlite", key = %key), err)]
     async fn forget(&self, key: &Key) -> Result<bool> {
         let key = key.clone();
         self.with_conn(move |ops, conn| ops.forget(conn, &key))
@@ -420,7 +415,6 @@ impl DedupeStore for SqliteStore {
     }
 
     /// All claims of the batch in one `BEGIN IMMEDIATE` transaction, in order.
-    #[tracing::instrument(name = "dedupe.claim_many", skip_all, fields(store = "sqlite", keys = keys.len()), err)]
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         if keys.is_empty() {

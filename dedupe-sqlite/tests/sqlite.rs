@@ -6,12 +6,12 @@
 //! and an environment variable naming their job.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupe_conformance::processes::{judge_answers, race_rounds};
+use dedupe_conformance::processes::{race_across_processes, run_race_child};
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
 use dedupe_sqlite::rusqlite::{Connection, TransactionBehavior};
 use dedupe_sqlite::SqliteStore;
@@ -39,16 +39,6 @@ fn child(test: &str, envs: &[(&str, String)]) -> Command {
     cmd
 }
 
-fn wait_for(path: &Path, what: &str) {
-    let started = Instant::now();
-    while !path.exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 /// Four OS processes with eight connections each race on the same 100 keys of one
 /// file; every key is Claimed exactly once across all 32 racers.
@@ -56,80 +46,29 @@ fn wait_for(path: &Path, what: &str) {
 fn single_winner_across_processes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("shared.db");
-    let go = dir.path().join("go");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime
         .block_on(SqliteStore::open(&db))
         .expect("create the file");
-    let children: Vec<_> = (0..PROCESSES)
-        .map(|n| {
-            child(
-                "child_racer",
-                &[
-                    ("DEDUPE_CHILD_DB", db.display().to_string()),
-                    ("DEDUPE_CHILD_GO", go.display().to_string()),
-                    (
-                        "DEDUPE_CHILD_READY",
-                        dir.path().join(format!("ready-{n}")).display().to_string(),
-                    ),
-                ],
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn racer")
-        })
-        .collect();
-    for n in 0..PROCESSES {
-        wait_for(
-            &dir.path().join(format!("ready-{n}")),
-            "racers to open their connections",
-        );
-    }
-    std::fs::write(&go, b"go").expect("start signal");
-    let outputs: Vec<String> = children
-        .into_iter()
-        .map(|c| {
-            let out = c.wait_with_output().expect("racer output");
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(
-                out.status.success(),
-                "racer failed:\n{stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            stdout
-        })
-        .collect();
-    if let Err(failure) = judge_answers(&outputs, ROUNDS, PROCESSES * TASKS_PER_PROCESS) {
-        panic!("{failure}");
-    }
+    race_across_processes(
+        "child_racer",
+        PROCESSES,
+        TASKS_PER_PROCESS,
+        ROUNDS,
+        &[("DEDUPE_CHILD_DB", db.display().to_string())],
+    )
+    .unwrap_or_else(|failure| panic!("{failure}"));
 }
 
-#[test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "run by single_winner_across_processes in a child process"]
-fn child_racer() {
+async fn child_racer() {
     let db = PathBuf::from(std::env::var("DEDUPE_CHILD_DB").expect("child job"));
-    let go = PathBuf::from(std::env::var("DEDUPE_CHILD_GO").expect("start file"));
-    let ready = PathBuf::from(std::env::var("DEDUPE_CHILD_READY").expect("ready file"));
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime.block_on(async {
-        let mut handles = Vec::new();
-        for _ in 0..TASKS_PER_PROCESS {
-            handles.push(SqliteStore::open(&db).await.expect("open"));
-        }
-        std::fs::write(&ready, b"ready").expect("ready file");
-        wait_for(&go, "the start signal");
-        let handles = handles
-            .into_iter()
-            .map(|h| Arc::new(h) as Arc<dyn DedupeStore>)
-            .collect();
-        for line in race_rounds(handles, ROUNDS)
-            .await
-            .unwrap_or_else(|f| panic!("{f}"))
-        {
-            println!("{line}");
-        }
-    });
+    let mut handles: Vec<Arc<dyn DedupeStore>> = Vec::new();
+    for _ in 0..TASKS_PER_PROCESS {
+        handles.push(Arc::new(SqliteStore::open(&db).await.expect("open")));
+    }
+    run_race_child(handles).await;
 }
 
 fn orders_table(conn: &Connection) {

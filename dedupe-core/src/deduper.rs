@@ -8,10 +8,26 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
 
+use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease, MIN_TTL};
 use crate::error::Error;
 use crate::key::Key;
+use crate::retention::Retention;
 use crate::store::DedupeStore;
-use crate::types::{check_ttl, ClaimOptions, ClaimOutcome, Lease, Retention};
+use crate::traced::TracedStore;
+
+/// First byte of an outcome the [`Deduper`] stored for work that succeeded.
+const SUCCEEDED: u8 = 0x01;
+/// First byte of an outcome the [`Deduper`] stored for a failure kept with
+/// [`OnFailure::Keep`]; the error's text follows.
+const FAILED: u8 = 0x02;
+
+/// The stored form of an outcome: one tag byte, then the bytes.
+fn framed(tag: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 1);
+    out.push(tag);
+    out.extend_from_slice(bytes);
+    out
+}
 
 /// What to do with the claim when the work returns an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,9 +36,10 @@ pub enum OnFailure {
     /// The right choice when failures are transient (the default).
     #[default]
     Release,
-    /// Complete the claim with the error's text as the stored outcome, so later
-    /// deliveries are answered `Duplicate` and the work never runs again. For work
-    /// that must not be retried (a payment call whose result is unknown).
+    /// Complete the claim with the error's text stored as a failure, so later
+    /// deliveries are answered [`Handled::Failed`] (never as a success) and the
+    /// work never runs again. For work that must not be retried (a payment call
+    /// whose result is unknown).
     Keep,
 }
 
@@ -36,10 +53,17 @@ pub enum Handled {
         /// Which attempt this was (above 1 after a takeover of a dead worker's lease).
         attempt: u32,
     },
-    /// The event was processed before: the work did not run.
+    /// The event was processed before and succeeded: the work did not run.
     Duplicate {
         /// The outcome stored by the run that did the work.
         outcome: Vec<u8>,
+    },
+    /// The event was processed before and its work failed, and that failure was
+    /// kept ([`OnFailure::Keep`]): the work did not run again. Do not answer this
+    /// as a success.
+    Failed {
+        /// The text of the error the work returned.
+        error: String,
     },
     /// Another delivery is processing the event right now: the work did not run.
     /// Answer the provider with a retryable status so it comes back later.
@@ -141,12 +165,18 @@ impl Drop for ReleaseOnDrop {
 
 /// Claims, runs the caller's work, then completes with its output or releases.
 ///
+/// The outcome is stored with one leading tag byte that tells a success from a
+/// failure kept with [`OnFailure::Keep`]; a record of the same namespace completed
+/// by other code than a `Deduper` is answered with `CorruptRecord` rather than
+/// guessed at. Every store call goes through a [`TracedStore`], so each is a
+/// `dedupe.<operation>` span.
+///
 /// ```
 /// use std::sync::Arc;
 /// use dedupe_core::{Deduper, Handled, Key, MemoryStore};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let deduper = Deduper::new(Arc::new(MemoryStore::new()));
+/// let deduper = Deduper::new(MemoryStore::new());
 /// let key = Key::new("stripe", "evt_1")?;
 /// let first = deduper
 ///     .run(&key, |_lease| async { Ok::<_, std::io::Error>(b"order 17".to_vec()) })
@@ -172,10 +202,11 @@ pub struct Deduper {
 }
 
 impl Deduper {
-    /// A helper over `store` with the default lease, retention and failure policy.
-    pub fn new(store: Arc<dyn DedupeStore>) -> Self {
+    /// A helper over `store` (any store, an `Arc` of one included) with the
+    /// default lease, retention and failure policy.
+    pub fn new<S: DedupeStore>(store: S) -> Self {
         Self {
-            store,
+            store: Arc::new(TracedStore::new(store)),
             lease_ttl: ClaimOptions::DEFAULT_LEASE_TTL,
             retention: Retention::default(),
             on_failure: OnFailure::default(),
@@ -183,11 +214,25 @@ impl Deduper {
         }
     }
 
-    /// Sets the lease TTL of each claim.
-    pub fn with_lease_ttl(mut self, ttl: Duration) -> Result<Self, Error> {
-        check_ttl("lease ttl", ttl)?;
+    /// Sets the lease TTL of each claim. A TTL outside
+    /// [`MIN_TTL`](crate::MIN_TTL)`..=`[`MAX_TTL`](crate::MAX_TTL) is reported by
+    /// [`validate`](Self::validate), and by every run as
+    /// [`HandleError::Store`] before anything is claimed.
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
-        Ok(self)
+        self
+    }
+
+    /// Checks the settings: `Ok` when every run can use them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dedupe_core::{Deduper, MemoryStore};
+    /// assert!(Deduper::new(MemoryStore::new()).validate().is_ok());
+    /// assert!(Deduper::new(MemoryStore::new()).with_lease_ttl(Duration::ZERO).validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), Error> {
+        check_ttl("lease ttl", self.lease_ttl)
     }
 
     /// Sets how long done records are kept, per namespace.
@@ -212,7 +257,7 @@ impl Deduper {
         self
     }
 
-    /// The store underneath.
+    /// The store underneath, behind its [`TracedStore`].
     pub fn store(&self) -> &Arc<dyn DedupeStore> {
         &self.store
     }
@@ -242,10 +287,11 @@ impl Deduper {
         Fut: Future<Output = Result<Vec<u8>, E>>,
         E: fmt::Display,
     {
+        opts.validate().map_err(HandleError::Store)?;
         let lease = match self.store.claim(key, &opts).await {
             Ok(ClaimOutcome::Claimed(lease)) => lease,
             Ok(ClaimOutcome::Duplicate { outcome, .. }) => {
-                return Ok(Handled::Duplicate { outcome })
+                return unframe(key, outcome).map_err(HandleError::Store)
             }
             Ok(ClaimOutcome::InFlight { deadline, .. }) => {
                 return Ok(Handled::InFlight { deadline })
@@ -274,7 +320,11 @@ impl Deduper {
                 }
                 std::panic::resume_unwind(panic)
             }
-            Ok(Ok(outcome)) => match self.store.complete(&lease, &outcome, retention).await {
+            Ok(Ok(outcome)) => match self
+                .store
+                .complete(&lease, &framed(SUCCEEDED, &outcome), retention)
+                .await
+            {
                 Ok(()) => Ok(Handled::Ran { outcome, attempt }),
                 Err(source) => Err(HandleError::NotRecorded { outcome, source }),
             },
@@ -287,7 +337,11 @@ impl Deduper {
                         .map(|()| OnFailure::Release),
                     OnFailure::Keep => self
                         .store
-                        .complete(&lease, error.to_string().as_bytes(), retention)
+                        .complete(
+                            &lease,
+                            &framed(FAILED, error.to_string().as_bytes()),
+                            retention,
+                        )
                         .await
                         .map(|()| OnFailure::Keep),
                 };
@@ -306,7 +360,7 @@ impl Deduper {
         running: impl Future<Output = T>,
     ) -> T {
         let mut running = std::pin::pin!(running);
-        let every = (ttl / 3).max(crate::types::MIN_TTL);
+        let every = (ttl / 3).max(MIN_TTL);
         let mut current = lease.clone();
         loop {
             let beat = std::pin::pin!(tokio::time::sleep(every));
@@ -325,5 +379,22 @@ impl Deduper {
                 }
             }
         }
+    }
+}
+
+/// What a stored outcome says: a success with its bytes, or a kept failure.
+fn unframe(key: &Key, mut stored: Vec<u8>) -> Result<Handled, Error> {
+    match stored.first().copied() {
+        Some(SUCCEEDED) => {
+            stored.remove(0);
+            Ok(Handled::Duplicate { outcome: stored })
+        }
+        Some(FAILED) => Ok(Handled::Failed {
+            error: String::from_utf8_lossy(&stored[1..]).into_owned(),
+        }),
+        _ => Err(Error::corrupt(
+            key,
+            "the stored outcome was not written by a Deduper (no success or failure tag)",
+        )),
     }
 }

@@ -1,9 +1,11 @@
 //! Helpers for store implementations: decoding a stored row into a [`Record`]
 //! with every field checked, and validating names that go into SQL or keys.
 
+use super::from_millis;
+use crate::claim::LeaseToken;
 use crate::error::{Error, Result};
 use crate::key::{ClaimId, Fingerprint, Key};
-use crate::types::{from_millis, LeaseToken, Record, RecordState};
+use crate::record::{Record, RecordState};
 
 /// A record as a store keeps it, field by field, before validation. Stores that
 /// keep rows (SQL, hashes, items) read into this and call [`StoredRecord::decode`],
@@ -90,7 +92,7 @@ impl StoredRecord {
 /// an [`Error::InvalidConfig`], so a name can never carry SQL.
 ///
 /// ```
-/// use dedupe_core::check_identifier;
+/// use dedupe_core::backend::check_identifier;
 /// assert!(check_identifier("table", "dedupe_records").is_ok());
 /// assert!(check_identifier("table", "x; DROP TABLE y").is_err());
 /// ```

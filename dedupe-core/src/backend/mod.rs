@@ -1,0 +1,144 @@
+//! What a store author needs, and nothing an application does.
+//!
+//! An application holds a store through [`DedupeStore`](crate::DedupeStore) and
+//! never calls these. A store crate (ours or a third party's) uses them so that
+//! every store validates, decodes and answers by the same rules:
+//!
+//! - **time**: [`to_millis`], [`from_millis`], [`duration_millis`], [`now_millis`]:
+//!   milliseconds since the Unix epoch, the unit stores keep deadlines in;
+//! - **input**: [`check_ttl`] for leases and retentions, [`check_identifier`] for
+//!   table, schema and prefix names that go into SQL or keys;
+//! - **records**: [`StoredRecord`], a record field by field as storage keeps it,
+//!   and [`StoredRecord::decode`], which refuses anything malformed with
+//!   `CorruptRecord`; [`new_token`] and [`stored_token`] for lease tokens;
+//! - **answers**: [`won_claim`] turns the record a winning claim wrote into
+//!   `Claimed`, [`losing_claim`] turns the live record that stopped a claim into
+//!   `InFlight`, `Duplicate`, `Mismatch` or a re-entrant `Claimed`;
+//!   [`one_row_changed`] turns a conditional write's count into `Ok` or `LeaseLost`;
+//! - **batches**: [`BatchKeys`] sends each distinct key of a `claim_many` to the
+//!   store once and answers repeats inside the batch as the contract says.
+//!
+//! ```
+//! use std::time::Duration;
+//! use dedupe_core::backend::{self, StoredRecord};
+//! use dedupe_core::{ClaimOptions, ClaimOutcome, Key};
+//!
+//! // A row as a store read it back after its conditional insert lost.
+//! let key = Key::new("stripe", "evt_1")?;
+//! let row = StoredRecord {
+//!     state: StoredRecord::DONE,
+//!     token: backend::new_token().to_string(),
+//!     expires_ms: backend::now_millis() + 60_000,
+//!     completed_ms: Some(backend::now_millis()),
+//!     outcome: Some(b"charged".to_vec()),
+//!     attempts: 1,
+//!     first_seen_ms: backend::now_millis(),
+//!     ..StoredRecord::default()
+//! };
+//! let record = row.decode(&key)?;
+//! let answer = backend::losing_claim(record, &ClaimOptions::default());
+//! assert!(matches!(answer, ClaimOutcome::Duplicate { ref outcome, .. } if outcome == b"charged"));
+//! # Ok::<(), dedupe_core::Error>(())
+//! ```
+
+mod batch;
+mod stored;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use crate::claim::check_ttl;
+pub use batch::BatchKeys;
+pub use stored::{check_identifier, StoredRecord};
+
+use crate::claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken};
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::{Record, RecordState};
+
+/// Milliseconds since the Unix epoch, the unit every store keeps deadlines in.
+pub fn to_millis(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
+/// The inverse of [`to_millis`].
+pub fn from_millis(ms: i64) -> SystemTime {
+    if ms >= 0 {
+        UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs())
+    }
+}
+
+/// Milliseconds in a duration, saturating.
+pub fn duration_millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The caller's clock in milliseconds since the epoch (for stores without a
+/// clock of their own).
+pub fn now_millis() -> i64 {
+    to_millis(SystemTime::now())
+}
+
+/// A fresh lease token: 128 random bits, never handed to two claims.
+pub fn new_token() -> LeaseToken {
+    LeaseToken::generate()
+}
+
+/// A lease token as read back from storage.
+pub fn stored_token(token: impl Into<String>) -> LeaseToken {
+    LeaseToken::from_stored(token)
+}
+
+/// The answer a claim gets from the live record that stopped it: `Mismatch` when
+/// both sides carry fingerprints that differ, `Duplicate` with the stored outcome
+/// when done, `Claimed` with the stored lease (token, deadline, attempt) when in
+/// flight and held by the claim's own claim id, `InFlight` otherwise.
+pub fn losing_claim(record: Record, opts: &ClaimOptions) -> ClaimOutcome {
+    record.into_claim_answer(opts)
+}
+
+/// The `Claimed` answer of a claim that wrote `record` (read back from the same
+/// atomic write). A done record there means storage is not what the store wrote:
+/// `CorruptRecord`, never a guess.
+pub fn won_claim(record: Record) -> Result<ClaimOutcome> {
+    let RecordState::InFlight { lease_deadline } = record.state else {
+        return Err(Error::corrupt(
+            &record.key,
+            "a winning claim read back a done record",
+        ));
+    };
+    Ok(ClaimOutcome::Claimed(Lease {
+        key: record.key,
+        token: record.token,
+        deadline: lease_deadline,
+        attempt: record.attempts,
+        claim_id: record.claim_id,
+    }))
+}
+
+/// Turns the count of records a conditional complete, release or extend changed
+/// into its answer: exactly one is success; none means the record no longer
+/// holds the lease (`LeaseLost`); more than one means the key is not unique in
+/// storage (`CorruptRecord`).
+///
+/// ```
+/// use dedupe_core::{backend::one_row_changed, Error, Key};
+/// let key = Key::new("stripe", "evt_1")?;
+/// assert!(one_row_changed(1, &key).is_ok());
+/// assert!(matches!(one_row_changed(0, &key), Err(Error::LeaseLost { .. })));
+/// # Ok::<(), Error>(())
+/// ```
+pub fn one_row_changed(changed: u64, key: &Key) -> Result<()> {
+    match changed {
+        1 => Ok(()),
+        0 => Err(Error::lease_lost(key)),
+        n => Err(Error::corrupt(
+            key,
+            format!("{n} records changed for one key"),
+        )),
+    }
+}

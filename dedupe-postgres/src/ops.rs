@@ -1,0 +1,249 @@
+//! Running the store's statements on a connection the caller already holds (one
+//! of the store's pool, or the caller's transaction), so the trait methods and the
+//! transactional `*_in` methods share one code path.
+
+use std::time::Duration;
+
+use dedupe_core::backend::{
+    self, check_ttl, from_millis, one_row_changed, BatchKeys, StoredRecord,
+};
+use dedupe_core::{
+    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
+    Result,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use crate::sql::{text, Statements, EXPIRE_BATCH};
+
+/// How often a claim is retried when its record vanished between the upsert and
+/// the read that answers it (a concurrent release, forget or expire).
+const CLAIM_ROUNDS: usize = 3;
+
+/// The statements of one store with its error mapping and limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ops<'a> {
+    pub(crate) sql: &'a Statements,
+    pub(crate) timeout: Duration,
+    pub(crate) caps: Capabilities,
+}
+
+fn decode_record(key: &Key, row: &PgRow) -> Result<Record> {
+    let read = || -> std::result::Result<StoredRecord, sqlx::Error> {
+        Ok(StoredRecord {
+            state: i64::from(row.try_get::<i16, _>("state")?),
+            token: row.try_get("token")?,
+            claim_id: row.try_get("claim_id")?,
+            fingerprint: row.try_get("fingerprint")?,
+            expires_ms: row.try_get("expires_ms")?,
+            completed_ms: row.try_get("completed_ms")?,
+            outcome: row.try_get("outcome")?,
+            attempts: i64::from(row.try_get::<i32, _>("attempts")?),
+            first_seen_ms: row.try_get("first_seen_ms")?,
+        })
+    };
+    read()
+        .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?
+        .decode(key)
+}
+
+/// The answer carried by one row of the claim statements.
+fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+    let won: bool = row
+        .try_get("won")
+        .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?;
+    let record = decode_record(key, row)?;
+    if won {
+        backend::won_claim(record)
+    } else {
+        Ok(backend::losing_claim(record, opts))
+    }
+}
+
+impl Ops<'_> {
+    pub(crate) fn err(&self, e: sqlx::Error) -> Error {
+        crate::error::map(e, self.timeout)
+    }
+
+    /// Creates the schema, table and index under an advisory lock.
+    pub(crate) async fn migrate(&self, conn: &mut PgConnection) -> Result<()> {
+        // One simple-query message: Postgres runs its statements as one implicit
+        // transaction, which holds the advisory lock to the end.
+        sqlx::raw_sql(text(&self.sql.migrate))
+            .execute(conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    /// One upsert decides; the same statement returns the live record that stopped
+    /// it, so new and duplicate claims both cost one round trip.
+    pub(crate) async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        opts.validate()?;
+        for _ in 0..CLAIM_ROUNDS {
+            let token = backend::new_token();
+            let row = sqlx::query(text(&self.sql.claim))
+                .bind(key.namespace())
+                .bind(key.id())
+                .bind(token.as_str())
+                .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
+                .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
+                .bind(opts.lease_ttl)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some(row) = row {
+                return answer_from_row(key, &row, opts);
+            }
+            // The upsert found a live record committed after this statement's
+            // snapshot began, so the same statement could not read it: read it now.
+            if let Some(record) = self.get(conn, key).await? {
+                return Ok(backend::losing_claim(record, opts));
+            }
+        }
+        Err(Error::backend(
+            "the record kept changing under the claim; retry",
+            true,
+            None,
+        ))
+    }
+
+    /// The whole batch in one statement over `unnest` of arrays; repeats inside the
+    /// batch are answered by [`BatchKeys`].
+    pub(crate) async fn claim_many(
+        &self,
+        conn: &mut PgConnection,
+        keys: &[Key],
+        opts: &ClaimOptions,
+    ) -> Result<Vec<ClaimOutcome>> {
+        opts.validate()?;
+        let batch = BatchKeys::new(keys);
+        let distinct = batch.distinct();
+        let namespaces: Vec<&str> = distinct.iter().map(|k| k.namespace()).collect();
+        let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
+        let tokens: Vec<String> = distinct
+            .iter()
+            .map(|_| backend::new_token().to_string())
+            .collect();
+        let rows = sqlx::query(text(&self.sql.claim_many))
+            .bind(&namespaces)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
+            .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
+            .bind(opts.lease_ttl)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+        for row in &rows {
+            let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
+            let id: String = row.try_get("id").map_err(|e| self.err(e))?;
+            let key =
+                Key::new(namespace, id).map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
+            let index = batch.position(&key).ok_or_else(|| {
+                Error::corrupt(&key, "claim_many returned a key it was not asked")
+            })?;
+            answers[index] = Some(answer_from_row(&key, row, opts)?);
+        }
+        let mut distinct_answers = Vec::with_capacity(distinct.len());
+        for (key, answer) in distinct.iter().zip(answers) {
+            distinct_answers.push(match answer {
+                Some(answer) => answer,
+                // Committed after the statement's snapshot: claim it on its own.
+                None => self.claim(conn, key, opts).await?,
+            });
+        }
+        batch.answers(distinct_answers, opts)
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
+        check_ttl("retention", retention)?;
+        self.caps.check_outcome(outcome)?;
+        let done = sqlx::query(text(&self.sql.complete))
+            .bind(lease.key.namespace())
+            .bind(lease.key.id())
+            .bind(lease.token.as_str())
+            .bind(retention)
+            .bind(outcome)
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        one_row_changed(done.rows_affected(), &lease.key)
+    }
+
+    pub(crate) async fn release(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
+        let done = sqlx::query(text(&self.sql.release))
+            .bind(lease.key.namespace())
+            .bind(lease.key.id())
+            .bind(lease.token.as_str())
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        one_row_changed(done.rows_affected(), &lease.key)
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Lease> {
+        check_ttl("lease ttl", ttl)?;
+        let deadline: Option<i64> = sqlx::query_scalar(text(&self.sql.extend))
+            .bind(lease.key.namespace())
+            .bind(lease.key.id())
+            .bind(lease.token.as_str())
+            .bind(ttl)
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        one_row_changed(u64::from(deadline.is_some()), &lease.key)?;
+        Ok(Lease {
+            deadline: from_millis(deadline.unwrap_or_default()),
+            ..lease.clone()
+        })
+    }
+
+    /// Deletes one batch of expired rows, skipping rows other transactions hold;
+    /// answers how many.
+    pub(crate) async fn expire_batch(&self, conn: &mut PgConnection) -> Result<u64> {
+        sqlx::query(text(&self.sql.expire_batch))
+            .bind(EXPIRE_BATCH)
+            .execute(conn)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(|e| self.err(e))
+    }
+
+    pub(crate) async fn get(&self, conn: &mut PgConnection, key: &Key) -> Result<Option<Record>> {
+        let row = sqlx::query(text(&self.sql.select_live))
+            .bind(key.namespace())
+            .bind(key.id())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.map(|row| decode_record(key, &row)).transpose()
+    }
+
+    pub(crate) async fn forget(&self, conn: &mut PgConnection, key: &Key) -> Result<bool> {
+        let live: Option<bool> = sqlx::query_scalar(text(&self.sql.forget))
+            .bind(key.namespace())
+            .bind(key.id())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(live.unwrap_or(false))
+    }
+}

@@ -1,0 +1,208 @@
+//! Running the store's statements on a connection the caller already holds (the
+//! store's own, or the caller's transaction), so the async store and the
+//! transactional API share one code path.
+
+use std::time::Duration;
+
+use dedupe_core::backend::{
+    self, check_ttl, duration_millis, from_millis, one_row_changed, StoredRecord,
+};
+use dedupe_core::{
+    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
+    Result,
+};
+use rusqlite::{named_params, Connection, OptionalExtension, Row};
+
+use crate::sql::{Statements, EXPIRE_BATCH};
+
+fn deadline(now: i64, ttl: Duration) -> i64 {
+    now.saturating_add(duration_millis(ttl))
+}
+
+/// Reads a row of [`COLUMNS`](crate::sql::COLUMNS); [`StoredRecord::decode`] then refuses anything
+/// malformed.
+fn read_row(row: &Row<'_>) -> rusqlite::Result<StoredRecord> {
+    Ok(StoredRecord {
+        state: row.get(0)?,
+        token: row.get(1)?,
+        claim_id: row.get(2)?,
+        fingerprint: row.get(3)?,
+        expires_ms: row.get(4)?,
+        completed_ms: row.get(5)?,
+        outcome: row.get(6)?,
+        attempts: row.get(7)?,
+        first_seen_ms: row.get(8)?,
+    })
+}
+
+/// Work on one connection, with the table's statements and the error mapping.
+#[derive(Debug)]
+pub(crate) struct Ops<'a> {
+    pub(crate) sql: &'a Statements,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) caps: Capabilities,
+}
+
+impl Ops<'_> {
+    fn err(&self, e: rusqlite::Error) -> Error {
+        crate::error::map(e, self.busy_timeout)
+    }
+
+    /// The claim: one upsert decides; when it leaves a live record alone, that
+    /// record is read back (in the same transaction) to answer.
+    pub(crate) fn claim(
+        &self,
+        conn: &Connection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        opts.validate()?;
+        let now = backend::now_millis();
+        let token = backend::new_token();
+        let until = deadline(now, opts.lease_ttl);
+        let won: Option<(String, i64)> = conn
+            .prepare_cached(&self.sql.claim)
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {
+                        ":ns": key.namespace(),
+                        ":id": key.id(),
+                        ":token": token.as_str(),
+                        ":claim_id": opts.claim_id.as_ref().map(ClaimId::as_str),
+                        ":fingerprint": opts.fingerprint.as_ref().map(Fingerprint::as_bytes),
+                        ":deadline": until,
+                        ":now": now,
+                    },
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        match won {
+            Some((stored, attempts)) if stored == token.as_str() => {
+                let attempt = u32::try_from(attempts)
+                    .map_err(|_| Error::corrupt(key, format!("attempt count {attempts}")))?;
+                Ok(ClaimOutcome::Claimed(Lease {
+                    key: key.clone(),
+                    token,
+                    deadline: from_millis(until),
+                    attempt,
+                    claim_id: opts.claim_id.clone(),
+                }))
+            }
+            Some(_) => Err(Error::corrupt(key, "claim returned another token")),
+            None => match self.get_at(conn, key, now)? {
+                Some(record) => Ok(backend::losing_claim(record, opts)),
+                None => Err(Error::backend(
+                    "claim left a record in place but found none live",
+                    true,
+                    None,
+                )),
+            },
+        }
+    }
+
+    pub(crate) fn complete(
+        &self,
+        conn: &Connection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
+        check_ttl("retention", retention)?;
+        self.caps.check_outcome(outcome)?;
+        let now = backend::now_millis();
+        let changed = conn
+            .prepare_cached(&self.sql.complete)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": lease.key.namespace(),
+                    ":id": lease.key.id(),
+                    ":token": lease.token.as_str(),
+                    ":until": deadline(now, retention),
+                    ":now": now,
+                    ":outcome": outcome,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        one_row_changed(changed as u64, &lease.key)
+    }
+
+    pub(crate) fn release(&self, conn: &Connection, lease: &Lease) -> Result<()> {
+        let changed = conn
+            .prepare_cached(&self.sql.release)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": lease.key.namespace(),
+                    ":id": lease.key.id(),
+                    ":token": lease.token.as_str(),
+                    ":now": backend::now_millis(),
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        one_row_changed(changed as u64, &lease.key)
+    }
+
+    pub(crate) fn extend(&self, conn: &Connection, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        check_ttl("lease ttl", ttl)?;
+        let now = backend::now_millis();
+        let until = deadline(now, ttl);
+        let changed = conn
+            .prepare_cached(&self.sql.extend)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": lease.key.namespace(),
+                    ":id": lease.key.id(),
+                    ":token": lease.token.as_str(),
+                    ":until": until,
+                    ":now": now,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        one_row_changed(changed as u64, &lease.key)?;
+        Ok(Lease {
+            deadline: from_millis(until),
+            ..lease.clone()
+        })
+    }
+
+    /// Deletes one batch of expired rows; answers how many.
+    pub(crate) fn expire_batch(&self, conn: &Connection, now: i64) -> Result<u64> {
+        conn.prepare_cached(&self.sql.expire_batch)
+            .and_then(|mut stmt| stmt.execute(named_params! {":now": now, ":batch": EXPIRE_BATCH}))
+            .map(|n| n as u64)
+            .map_err(|e| self.err(e))
+    }
+
+    pub(crate) fn get(&self, conn: &Connection, key: &Key) -> Result<Option<Record>> {
+        self.get_at(conn, key, backend::now_millis())
+    }
+
+    fn get_at(&self, conn: &Connection, key: &Key, now: i64) -> Result<Option<Record>> {
+        conn.prepare_cached(&self.sql.select_live)
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {":ns": key.namespace(), ":id": key.id(), ":now": now},
+                    read_row,
+                )
+                .optional()
+            })
+            .map_err(|e| self.err(e))?
+            .map(|stored| stored.decode(key))
+            .transpose()
+    }
+
+    pub(crate) fn forget(&self, conn: &Connection, key: &Key) -> Result<bool> {
+        let live: Option<bool> = conn
+            .prepare_cached(&self.sql.forget)
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {":ns": key.namespace(), ":id": key.id(), ":now": backend::now_millis()},
+                    |row| row.get(0),
+                )
+                .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(live.unwrap_or(false))
+    }
+}
