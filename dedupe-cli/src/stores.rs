@@ -129,10 +129,12 @@ impl Opener {
         } = self
         {
             let store = self.postgres(1).await?;
-            dedupe_postgres::sqlx::raw_sql(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-                .execute(store.pool())
-                .await
-                .map_err(|e| Error::backend("dropping the schema", true, Some(Box::new(e) as _)))?;
+            dedupe_postgres::sqlx::raw_sql(AssertSqlSafe(format!(
+                "DROP SCHEMA \"{schema}\" CASCADE"
+            )))
+            .execute(store.pool())
+            .await
+            .map_err(|e| Error::backend("dropping the schema", true, Some(Box::new(e) as _)))?;
         }
         Ok(())
     }

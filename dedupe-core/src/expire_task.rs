@@ -71,7 +71,9 @@ where
             match select(tick, &mut stop_rx).await {
                 Either::Left(_) => match store.expire().await {
                     Ok(removed) => tracing::debug!(removed, "expired records removed"),
-                    Err(error) => tracing::warn!(%error, "expire pass failed; retrying next period"),
+                    Err(error) => {
+                        tracing::warn!(%error, "expire pass failed; retrying next period")
+                    }
                 },
                 Either::Right(_) => return,
             }

@@ -59,3 +59,8 @@ pub use traced::TracedStore;
 /// The attribute that implements [`DedupeStore`] (re-exported, so that store
 /// crates and their users name one version).
 pub use async_trait::async_trait;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -63,7 +63,9 @@ fn finish<T>(span: &Span, result: Result<T>, answer: impl FnOnce(&T) -> String) 
             span.record("error", tracing::field::display(error));
             match error {
                 Error::LeaseLost { .. } => tracing::debug!(parent: span, %error, "lease lost"),
-                _ => tracing::warn!(parent: span, %error, retryable = error.is_retryable(), "store call failed"),
+                _ => {
+                    tracing::warn!(parent: span, %error, retryable = error.is_retryable(), "store call failed")
+                }
             }
         }
     }

@@ -156,7 +156,10 @@ async fn the_expire_task_purges_on_its_period_and_stops() {
     task.stop().await;
     // Stopped: an expired record stays until someone purges it.
     let _claimed = store
-        .claim(&key("after-stop"), &ClaimOptions::new(Duration::from_millis(1)))
+        .claim(
+            &key("after-stop"),
+            &ClaimOptions::new(Duration::from_millis(1)),
+        )
         .await
         .expect("claim");
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -262,8 +265,7 @@ async fn in_flight_and_mismatch_do_not_run_the_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_that_outlives_its_lease_is_reported_not_recorded() {
     let store = MemoryStore::new();
-    let deduper = Deduper::new(Arc::new(store.clone()))
-        .with_lease_ttl(Duration::from_millis(20));
+    let deduper = Deduper::new(Arc::new(store.clone())).with_lease_ttl(Duration::from_millis(20));
     let k = key("slow");
     let result = deduper
         .run(&k, |lease| {

@@ -14,3 +14,8 @@ pub use store::{PgBuilder, PgStore};
 
 // The caller's pools and transactions are sqlx's; name the same version.
 pub use sqlx;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -3,8 +3,8 @@
 //! server restart, killed connections, statement timeouts, bad names, and a race
 //! across OS processes.
 
-use sqlx::AssertSqlSafe;
 use dedupe_testkit as support;
+use sqlx::AssertSqlSafe;
 
 #[path = "../examples/transactional_orders.rs"]
 #[allow(dead_code)]
@@ -464,7 +464,10 @@ async fn single_winner_across_processes() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("procs");
     store_on(&url, &schema, Duration::from_secs(5)).await;
-    let env = [("DEDUPE_CHILD_URL", url.clone()), ("DEDUPE_CHILD_SCHEMA", schema)];
+    let env = [
+        ("DEDUPE_CHILD_URL", url.clone()),
+        ("DEDUPE_CHILD_SCHEMA", schema),
+    ];
     tokio::task::spawn_blocking(move || race_across_processes("child_racer", 2, 16, 100, &env))
         .await
         .expect("race")
@@ -512,21 +515,24 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     .expect("plant rows");
     let admin = PgPool::connect(&url).await.expect("admin pool");
     let mut holder = admin.begin().await.expect("begin");
-    sqlx::query(AssertSqlSafe(format!("SELECT 1 FROM {t} WHERE id = 'old-7' FOR UPDATE")))
-        .execute(&mut *holder)
-        .await
-        .expect("hold one expired row");
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM {t} WHERE id = 'old-7' FOR UPDATE"
+    )))
+    .execute(&mut *holder)
+    .await
+    .expect("hold one expired row");
     let removed = store.expire().await.expect("expire");
     assert_eq!(
         removed, 2499,
         "expire() should skip the held row and remove the rest"
     );
     holder.rollback().await.expect("release the row");
-    let left: Vec<String> =
-        sqlx::query_scalar(AssertSqlSafe(format!("SELECT id FROM {t} WHERE id LIKE 'old-%'")))
-            .fetch_all(store.pool())
-            .await
-            .expect("left");
+    let left: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT id FROM {t} WHERE id LIKE 'old-%'"
+    )))
+    .fetch_all(store.pool())
+    .await
+    .expect("left");
     assert_eq!(left, vec!["old-7".to_string()]);
     assert_eq!(store.expire().await.expect("expire again"), 1);
     for i in 1..=10 {

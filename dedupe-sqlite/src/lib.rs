@@ -14,3 +14,8 @@ pub use store::{SqliteBuilder, SqliteStore};
 
 // The caller's transactions are rusqlite's; name the same version.
 pub use rusqlite;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -39,7 +39,6 @@ fn child(test: &str, envs: &[(&str, String)]) -> Command {
     cmd
 }
 
-
 /// Four OS processes with eight connections each race on the same 100 keys of one
 /// file; every key is Claimed exactly once across all 32 racers.
 #[test]

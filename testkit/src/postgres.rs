@@ -67,6 +67,7 @@ pub struct PgCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     as_postgres: bool,
+    /// The loopback port it listens on.
     pub port: u16,
 }
 

@@ -7,7 +7,6 @@
 //! contract each), `races.rs` (many handles at the same instant) and
 //! `reference.rs` (a store against the reference model).
 
-
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;

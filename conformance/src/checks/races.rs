@@ -106,4 +106,3 @@ pub async fn single_winner_takeover_race(factory: &dyn StoreFactory) -> CheckRes
     judge_rounds(&per_round, &keys, 2)?;
     Ok(Verdict::Passed)
 }
-

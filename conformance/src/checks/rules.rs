@@ -866,4 +866,3 @@ pub async fn ten_thousand_distinct_keys(factory: &dyn StoreFactory) -> CheckResu
     }
     Ok(Verdict::Passed)
 }
-
