@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::{DedupeStore, Error, MemoryStore};
@@ -25,6 +26,43 @@ pub trait Fixture: Send + Sync {
     /// where the store has them, so races go through separate connections rather
     /// than one shared lock in the client.
     async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error>;
+
+    /// A further handle whose way to the records the fixture can break for a
+    /// moment (network stores: a loopback proxy the fixture owns; SQLite: another
+    /// connection holding the file's write lock), for the check that errors are
+    /// never answers (rule 7). The default, `None`, reports that check as skipped.
+    async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
+        Ok(None)
+    }
+}
+
+/// Breaks and heals the way between a [`FaultyHandle`]'s store and its records.
+#[async_trait]
+pub trait FaultSwitch: Send + Sync {
+    /// Breaks the connection (`true`: every call through the handle should now
+    /// fail) or heals it (`false`).
+    async fn set_broken(&self, broken: bool) -> Result<(), Error>;
+}
+
+/// A handle onto the fixture's records that can be cut off, from
+/// [`Fixture::faulty_handle`].
+pub struct FaultyHandle {
+    /// The handle; configure it with a short timeout.
+    pub store: Arc<dyn DedupeStore>,
+    /// What breaks and heals its connection.
+    pub switch: Box<dyn FaultSwitch>,
+    /// The longest one call through the broken handle may take before it must
+    /// have failed (its configured timeout, plus what the store documents).
+    pub bound: Duration,
+}
+
+impl fmt::Debug for FaultyHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultyHandle")
+            .field("store", &self.store)
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The factory of [`MemoryStore`]s; handles of one fixture share its records.

@@ -27,7 +27,9 @@ mod harness;
 pub mod processes;
 mod report;
 
-pub use harness::{CheckResult, Failure, Fixture, MemoryFactory, StoreFactory, Verdict};
+pub use harness::{
+    CheckResult, Failure, FaultSwitch, FaultyHandle, Fixture, MemoryFactory, StoreFactory, Verdict,
+};
 pub use report::{assert_check, run_all, run_check, CheckReport, Report};
 
 #[doc(hidden)]
@@ -50,19 +52,31 @@ macro_rules! __with_check_names {
             release_then_reclaim,
             lease_expiry_takeover,
             stale_holder_is_fenced,
+            passed_lease_is_lost,
+            takeover_resets_holder_keeps_record,
             extend_pushes_deadline,
+            deadlines_are_exact,
             retention_expiry,
+            retention_counts_from_completion,
             expire_removes_exactly_expired,
+            expire_spares_done_past_its_lease,
             fingerprint_mismatch,
             reentrant_claim_id,
+            claim_ids_compare_whole,
             claim_many_matches_claim,
             namespaces_isolate,
             key_case_unicode_and_max_length,
+            encoded_keys_stay_distinct,
+            outcomes_up_to_the_limit,
+            durations_at_their_limits,
             bad_input_rejected_nothing_written,
             forget_removes_any_state,
             ten_thousand_distinct_keys,
+            errors_are_not_answers,
             single_winner_race,
             single_winner_takeover_race,
+            stale_holders_race_takeovers,
+            batches_race_batches,
             matches_reference_store,
         }
     };

@@ -5,11 +5,13 @@
 //! Not published; store crates and the CLI take it as a dev-dependency.
 
 pub mod postgres;
+pub mod proxy;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub use postgres::{server as postgres_server, unique_schema, PgCluster};
+pub use proxy::TcpProxy;
 
 /// Polls `f` every 20 ms until it answers true, for at most `limit`; answers
 /// whether it did. For waiting on an observable condition, never on time alone.

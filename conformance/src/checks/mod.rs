@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use dedupe_core::{
-    ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease, RecordState,
-    RecordStateKind, MAX_ID_BYTES, MAX_NAMESPACE_BYTES,
+    ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease, Record,
+    RecordState, RecordStateKind, Retention, MAX_CLAIM_ID_BYTES, MAX_ID_BYTES, MAX_NAMESPACE_BYTES,
+    MAX_TTL,
 };
 use tokio::sync::Barrier;
 
@@ -133,11 +134,135 @@ fn deadline_near(
     Ok(())
 }
 
+/// How far apart two deadlines that should be the same instant may be when one
+/// was stored in milliseconds and the other computed by the test.
+const PRECISION: Duration = Duration::from_millis(3);
+/// The largest clock offset between the test machine and the store the exact
+/// checks accept (a store on another machine must have its clock synchronised).
+const MAX_SKEW: Duration = Duration::from_secs(1);
+
+/// Signed milliseconds from `b` to `a` (positive when `a` is later).
+fn signed_ms(a: SystemTime, b: SystemTime) -> f64 {
+    match a.duration_since(b) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
+
+/// The store's clock against the test's, measured once per fixture from the
+/// deadlines of probe leases, so deadline checks can be exact to a few
+/// milliseconds instead of allowing seconds of slack.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    /// Bounds of `store clock - test clock`, in milliseconds.
+    low: f64,
+    high: f64,
+}
+
+impl Clock {
+    /// Claims three probe keys with a known TTL, some tens of milliseconds apart;
+    /// each bounds the offset by the time before and after its call. The bounds
+    /// must agree (a store that rounds deadlines to seconds, or adds time of its
+    /// own, gives probes that disagree) and stay within [`MAX_SKEW`].
+    async fn measure(store: &dyn DedupeStore, label: &str) -> Result<Self, Failure> {
+        let ttl = Duration::from_secs(60);
+        let slack = PRECISION.as_secs_f64() * 1e3;
+        let (mut low, mut high) = (f64::MIN, f64::MAX);
+        for (i, pause) in [0u64, 37, 71].into_iter().enumerate() {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let k = key(&format!("clock-probe-{label}-{i}"))?;
+            let before = SystemTime::now();
+            let lease = must_claim(store, &k, &opts(ttl)).await?;
+            let after = SystemTime::now();
+            let base = lease.deadline - ttl;
+            let (lo, hi) = (
+                signed_ms(base, after) - slack,
+                signed_ms(base, before) + slack,
+            );
+            ensure!(
+                lo <= high && hi >= low,
+                "probe lease {i} puts the store's clock {lo:.1}..{hi:.1} ms from the test's, \
+                 earlier probes said {low:.1}..{high:.1} ms: deadlines are not now + ttl to the \
+                 millisecond (rounded to seconds? computed from another time?)"
+            );
+            (low, high) = (low.max(lo), high.min(hi));
+            store.release(&lease).await?;
+        }
+        let skew = MAX_SKEW.as_secs_f64() * 1e3;
+        ensure!(
+            low > -skew && high < skew,
+            "the store's clock is {low:.0}..{high:.0} ms from the test machine's, over {MAX_SKEW:?}"
+        );
+        Ok(Self { low, high })
+    }
+
+    /// Checks that `deadline`, reported by a call made between `before` and
+    /// `after` on the test's clock, is that call's `now + ttl` on the store's.
+    fn expect(
+        &self,
+        what: &str,
+        deadline: SystemTime,
+        before: SystemTime,
+        after: SystemTime,
+        ttl: Duration,
+    ) -> Result<(), Failure> {
+        let lo = signed_ms(deadline, before + ttl);
+        let hi = signed_ms(deadline, after + ttl);
+        // deadline - ttl - test time must be a possible clock offset.
+        ensure!(
+            hi <= self.high && lo >= self.low,
+            "{what}: deadline {deadline:?} is {:.1} ms from now + {ttl:?} (the store's clock is \
+             {:.1}..{:.1} ms from the test's)",
+            (lo + hi) / 2.0 - (self.low + self.high) / 2.0,
+            self.low,
+            self.high
+        );
+        Ok(())
+    }
+
+    /// The test-clock instant at which the store's clock reads `t`, at the latest.
+    fn local_latest(&self, t: SystemTime) -> SystemTime {
+        let ms = self.low.min(0.0).abs();
+        if self.low < 0.0 {
+            t + Duration::from_secs_f64(ms / 1e3)
+        } else {
+            t
+        }
+    }
+}
+
+/// Sleeps until the test clock is past `deadline` on the store's clock too.
+async fn wait_past_on(clock: &Clock, deadline: SystemTime) -> Result<(), Failure> {
+    wait_past(clock.local_latest(deadline)).await
+}
+
+/// A pseudo-random byte string of `len` bytes (every byte value occurs), so a
+/// truncation or re-encoding anywhere shows.
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| ((i ^ seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// The record of `key`, which must be live.
+async fn live_record(store: &dyn DedupeStore, key: &Key, when: &str) -> Result<Record, Failure> {
+    store
+        .get(key)
+        .await?
+        .ok_or_else(|| Failure::new(format!("get of {key} found nothing {when}")))
+}
+
 // After the helpers and `ensure!`, which the checks use.
+mod faults;
+mod lifecycle;
+mod limits;
 mod races;
 mod reference;
 mod rules;
 
+pub use faults::*;
+pub use lifecycle::*;
+pub use limits::*;
 pub use races::*;
 pub use reference::*;
 pub use rules::*;

@@ -106,3 +106,305 @@ pub async fn single_winner_takeover_race(factory: &dyn StoreFactory) -> CheckRes
     judge_rounds(&per_round, &keys, 2)?;
     Ok(Verdict::Passed)
 }
+
+/// Sleeps until shortly before `at`, then yields until it has come: timers have
+/// a millisecond's grain, the races below need finer.
+async fn until(at: SystemTime) {
+    if let Ok(wait) = at.duration_since(SystemTime::now()) {
+        if wait > Duration::from_millis(2) {
+            tokio::time::sleep(wait - Duration::from_millis(2)).await;
+        }
+    }
+    while SystemTime::now() < at {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// What the stale holder does at its deadline in [`stale_holders_race_takeovers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HolderOp {
+    Complete,
+    Release,
+    Extend,
+}
+
+/// One key's history in [`stale_holders_race_takeovers`].
+#[derive(Debug, Default)]
+struct KeyHistory {
+    /// Did the holder's complete, release or extend succeed?
+    holder_ok: Option<bool>,
+    /// Attempt numbers of the claimers that were answered Claimed.
+    claimed: Vec<u32>,
+    /// Did those claimers' completes succeed?
+    completes_ok: Vec<bool>,
+}
+
+/// Completes, releases and extends racing takeovers (rule 4): each key's holder
+/// acts right at its lease deadline (a few milliseconds either side) while four
+/// other handles keep claiming it to take over. Whatever order each race took,
+/// the history must be one a correct store can give: a holder whose complete or
+/// extend succeeded was never taken over; a release that succeeded leaves a
+/// fresh claim (attempt 1), never a takeover; at most one claimer ever wins a key,
+/// and its completion lands; a holder that lost has been taken over, so no event
+/// is left unclaimed.
+pub async fn stale_holders_race_takeovers(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let mut claimers = Vec::with_capacity(CLAIMERS);
+    for _ in 0..CLAIMERS {
+        claimers.push(fixture.open_handle().await?);
+    }
+    for round in 0..STALE_ROUNDS {
+        stale_round(&*fixture, &claimers, round).await?;
+    }
+    Ok(Verdict::Passed)
+}
+
+/// Keys per round of [`stale_holders_race_takeovers`], a third per operation.
+const KEYS: usize = 48;
+/// Handles that claim to take over.
+const CLAIMERS: usize = 4;
+/// Rounds: a race missed in one round is met in another.
+const STALE_ROUNDS: usize = 3;
+
+async fn stale_round(
+    fixture: &dyn crate::harness::Fixture,
+    claimers: &[Arc<dyn DedupeStore>],
+    round: usize,
+) -> Result<(), Failure> {
+    let holder = fixture.store();
+    let keys: Vec<Key> = (0..KEYS)
+        .map(|i| key(&format!("stale-race-{round}-{i}")))
+        .collect::<Result<_, _>>()?;
+    let ops = [HolderOp::Complete, HolderOp::Release, HolderOp::Extend];
+    let mut leases = Vec::with_capacity(KEYS);
+    for k in &keys {
+        let lease = must_claim(&*holder, k, &opts(SHORT_TTL)).await?;
+        let ahead = lease
+            .deadline
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        ensure!(
+            ahead <= SHORT_TTL + CLOCK_SLACK,
+            "a lease of {SHORT_TTL:?} has its deadline {ahead:?} away"
+        );
+        leases.push(lease);
+    }
+    let last = leases
+        .iter()
+        .map(|l| l.deadline)
+        .max()
+        .unwrap_or_else(SystemTime::now);
+    let stop = last + Duration::from_millis(200);
+
+    // The holder: each key's operation at its deadline, from 1.5 ms before to
+    // 0.5 ms after in steps of 125 µs, spread over the keys.
+    let holder_task = {
+        let holder = Arc::clone(&holder);
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            let runs = leases.into_iter().enumerate().map(|(i, lease)| {
+                let holder = Arc::clone(&holder);
+                async move {
+                    let offset_us = (i / 3 % 16) as i64 * 125 - 1500;
+                    let shift = Duration::from_micros(offset_us.unsigned_abs());
+                    let at = if offset_us < 0 {
+                        lease.deadline - shift
+                    } else {
+                        lease.deadline + shift
+                    };
+                    until(at).await;
+                    let result = match ops[i % 3] {
+                        HolderOp::Complete => {
+                            holder.complete(&lease, b"stale holder", LONG_TTL).await
+                        }
+                        HolderOp::Release => holder.release(&lease).await,
+                        HolderOp::Extend => holder.extend(&lease, LONG_TTL).await.map(|_| ()),
+                    };
+                    (i, result)
+                }
+            });
+            futures_util::future::join_all(runs).await
+        })
+    };
+    // The claimers: two per key, on different handles, from just before its
+    // deadline until it is won, done, or well after the last deadline; each
+    // completes what it wins.
+    let mut claimer_tasks = Vec::with_capacity(KEYS * 2);
+    for (i, k) in keys.iter().enumerate() {
+        for c in 0..2 {
+            let store = Arc::clone(&claimers[(i + c) % CLAIMERS]);
+            let (k, start) = (k.clone(), leases[i].deadline - Duration::from_millis(1));
+            claimer_tasks.push(tokio::spawn(async move {
+                until(start).await;
+                while SystemTime::now() < stop {
+                    match store.claim(&k, &opts(LONG_TTL)).await? {
+                        ClaimOutcome::Claimed(lease) => {
+                            let done = store
+                                .complete(&lease, format!("claimer {c}").as_bytes(), LONG_TTL)
+                                .await;
+                            return match done {
+                                Ok(()) => Ok(Some((i, lease.attempt, true))),
+                                Err(Error::LeaseLost { .. }) => Ok(Some((i, lease.attempt, false))),
+                                Err(e) => Err(Failure::from(e)),
+                            };
+                        }
+                        ClaimOutcome::Duplicate { .. } => return Ok(None),
+                        ClaimOutcome::InFlight { .. } => tokio::task::yield_now().await,
+                        other => {
+                            return Err(Failure::new(format!(
+                                "a claimer of {k} was answered {other:?}"
+                            )))
+                        }
+                    }
+                }
+                Ok::<_, Failure>(None)
+            }));
+        }
+    }
+    let mut history: Vec<KeyHistory> = (0..KEYS).map(|_| KeyHistory::default()).collect();
+    for (i, result) in holder_task
+        .await
+        .map_err(|e| Failure::new(format!("the holder task died: {e}")))?
+    {
+        history[i].holder_ok = Some(match result {
+            Ok(()) => true,
+            Err(Error::LeaseLost { .. }) => false,
+            Err(e) => return Err(Failure::from(e)),
+        });
+    }
+    for task in claimer_tasks {
+        if let Some((i, attempt, completed)) = task
+            .await
+            .map_err(|e| Failure::new(format!("a claimer task died: {e}")))??
+        {
+            history[i].claimed.push(attempt);
+            history[i].completes_ok.push(completed);
+        }
+    }
+    for (i, h) in history.iter().enumerate() {
+        let op = ops[i % 3];
+        let holder_ok = h.holder_ok.unwrap_or(false);
+        let shown = format!("{} ({op:?} by the stale holder): {h:?}", keys[i]);
+        ensure!(
+            h.claimed.len() <= 1,
+            "{shown}: {} claimers won the key; at most one may",
+            h.claimed.len()
+        );
+        ensure!(
+            h.completes_ok.iter().all(|ok| *ok),
+            "{shown}: a claimer's lease was lost before it completed, so two holders ran"
+        );
+        match (op, holder_ok) {
+            (HolderOp::Complete | HolderOp::Extend, true) => ensure!(
+                h.claimed.is_empty(),
+                "{shown}: the holder's {op:?} succeeded, yet the key was taken over"
+            ),
+            (HolderOp::Release, true) => ensure!(
+                h.claimed == [1],
+                "{shown}: after a successful release the key must be claimed afresh (attempt 1)"
+            ),
+            (_, false) => ensure!(
+                h.claimed == [2],
+                "{shown}: the holder lost its lease, so exactly one takeover (attempt 2) must have won"
+            ),
+        }
+        let record = live_record(&*holder, &keys[i], "after the race").await?;
+        let stale_won = holder_ok && op == HolderOp::Complete;
+        match (&record.state, stale_won, op) {
+            (RecordState::Done { outcome, .. }, true, _) => ensure!(
+                outcome == b"stale holder",
+                "{shown}: the stored outcome is {outcome:?}, the holder's complete won"
+            ),
+            (RecordState::InFlight { .. }, false, HolderOp::Extend) if holder_ok => ensure!(
+                record.token == leases[i].token,
+                "{shown}: the extended lease's record has another token"
+            ),
+            (RecordState::Done { outcome, .. }, false, _) => ensure!(
+                outcome.starts_with(b"claimer "),
+                "{shown}: the stored outcome {outcome:?} is not the winning claimer's"
+            ),
+            (state, _, _) => {
+                return Err(Failure::new(format!(
+                    "{shown}: the record ended as {state:?}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Batches racing batches (rule 1 for `claim_many`): eight handles claim the same
+/// forty keys in one batch each, in different orders (ascending, descending,
+/// rotated, with a key repeated), at the same instant, for ten rounds. Each key
+/// has exactly one winner across all batches, every other answer is InFlight,
+/// and no batch fails (a store that locks rows in batch order deadlocks here).
+pub async fn batches_race_batches(factory: &dyn StoreFactory) -> CheckResult {
+    const HANDLES: usize = 8;
+    const KEYS: usize = 40;
+    const BATCH_ROUNDS: usize = 10;
+    let fixture = factory.create().await?;
+    let mut handles = Vec::with_capacity(HANDLES);
+    for _ in 0..HANDLES {
+        handles.push(fixture.open_handle().await?);
+    }
+    for round in 0..BATCH_ROUNDS {
+        let keys: Vec<Key> = (0..KEYS)
+            .map(|i| key(&format!("batch-race-{round}-{i}")))
+            .collect::<Result<_, _>>()?;
+        let barrier = Arc::new(Barrier::new(HANDLES));
+        let tasks: Vec<_> = handles
+            .iter()
+            .enumerate()
+            .map(|(h, store)| {
+                let mut order: Vec<Key> = keys.clone();
+                if h % 2 == 1 {
+                    order.reverse();
+                }
+                order.rotate_left((h * 7) % KEYS);
+                order.push(order[0].clone()); // a repeat inside the batch
+                let (store, barrier) = (Arc::clone(store), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let answers = store.claim_many(&order, &opts(LONG_TTL)).await;
+                    (order, answers)
+                })
+            })
+            .collect();
+        let mut winners: std::collections::HashMap<Key, usize> = std::collections::HashMap::new();
+        for task in tasks {
+            let (order, answers) = task
+                .await
+                .map_err(|e| Failure::new(format!("a batch task died: {e}")))?;
+            let answers = answers.map_err(|e| {
+                Failure::new(format!(
+                    "round {round}: a batch racing other batches failed: {e}"
+                ))
+            })?;
+            ensure!(
+                answers.len() == order.len(),
+                "claim_many answered {} times for {} keys",
+                answers.len(),
+                order.len()
+            );
+            for (k, answer) in order.iter().zip(&answers) {
+                match answer {
+                    ClaimOutcome::Claimed(_) => *winners.entry(k.clone()).or_default() += 1,
+                    ClaimOutcome::InFlight { .. } => {}
+                    other => {
+                        return Err(Failure::new(format!(
+                            "round {round}: {k} answered {other:?} in a racing batch"
+                        )))
+                    }
+                }
+            }
+        }
+        for k in &keys {
+            let n = winners.get(k).copied().unwrap_or(0);
+            ensure!(
+                n == 1,
+                "round {round}: {k} was Claimed {n} times across {HANDLES} racing batches"
+            );
+        }
+    }
+    Ok(Verdict::Passed)
+}

@@ -493,6 +493,29 @@ pub async fn fingerprint_mismatch(factory: &dyn StoreFactory) -> CheckResult {
         stored == original.fingerprint,
         "get shows fingerprint {stored:?}"
     );
+    // A claim id does not override a payload check: the holder's own claim id
+    // with another payload is still a Mismatch, never its lease back.
+    let held = key("payload-held")?;
+    let worker = ClaimId::new("worker-1").map_err(|e| Failure::new(e.to_string()))?;
+    let lease = must_claim(
+        &*store,
+        &held,
+        &original.clone().with_claim_id(worker.clone()),
+    )
+    .await?;
+    match store
+        .claim(&held, &forged.clone().with_claim_id(worker))
+        .await?
+    {
+        ClaimOutcome::Mismatch { .. } => {}
+        other => {
+            return Err(Failure::new(format!(
+                "the holder's claim id with another payload answered {other:?}, expected \
+                 Mismatch: a fingerprint is checked whatever the claim id"
+            )))
+        }
+    }
+    store.complete(&lease, b"held", LONG_TTL).await?;
     Ok(Verdict::Passed)
 }
 
@@ -621,6 +644,37 @@ pub async fn claim_many_matches_claim(factory: &dyn StoreFactory) -> CheckResult
     ensure!(
         store.claim_many(&[], &opts(LONG_TTL)).await?.is_empty(),
         "an empty batch answered something"
+    );
+    // Fingerprints in batches: compared against live records, and stored with
+    // the claims a batch wins.
+    let (fp_1, fp_2) = (Fingerprint::sha256(b"one"), Fingerprint::sha256(b"two"));
+    let fresh = key("batch-fp-fresh")?;
+    let answers = store
+        .claim_many(
+            &[fresh.clone(), done.clone()],
+            &opts(LONG_TTL).with_fingerprint(fp_1.clone()),
+        )
+        .await?;
+    ensure!(
+        answers[0].lease().is_some(),
+        "a fresh key in a batch with a fingerprint answered {:?}",
+        answers[0]
+    );
+    let stored = store.get(&fresh).await?.and_then(|r| r.fingerprint);
+    ensure!(
+        stored.as_ref() == Some(&fp_1),
+        "a batch's claim stored fingerprint {stored:?}, expected the batch's"
+    );
+    let answers = store
+        .claim_many(
+            std::slice::from_ref(&fresh),
+            &opts(LONG_TTL).with_fingerprint(fp_2),
+        )
+        .await?;
+    ensure!(
+        matches!(answers[0], ClaimOutcome::Mismatch { .. }),
+        "a batch with another fingerprint on a live key answered {:?}, expected Mismatch",
+        answers[0]
     );
     Ok(Verdict::Passed)
 }

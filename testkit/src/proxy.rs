@@ -1,0 +1,142 @@
+//! A loopback TCP proxy that tests put between a client and its server, to cut,
+//! refuse or blackhole the connection while the server itself stays up.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{AbortHandle, JoinHandle};
+
+const PASS: u8 = 0;
+const CUT: u8 = 1;
+const BLACKHOLE: u8 = 2;
+
+#[derive(Debug, Default)]
+struct State {
+    mode: AtomicU8,
+    /// The copy tasks of every open connection.
+    live: Mutex<Vec<AbortHandle>>,
+}
+
+/// A proxy on a free loopback port forwarding to `upstream`. Dropping it stops it
+/// and closes every connection through it.
+#[derive(Debug)]
+pub struct TcpProxy {
+    addr: SocketAddr,
+    state: Arc<State>,
+    accept: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Listens on `127.0.0.1:0` and forwards each connection to `upstream`.
+    /// Must be called inside a Tokio runtime, which runs the proxy.
+    pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State::default());
+        let accept = tokio::spawn(accept_loop(listener, upstream, Arc::clone(&state)));
+        Ok(Self {
+            addr,
+            state,
+            accept,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes every open connection and refuses new ones (accepted, then closed at
+    /// once) until [`heal`](Self::heal): a server that went away.
+    pub fn cut(&self) {
+        self.state.mode.store(CUT, Ordering::SeqCst);
+        for task in self.lock_live().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Keeps connections open but drops every byte in both directions until
+    /// [`heal`](Self::heal): a network that swallows packets. New connections are
+    /// accepted and swallowed too.
+    pub fn blackhole(&self) {
+        self.state.mode.store(BLACKHOLE, Ordering::SeqCst);
+    }
+
+    /// Forwards again. Connections cut meanwhile stay closed; clients reconnect.
+    pub fn heal(&self) {
+        self.state.mode.store(PASS, Ordering::SeqCst);
+    }
+
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, Vec<AbortHandle>> {
+        self.state.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for task in self.lock_live().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, upstream: SocketAddr, state: Arc<State>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        if state.mode.load(Ordering::SeqCst) == CUT {
+            drop(client);
+            continue;
+        }
+        let task = tokio::spawn(forward(client, upstream, Arc::clone(&state)));
+        let mut live = state.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|t| !t.is_finished());
+        live.push(task.abort_handle());
+    }
+}
+
+async fn forward(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let up = pump(client_read, server_write, Arc::clone(&state));
+    let down = pump(server_read, client_write, state);
+    // Either side closing ends the connection.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: Arc<State>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        match state.mode.load(Ordering::SeqCst) {
+            PASS => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+            BLACKHOLE => {} // swallowed
+            _ => return,
+        }
+    }
+}
