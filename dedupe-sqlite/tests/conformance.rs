@@ -1,10 +1,13 @@
 //! The SQLite store runs the whole conformance suite: each check gets a fresh file
 //! in a temp dir, and each racing handle its own connection to that file.
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use dedupe_conformance::{Fixture, StoreFactory};
+use dedupe_conformance::{FaultSwitch, FaultyHandle, Fixture, StoreFactory};
 use dedupe_core::{async_trait, DedupeStore, Error};
+use dedupe_sqlite::rusqlite::Connection;
 use dedupe_sqlite::SqliteStore;
 
 struct SqliteFactory;
@@ -32,6 +35,56 @@ impl Fixture for SqliteFixture {
 
     async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
         Ok(Arc::new(self.store.reopen().await?))
+    }
+
+    /// A handle with a short busy timeout; the fault is another connection
+    /// holding the file's write lock, as a long transaction elsewhere would.
+    async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
+        let busy = Duration::from_millis(300);
+        let store = SqliteStore::builder(self.store.path())
+            .busy_timeout(busy)
+            .connections(2)
+            .open()
+            .await?;
+        Ok(Some(FaultyHandle {
+            store: Arc::new(store),
+            switch: Box::new(WriteLock {
+                path: self.store.path().to_path_buf(),
+                holder: Arc::new(Mutex::new(None)),
+            }),
+            bound: Duration::from_secs(2),
+        }))
+    }
+}
+
+/// Holds the database's write lock on a connection of its own while broken.
+struct WriteLock {
+    path: PathBuf,
+    holder: Arc<Mutex<Option<Connection>>>,
+}
+
+#[async_trait]
+impl FaultSwitch for WriteLock {
+    async fn set_broken(&self, broken: bool) -> Result<(), Error> {
+        let (path, holder) = (self.path.clone(), Arc::clone(&self.holder));
+        tokio::task::spawn_blocking(move || {
+            let mut held = holder.lock().unwrap_or_else(|e| e.into_inner());
+            if !broken {
+                // Dropping the connection rolls the open transaction back.
+                held.take();
+                return Ok(());
+            }
+            let fail = |e: dedupe_sqlite::rusqlite::Error| {
+                Error::unavailable("could not take the write lock", Some(Box::new(e)))
+            };
+            let conn = Connection::open(&path).map_err(fail)?;
+            conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
+            conn.execute_batch("BEGIN EXCLUSIVE").map_err(fail)?;
+            *held = Some(conn);
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::unavailable("lock thread", Some(Box::new(e))))?
     }
 }
 

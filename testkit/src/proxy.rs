@@ -140,3 +140,25 @@ async fn pump(
         }
     }
 }
+
+/// The `host:port` of a URL such as `postgres://user@127.0.0.1:5432/db` or
+/// `redis://127.0.0.1:6379/0`, resolved, and the URL with that authority replaced
+/// by `via` (to send the same client through a [`TcpProxy`]).
+pub fn reroute(url: &str, via: SocketAddr) -> io::Result<(SocketAddr, String)> {
+    use std::net::ToSocketAddrs;
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no host:port in {url}"),
+        )
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(auth_end);
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((user, hp)) => (format!("{user}@"), hp),
+        None => (String::new(), authority),
+    };
+    let upstream = hostport.to_socket_addrs()?.next().ok_or_else(bad)?;
+    Ok((upstream, format!("{scheme}://{userinfo}{via}{tail}")))
+}
