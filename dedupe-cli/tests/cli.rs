@@ -55,10 +55,7 @@ fn race_on_sqlite_processes_every_event_once() {
 fn conformance_report_on_memory() {
     let (ok, out) = dedupe(&["conformance", "--store", "memory"]);
     assert!(ok, "{out}");
-    assert!(
-        out.contains("20 checks: 20 passed, 0 skipped, 0 failed"),
-        "{out}"
-    );
+    assert!(out.contains(&all_but_the_fault_check_passed()), "{out}");
 }
 
 /// The same race and the suite on a real PostgreSQL server; the schemas the
@@ -84,10 +81,7 @@ fn race_and_conformance_on_postgres() {
     assert!(out.contains("duplicates answered:       120"), "{out}");
     let (ok, out) = dedupe(&["conformance", "--store", "postgres", "--url", &url]);
     assert!(ok, "{out}");
-    assert!(
-        out.contains("20 checks: 20 passed, 0 skipped, 0 failed"),
-        "{out}"
-    );
+    assert!(out.contains(&all_but_the_fault_check_passed()), "{out}");
     let left = Command::new("psql")
         .args([
             url.as_str(),
@@ -119,4 +113,11 @@ fn bad_arguments_are_refused() {
     let (ok, out) = dedupe(&["race", "--store", "oracle"]);
     assert!(!ok);
     assert!(out.contains("invalid value 'oracle'"), "{out}");
+}
+
+/// The report's closing line when every check passed but the one that needs a
+/// fixture able to break its connection (the CLI's stores have none).
+fn all_but_the_fault_check_passed() -> String {
+    let n = dedupe_conformance::checks::CHECKS.len();
+    format!("{n} checks: {} passed, 1 skipped, 0 failed", n - 1)
 }
