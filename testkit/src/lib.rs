@@ -6,6 +6,7 @@
 
 pub mod postgres;
 pub mod proxy;
+pub mod redis;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -1,0 +1,166 @@
+//! The stored form of a record: compact, versioned (`d1`), binary-safe, and
+//! decoded strictly: anything else at a record's key is a corrupt record, never a
+//! fresh claim.
+
+use dedupe_core::backend::StoredRecord;
+use dedupe_core::{Error, Key, Record, Result};
+
+/// Decodes the value stored at `key`'s record.
+pub(crate) fn decode(key: &Key, value: &[u8]) -> Result<Record> {
+    parse(value)
+        .ok_or_else(|| {
+            Error::corrupt(
+                key,
+                format!(
+                    "the value at this key is not a dedupe record ({} bytes, starting {:?})",
+                    value.len(),
+                    String::from_utf8_lossy(&value[..value.len().min(16)])
+                ),
+            )
+        })?
+        .decode(key)
+}
+
+fn number(text: &[u8]) -> Option<i64> {
+    if text.is_empty() || !text.iter().all(u8::is_ascii_digit) || text.len() > 18 {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
+/// Splits off the text up to the next `:`.
+fn next<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let at = rest.iter().position(|b| *b == b':')?;
+    let (head, tail) = rest.split_at(at);
+    *rest = &tail[1..];
+    Some(head)
+}
+
+/// A length-prefixed field.
+fn field<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let len = usize::try_from(number(next(rest)?)?).ok()?;
+    if rest.len() < len {
+        return None;
+    }
+    let (value, tail) = rest.split_at(len);
+    *rest = tail;
+    Some(value)
+}
+
+fn parse(value: &[u8]) -> Option<StoredRecord> {
+    let mut rest = value.strip_prefix(b"d1:")?;
+    let state = match next(&mut rest)? {
+        b"0" => StoredRecord::IN_FLIGHT,
+        b"1" => StoredRecord::DONE,
+        _ => return None,
+    };
+    let expires_ms = number(next(&mut rest)?)?;
+    let completed_ms = match next(&mut rest)? {
+        b"-" => None,
+        text => Some(number(text)?),
+    };
+    let attempts = number(next(&mut rest)?)?;
+    let first_seen_ms = number(next(&mut rest)?)?;
+    let token = String::from_utf8(field(&mut rest)?.to_vec()).ok()?;
+    let claim_id = match field(&mut rest)? {
+        b"" => None,
+        id => Some(String::from_utf8(id.to_vec()).ok()?),
+    };
+    let fingerprint = match field(&mut rest)? {
+        b"" => None,
+        fp => Some(fp.to_vec()),
+    };
+    let outcome = field(&mut rest)?;
+    if !rest.is_empty() {
+        return None;
+    }
+    let outcome = match state {
+        StoredRecord::DONE => Some(outcome.to_vec()),
+        _ if outcome.is_empty() => None,
+        _ => return None,
+    };
+    Some(StoredRecord {
+        state,
+        token,
+        claim_id,
+        fingerprint,
+        expires_ms,
+        completed_ms,
+        outcome,
+        attempts,
+        first_seen_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key::new("t", "k").expect("key")
+    }
+
+    fn encode(r: &StoredRecord) -> Vec<u8> {
+        let mut v = format!(
+            "d1:{}:{}:{}:{}:{}:",
+            r.state,
+            r.expires_ms,
+            r.completed_ms.map_or("-".to_string(), |c| c.to_string()),
+            r.attempts,
+            r.first_seen_ms
+        )
+        .into_bytes();
+        for f in [
+            r.token.as_bytes(),
+            r.claim_id.as_deref().unwrap_or("").as_bytes(),
+            r.fingerprint.as_deref().unwrap_or(b""),
+            r.outcome.as_deref().unwrap_or(b""),
+        ] {
+            v.extend_from_slice(format!("{}:", f.len()).as_bytes());
+            v.extend_from_slice(f);
+        }
+        v
+    }
+
+    #[test]
+    fn round_trips_binary_outcomes_and_refuses_anything_else() {
+        let done = StoredRecord {
+            state: StoredRecord::DONE,
+            token: "abc".into(),
+            claim_id: Some("c:1".into()),
+            fingerprint: Some(vec![0, b':', 255]),
+            expires_ms: 1_700_000_000_123,
+            completed_ms: Some(1_700_000_000_000),
+            outcome: Some(b"12:x:\0\xff".to_vec()),
+            attempts: 3,
+            first_seen_ms: 1_600_000_000_000,
+        };
+        let bytes = encode(&done);
+        let record = decode(&key(), &bytes).expect("decodes");
+        assert_eq!(record.attempts, 3);
+        assert!(matches!(
+            record.state,
+            dedupe_core::RecordState::Done { ref outcome, .. } if outcome == b"12:x:\0\xff"
+        ));
+        let mut cases: Vec<Vec<u8>> = vec![
+            b"".to_vec(),
+            b"hello".to_vec(),
+            b"d2:0:1:-:1:1:3:abc0:0:0:".to_vec(),
+            b"d1:2:1:-:1:1:3:abc0:0:0:".to_vec(),
+            b"d1:0:x:-:1:1:3:abc0:0:0:".to_vec(),
+            b"d1:0:1:-:1:1:9:abc0:0:0:".to_vec(),
+            b"d1:0:1:-:1:1:3:abc0:0:0:trailing".to_vec(),
+            b"d1:0:1:-:1:1:3:abc0:0:1:x".to_vec(),
+            b"d1:0:1:-:0:1:3:abc0:0:0:".to_vec(),
+            b"d1:0:1:-:1:1:0:0:0:0:".to_vec(),
+        ];
+        cases.push(bytes[..bytes.len() - 1].to_vec());
+        for case in cases {
+            assert!(
+                matches!(decode(&key(), &case), Err(Error::CorruptRecord { .. })),
+                "accepted {:?}",
+                String::from_utf8_lossy(&case)
+            );
+        }
+    }
+}

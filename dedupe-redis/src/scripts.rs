@@ -1,0 +1,155 @@
+//! The Lua scripts the store runs: one per operation, each one round trip, each
+//! deciding with Redis' own clock (`TIME`) and writing in the same atomic step.
+//! No read-modify-write ever happens on the client.
+//!
+//! A record is one string key holding the record encoded as in `codec.rs`:
+//! `d1:<state>:<deadline ms>:<completed ms or ->:<attempts>:<first seen ms>:`
+//! followed by four length-prefixed fields (`<len>:<bytes>`): token, claim id,
+//! fingerprint, outcome. The scripts parse only what they decide on and write
+//! whole records; a value they cannot parse is answered as corrupt (`-1`), never
+//! as absent.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Shared by every script: the clock, the decoder and the encoder.
+const PRELUDE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function num(n) return string.format('%.0f', n) end
+local function decode(v)
+  local st, ex, co, at, fs, pos = string.match(v, '^d1:([01]):(%d+):([%d%-]+):(%d+):(%d+):()')
+  if not st then return nil end
+  local f = {}
+  for i = 1, 4 do
+    local len, p = string.match(v, '^(%d+):()', pos)
+    if not len then return nil end
+    len = tonumber(len)
+    f[i] = string.sub(v, p, p + len - 1)
+    if string.len(f[i]) ~= len then return nil end
+    pos = p + len
+  end
+  if pos ~= string.len(v) + 1 then return nil end
+  return { state = st, expires = tonumber(ex), completed = co, attempts = tonumber(at),
+           first = tonumber(fs), token = f[1], claim = f[2], fp = f[3], outcome = f[4] }
+end
+local function field(s) return string.len(s) .. ':' .. s end
+local function encode(st, ex, co, at, fs, token, claim, fp, outcome)
+  return 'd1:' .. st .. ':' .. num(ex) .. ':' .. co .. ':' .. num(at) .. ':' .. num(fs) .. ':'
+    .. field(token) .. field(claim) .. field(fp) .. field(outcome)
+end
+"#;
+
+/// KEYS[1] record; ARGV token, claim id ('' for none), fingerprint ('' for none),
+/// lease ms, grace ms (how long the key outlives the lease, so a takeover still
+/// finds it). Answers `{1, record}` when this claim won, `{0, record}` with the
+/// live record that stopped it, `{-1, value}` for a value that does not decode.
+///
+/// `SET NX PX` decides a fresh claim on its own; only when the key exists does
+/// the script read it, to answer or to take an expired record over (one more
+/// attempt when the expired record was in flight; a fresh start when it was
+/// done).
+const CLAIM: &str = r#"
+local lease = tonumber(ARGV[4])
+local keep = lease + tonumber(ARGV[5])
+local fresh = encode('0', now + lease, '-', 1, now, ARGV[1], ARGV[2], ARGV[3], '')
+if redis.call('SET', KEYS[1], fresh, 'NX', 'PX', keep) then
+  return {1, fresh}
+end
+local old = redis.call('GET', KEYS[1])
+local r = decode(old)
+if not r then return {-1, old} end
+if r.expires > now then return {0, old} end
+local attempts, first = 1, now
+if r.state == '0' then attempts, first = r.attempts + 1, r.first end
+local taken = encode('0', now + lease, '-', attempts, first, ARGV[1], ARGV[2], ARGV[3], '')
+redis.call('SET', KEYS[1], taken, 'PX', keep)
+return {1, taken}
+"#;
+
+/// Whether the record `v` is held by token ARGV[1]: in flight, same token, its
+/// deadline ahead. Answers the decoded record, or the script's answer code.
+const HELD: &str = r#"
+local function held(v)
+  if not v then return nil, 0 end
+  local r = decode(v)
+  if not r then return nil, -1 end
+  if r.state ~= '0' or r.token ~= ARGV[1] or r.expires <= now then return nil, 0 end
+  return r, 1
+end
+"#;
+
+/// KEYS[1]; ARGV token, retention ms, outcome. `1` done, `0` lease lost, `-1`
+/// corrupt. The key then lives exactly the retention.
+const COMPLETE: &str = r#"
+local r, code = held(redis.call('GET', KEYS[1]))
+if not r then return code end
+local keep = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], encode('1', now + keep, num(now), r.attempts, r.first, r.token, r.claim, r.fp, ARGV[3]), 'PX', keep)
+return 1
+"#;
+
+/// KEYS[1]; ARGV token. `1` removed, `0` lease lost, `-1` corrupt.
+const RELEASE: &str = r#"
+local r, code = held(redis.call('GET', KEYS[1]))
+if not r then return code end
+redis.call('DEL', KEYS[1])
+return 1
+"#;
+
+/// KEYS[1]; ARGV token, lease ms, grace ms. `{1, deadline}` extended, `{0}` lease
+/// lost, `{-1}` corrupt.
+const EXTEND: &str = r#"
+local r, code = held(redis.call('GET', KEYS[1]))
+if not r then return {code} end
+local lease = tonumber(ARGV[2])
+local deadline = now + lease
+redis.call('SET', KEYS[1], encode('0', deadline, '-', r.attempts, r.first, r.token, r.claim, r.fp, ''), 'PX', lease + tonumber(ARGV[3]))
+return {1, num(deadline)}
+"#;
+
+/// KEYS[1]. `{1, record}` live, `{0}` absent or expired, `{-1, value}` corrupt.
+const GET: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return {0} end
+local r = decode(v)
+if not r then return {-1, v} end
+if r.expires <= now then return {0} end
+return {1, v}
+"#;
+
+/// KEYS[1]. `1` a live record was removed, `0` nothing live was there (an expired
+/// one is removed too), `-1` corrupt (left in place).
+const FORGET: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local r = decode(v)
+if not r then return -1 end
+redis.call('DEL', KEYS[1])
+if r.expires > now then return 1 end
+return 0
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{HELD}{body}"))
+}
+
+/// The scripts, built once (each carries its SHA1 for `EVALSHA`).
+pub(crate) struct Scripts {
+    pub(crate) claim: Script,
+    pub(crate) complete: Script,
+    pub(crate) release: Script,
+    pub(crate) extend: Script,
+    pub(crate) get: Script,
+    pub(crate) forget: Script,
+}
+
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    claim: script(CLAIM),
+    complete: script(COMPLETE),
+    release: script(RELEASE),
+    extend: script(EXTEND),
+    get: script(GET),
+    forget: script(FORGET),
+});

@@ -1,0 +1,140 @@
+//! The Redis store runs the whole conformance suite twice: on a standalone
+//! server and on a three-master Cluster, each started once for this test binary.
+//! Every fixture gets a key prefix of its own; every racing handle a connection
+//! of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_conformance::{FaultSwitch, FaultyHandle, Fixture, StoreFactory};
+use dedupe_core::{async_trait, DedupeStore, Error};
+use dedupe_redis::RedisStore;
+use dedupe_testkit::redis as support;
+use tokio::sync::OnceCell;
+
+/// Where the fixture's store lives.
+#[derive(Clone)]
+enum Place {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+impl Place {
+    async fn open(&self, prefix: &str, timeout: Duration) -> Result<RedisStore, Error> {
+        let builder = match self {
+            Place::Single(url) => RedisStore::builder(url.clone()),
+            Place::Cluster(urls) => RedisStore::cluster_builder(urls.clone()),
+        };
+        builder.prefix(prefix).timeout(timeout).connect().await
+    }
+}
+
+struct RedisFactory {
+    cluster: bool,
+}
+
+struct RedisFixture {
+    place: Place,
+    prefix: String,
+    store: RedisStore,
+}
+
+static SINGLE: OnceCell<(Option<support::RedisServer>, String)> = OnceCell::const_new();
+static CLUSTER: OnceCell<(Option<support::RedisCluster>, Vec<String>)> = OnceCell::const_new();
+
+#[async_trait]
+impl StoreFactory for RedisFactory {
+    async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
+        let place = if self.cluster {
+            let (_, urls) = CLUSTER
+                .get_or_init(|| async {
+                    tokio::task::spawn_blocking(support::cluster)
+                        .await
+                        .expect("cluster")
+                })
+                .await;
+            Place::Cluster(urls.clone())
+        } else {
+            let (_, url) = SINGLE
+                .get_or_init(|| async {
+                    tokio::task::spawn_blocking(support::server)
+                        .await
+                        .expect("server")
+                })
+                .await;
+            Place::Single(url.clone())
+        };
+        let prefix = support::unique_prefix("conf");
+        let store = place.open(&prefix, Duration::from_secs(10)).await?;
+        Ok(Box::new(RedisFixture {
+            place,
+            prefix,
+            store,
+        }))
+    }
+}
+
+#[async_trait]
+impl Fixture for RedisFixture {
+    fn store(&self) -> Arc<dyn DedupeStore> {
+        Arc::new(self.store.clone())
+    }
+
+    async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
+        Ok(Arc::new(
+            self.place
+                .open(&self.prefix, Duration::from_secs(10))
+                .await?,
+        ))
+    }
+
+    /// On a single server: a handle through a loopback proxy the fixture owns,
+    /// with a half-second timeout; the fault cuts the proxy. (A Cluster client
+    /// learns the nodes' real addresses from the cluster and would go around a
+    /// proxy, so the Cluster suite reports this check as skipped.)
+    async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
+        let Place::Single(url) = &self.place else {
+            return Ok(None);
+        };
+        let io = |e: std::io::Error| Error::unavailable("proxy", Some(Box::new(e)));
+        let placeholder = "127.0.0.1:1".parse().expect("address");
+        let (upstream, _) = dedupe_testkit::reroute(url, placeholder).map_err(io)?;
+        let proxy = dedupe_testkit::TcpProxy::start(upstream)
+            .await
+            .map_err(io)?;
+        let (_, via) = dedupe_testkit::reroute(url, proxy.addr()).map_err(io)?;
+        let timeout = Duration::from_millis(500);
+        let store = RedisStore::builder(via)
+            .prefix(&self.prefix)
+            .timeout(timeout)
+            .connect()
+            .await?;
+        Ok(Some(FaultyHandle {
+            store: Arc::new(store),
+            switch: Box::new(Cut(proxy)),
+            bound: timeout * 2 + Duration::from_millis(500),
+        }))
+    }
+}
+
+struct Cut(dedupe_testkit::TcpProxy);
+
+#[async_trait]
+impl FaultSwitch for Cut {
+    async fn set_broken(&self, broken: bool) -> Result<(), Error> {
+        if broken {
+            self.0.cut();
+        } else {
+            self.0.heal();
+        }
+        Ok(())
+    }
+}
+
+mod standalone {
+    dedupe_conformance::suite!(super::RedisFactory { cluster: false });
+}
+
+mod cluster {
+    dedupe_conformance::suite!(super::RedisFactory { cluster: true });
+}
