@@ -248,6 +248,7 @@ impl StoreFactory for CliFactory {
         let args = StoreArgs {
             file: None,
             schema: None,
+            prefix: None,
             ..self.args.clone()
         };
         let opener = Arc::new(Opener::new(&args).await?);
@@ -271,6 +272,9 @@ impl Fixture for CliFixture {
 }
 
 async fn conformance(args: StoreArgs) -> Result<bool, Error> {
+    if let Some(durability) = Opener::new(&args).await?.durability().await {
+        println!("durability: {durability}");
+    }
     let factory = CliFactory {
         args,
         created: Mutex::new(Vec::new()),

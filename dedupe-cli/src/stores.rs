@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::ValueEnum;
 use dedupe_core::{DedupeStore, Error, MemoryStore};
 use dedupe_postgres::PgStore;
+use dedupe_redis::RedisStore;
 use dedupe_sqlite::SqliteStore;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -17,6 +18,9 @@ pub enum StoreKind {
     Sqlite,
     /// A PostgreSQL server (--url or DEDUPE_POSTGRES_URL).
     Postgres,
+    /// A Redis server, or a Cluster given as a comma-separated list of its
+    /// masters (--url or DEDUPE_REDIS_URL).
+    Redis,
     /// Process memory.
     Memory,
 }
@@ -29,12 +33,26 @@ pub struct StoreArgs {
     /// SQLite file (default: a new file in a temporary directory).
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// PostgreSQL URL.
-    #[arg(long, env = "DEDUPE_POSTGRES_URL")]
+    /// Server URL: `postgres://...` (or DEDUPE_POSTGRES_URL), `redis://...`,
+    /// `rediss://...`, or several `redis://` masters of a Cluster separated by
+    /// commas (or DEDUPE_REDIS_URL).
+    #[arg(long)]
     pub url: Option<String>,
     /// PostgreSQL schema (default: a new schema, dropped when the command ends).
     #[arg(long)]
     pub schema: Option<String>,
+    /// Redis key prefix (default: a new prefix whose keys are deleted when the
+    /// command ends).
+    #[arg(long)]
+    pub prefix: Option<String>,
+}
+
+/// `--url`, else the store's environment variable.
+fn url_of(args: &StoreArgs, var: &str, store: &str) -> Result<String, Error> {
+    args.url
+        .clone()
+        .or_else(|| std::env::var(var).ok().filter(|u| !u.is_empty()))
+        .ok_or_else(|| Error::config(format!("--store {store} needs --url or {var}")))
 }
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,6 +69,12 @@ pub enum Opener {
         url: String,
         schema: String,
         /// A schema this command created, dropped by `finish`.
+        owned: bool,
+    },
+    Redis {
+        urls: Vec<String>,
+        prefix: String,
+        /// A prefix this command made up; its keys are deleted by `finish`.
         owned: bool,
     },
 }
@@ -82,10 +106,23 @@ impl Opener {
                     }
                 }
             },
+            StoreKind::Redis => {
+                let urls = url_of(args, "DEDUPE_REDIS_URL", "redis")?
+                    .split(',')
+                    .map(|u| u.trim().to_string())
+                    .collect();
+                let (prefix, owned) = match &args.prefix {
+                    Some(p) => (p.clone(), false),
+                    None => (format!("{}:", fresh_schema()), true),
+                };
+                Self::Redis {
+                    urls,
+                    prefix,
+                    owned,
+                }
+            }
             StoreKind::Postgres => {
-                let url = args.url.clone().ok_or_else(|| {
-                    Error::config("--store postgres needs --url or DEDUPE_POSTGRES_URL")
-                })?;
+                let url = url_of(args, "DEDUPE_POSTGRES_URL", "postgres")?;
                 let (schema, owned) = match &args.schema {
                     Some(s) => (s.clone(), false),
                     None => (fresh_schema(), true),
@@ -111,13 +148,34 @@ impl Opener {
             .build()
     }
 
+    async fn redis(&self) -> Result<RedisStore, Error> {
+        let Self::Redis { urls, prefix, .. } = self else {
+            return Err(Error::config("not a redis store"));
+        };
+        let builder = match urls.as_slice() {
+            [one] => RedisStore::builder(one.clone()),
+            many => RedisStore::cluster_builder(many.to_vec()),
+        };
+        builder.prefix(prefix).timeout(TIMEOUT).connect().await
+    }
+
     /// A new handle with its own connection.
     pub async fn open(&self) -> Result<Arc<dyn DedupeStore>, Error> {
         Ok(match self {
             Self::Memory(store) => Arc::new(store.clone()),
             Self::Sqlite { file, .. } => Arc::new(SqliteStore::open(file).await?),
             Self::Postgres { .. } => Arc::new(self.postgres(1).await?),
+            Self::Redis { .. } => Arc::new(self.redis().await?),
         })
+    }
+
+    /// What the store promises about keeping records across a restart, where it
+    /// can say (Redis).
+    pub async fn durability(&self) -> Option<String> {
+        match self {
+            Self::Redis { .. } => Some(self.redis().await.ok()?.durability().await.to_string()),
+            _ => None,
+        }
     }
 
     /// Removes what `new` created outside the process (a Postgres schema).
@@ -136,6 +194,17 @@ impl Opener {
             .await
             .map_err(|e| Error::backend("dropping the schema", true, Some(Box::new(e) as _)))?;
         }
+        if let Self::Redis {
+            urls,
+            prefix,
+            owned: true,
+        } = self
+        {
+            // Each URL's own keys (on a Cluster, each master's), by SCAN.
+            for url in urls {
+                delete_prefixed(url, prefix).await?;
+            }
+        }
         Ok(())
     }
 
@@ -144,6 +213,39 @@ impl Opener {
             Self::Memory(_) => "memory".into(),
             Self::Sqlite { file, .. } => format!("sqlite ({})", file.display()),
             Self::Postgres { schema, .. } => format!("postgres (schema {schema})"),
+            Self::Redis { urls, prefix, .. } if urls.len() > 1 => {
+                format!("redis cluster of {} nodes (prefix {prefix})", urls.len())
+            }
+            Self::Redis { prefix, .. } => format!("redis (prefix {prefix})"),
         }
     }
+}
+
+/// Deletes the keys under `prefix` held by the server at `url`.
+async fn delete_prefixed(url: &str, prefix: &str) -> Result<(), Error> {
+    use dedupe_redis::redis::{self, AsyncCommands};
+    let fail = |e: redis::RedisError| {
+        Error::backend("cleaning up redis keys", true, Some(Box::new(e) as _))
+    };
+    let client = redis::Client::open(url).map_err(fail)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail)?;
+    let keys: Vec<String> = {
+        let mut iter: redis::AsyncIter<'_, String> =
+            conn.scan_match(format!("{prefix}*")).await.map_err(fail)?;
+        let mut keys = Vec::new();
+        while let Some(key) = iter.next_item().await {
+            keys.push(key.map_err(fail)?);
+        }
+        keys
+    };
+    for chunk in keys.chunks(500) {
+        for key in chunk {
+            // One key per call: on a Cluster node, keys of one call must share a slot.
+            let _: i64 = conn.del(key).await.map_err(fail)?;
+        }
+    }
+    Ok(())
 }

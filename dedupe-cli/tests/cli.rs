@@ -121,3 +121,50 @@ fn all_but_the_fault_check_passed() -> String {
     let n = dedupe_conformance::checks::CHECKS.len();
     format!("{n} checks: {} passed, 1 skipped, 0 failed", n - 1)
 }
+
+/// The race and the suite on a Redis server the test starts; the keys the
+/// commands write under their own prefix are deleted when they end.
+#[test]
+fn race_and_conformance_on_redis() {
+    let (server, url) = dedupe_testkit::redis::server();
+    let (ok, out) = dedupe(&[
+        "race",
+        "--store",
+        "redis",
+        "--url",
+        &url,
+        "--events",
+        "40",
+        "--copies",
+        "4",
+        "--workers",
+        "8",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("claims won (work ran):     40"), "{out}");
+    assert!(out.contains("duplicates answered:       120"), "{out}");
+    let (ok, out) = dedupe(&["conformance", "--store", "redis", "--url", &url]);
+    assert!(ok, "{out}");
+    assert!(out.contains("durability: not persistent"), "{out}");
+    let n = dedupe_conformance::checks::CHECKS.len();
+    // Redis expires natively (no expire() count), and the CLI cannot cut its
+    // connection: two checks are skipped, visibly.
+    assert!(
+        out.contains(&format!(
+            "{n} checks: {} passed, 2 skipped, 0 failed",
+            n - 2
+        )),
+        "{out}"
+    );
+    if let Some(server) = server {
+        let left = Command::new("redis-cli")
+            .args(["-p", &server.port.to_string(), "DBSIZE"])
+            .output()
+            .expect("redis-cli");
+        assert_eq!(
+            String::from_utf8_lossy(&left.stdout).trim(),
+            "0",
+            "the commands left keys behind"
+        );
+    }
+}
