@@ -111,6 +111,7 @@ pub struct RedisBuilder {
     grace: Duration,
     max_outcome_bytes: usize,
     wait_replicas: Option<(u32, Duration)>,
+    root_cert: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for RedisBuilder {
@@ -180,6 +181,14 @@ impl RedisBuilder {
         self
     }
 
+    /// Trusts this CA certificate (PEM) for `rediss://` instead of the system's
+    /// roots: a private CA, as test servers and some managed services use.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
     /// Connects (or takes the caller's connection) and builds the store.
     pub async fn connect(self) -> Result<RedisStore> {
         check_prefix(&self.prefix)?;
@@ -194,8 +203,20 @@ impl RedisBuilder {
         let conn = match self.target {
             Target::Conn(conn) => conn,
             Target::Url(url) => {
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|e| Error::config(format!("redis URL {url:?}: {e}")))?;
+                let bad_url =
+                    |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
+                let client = match self.root_cert {
+                    #[cfg(feature = "tls")]
+                    Some(pem) => redis::Client::build_with_tls(
+                        url.as_str(),
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(pem),
+                        },
+                    )
+                    .map_err(bad_url)?,
+                    _ => redis::Client::open(url.as_str()).map_err(bad_url)?,
+                };
                 let config = ConnectionManagerConfig::new()
                     .set_number_of_retries(2)
                     .set_min_delay(Duration::from_millis(50))
@@ -220,7 +241,16 @@ impl RedisBuilder {
                         "wait_for_replicas is for standalone servers, not a Cluster",
                     ));
                 }
-                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
+                #[cfg(feature = "tls")]
+                let builder = match self.root_cert {
+                    Some(pem) => builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem),
+                    }),
+                    None => builder,
+                };
+                let client = builder
                     .retries(2)
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
@@ -330,6 +360,7 @@ impl RedisStore {
             grace: Self::DEFAULT_TAKEOVER_WINDOW,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
             wait_replicas: None,
+            root_cert: None,
         }
     }
 

@@ -1,0 +1,351 @@
+//! The Redis store on real servers that each test starts: races across OS
+//! processes, a Cluster spreading keys and moving slots under load, a server
+//! killed, paused and restarted, AOF durability, TLS, and values that are not
+//! records.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedupe_conformance::processes::{race_across_processes, run_race_child};
+use dedupe_core::{ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
+use dedupe_redis::{Durability, RedisStore};
+use dedupe_testkit::redis::{RedisCluster, RedisOptions, RedisServer, TlsFiles};
+
+fn key(id: &str) -> Key {
+    Key::new("redis", id).expect("valid key")
+}
+
+fn opts() -> ClaimOptions {
+    ClaimOptions::new(Duration::from_secs(600))
+}
+
+async fn store(url: &str, timeout: Duration) -> RedisStore {
+    RedisStore::builder(url)
+        .timeout(timeout)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Four OS processes, eight connections each, race on the same 100 keys of one
+/// server: each key is Claimed exactly once.
+#[test]
+fn single_winner_across_processes() {
+    let server = RedisServer::start();
+    race_across_processes(
+        "child_racer",
+        4,
+        8,
+        100,
+        &[("DEDUPE_CHILD_REDIS", server.url())],
+    )
+    .unwrap_or_else(|failure| panic!("{failure}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "run by single_winner_across_processes in a child process"]
+async fn child_racer() {
+    let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
+    let mut handles: Vec<Arc<dyn DedupeStore>> = Vec::new();
+    for _ in 0..8 {
+        handles.push(Arc::new(store(&url, Duration::from_secs(10)).await));
+    }
+    run_race_child(handles).await;
+}
+
+/// Keys spread over all three masters, and a slot range moved from one master
+/// to another (`redis-cli --cluster reshard`) while two handles race on every
+/// key: the client follows MOVED and ASK, every key has exactly one winner, and
+/// no claim fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_spreads_keys_and_survives_a_reshard() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster");
+    let urls = cluster.urls();
+    let open = || async {
+        RedisStore::cluster_builder(urls.clone())
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect")
+    };
+    let (a, b) = (open().await, open().await);
+    assert!(a.is_cluster());
+    let first: Vec<Key> = (0..300).map(|i| key(&format!("spread-{i}"))).collect();
+    for answer in a.claim_many(&first, &opts()).await.expect("batch") {
+        assert!(answer.lease().is_some(), "{answer:?}");
+    }
+    let counts = cluster.key_counts();
+    assert!(
+        counts.iter().all(|n| *n > 0),
+        "keys did not spread over every master: {counts:?}"
+    );
+
+    let cluster = Arc::new(cluster);
+    let mover = {
+        let cluster = Arc::clone(&cluster);
+        tokio::task::spawn_blocking(move || cluster.reshard(2000))
+    };
+    let started = Instant::now();
+    let mut round = 0;
+    let mut raced = 0;
+    while !mover.is_finished() || round < 3 {
+        let keys: Vec<Key> = (0..200)
+            .map(|i| key(&format!("reshard-{round}-{i}")))
+            .collect();
+        let (x, y) = tokio::join!(futures_claims(&a, &keys), futures_claims(&b, &keys));
+        for (i, (x, y)) in x.into_iter().zip(y).enumerate() {
+            let winners = [&x, &y].iter().filter(|r| r.lease().is_some()).count();
+            assert_eq!(winners, 1, "{}: {x:?} / {y:?}", keys[i]);
+        }
+        raced += keys.len();
+        round += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "reshard took too long"
+        );
+    }
+    mover.await.expect("reshard");
+    assert!(raced >= 600);
+    // Everything claimed before the move is still there, wherever it lives now.
+    for k in &first {
+        assert!(
+            a.get(k).await.expect("get").is_some(),
+            "{k} lost in the reshard"
+        );
+    }
+}
+
+async fn futures_claims(store: &RedisStore, keys: &[Key]) -> Vec<ClaimOutcome> {
+    let mut answers = Vec::with_capacity(keys.len());
+    for k in keys {
+        answers.push(store.claim(k, &opts()).await.expect("claim during reshard"));
+    }
+    answers
+}
+
+/// A server killed mid-run: calls during the outage fail fast with retryable
+/// errors; the same store object works once it is back on the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_server_gives_retryable_errors_then_the_store_recovers() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let store = store(&server.url(), timeout).await;
+    let before = store.claim(&key("before"), &opts()).await.expect("claim");
+    assert!(before.lease().is_some(), "{before:?}");
+    server.kill();
+    for i in 0..5 {
+        let started = Instant::now();
+        match store.claim(&key(&format!("during-{i}")), &opts()).await {
+            Err(e) => assert!(e.is_retryable(), "not retryable: {e:?}"),
+            Ok(answer) => panic!("answered {answer:?} with the server down"),
+        }
+        assert!(
+            started.elapsed() <= timeout * 2 + Duration::from_millis(200),
+            "a call during the outage took {:?}",
+            started.elapsed()
+        );
+    }
+    server.start_again();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.claim(&key("after"), &opts()).await {
+            Ok(answer) => {
+                assert!(answer.lease().is_some(), "{answer:?}");
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_retryable(), "{e:?}");
+                assert!(Instant::now() < deadline, "the store never recovered: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// With `appendonly yes` and `appendfsync always`, done records survive a
+/// `kill -9` and restart: the event is a duplicate afterwards, never run again.
+/// Without persistence the store says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn aof_keeps_done_records_across_a_crash_and_durability_says_so() {
+    let plain = RedisServer::start();
+    assert_eq!(
+        store(&plain.url(), Duration::from_secs(2))
+            .await
+            .durability()
+            .await,
+        Durability::NotPersistent
+    );
+
+    let mut server = RedisServer::start_with(RedisOptions {
+        aof: true,
+        ..RedisOptions::default()
+    });
+    let store = store(&server.url(), Duration::from_millis(500)).await;
+    assert_eq!(
+        store.durability().await,
+        Durability::AppendOnly {
+            fsync: "always".into()
+        }
+    );
+    let k = key("kept");
+    let lease = store.claim(&k, &opts()).await.expect("claim");
+    let lease = lease.lease().cloned().expect("claimed");
+    store
+        .complete(&lease, b"charged once", Duration::from_secs(3600))
+        .await
+        .expect("complete");
+    server.kill();
+    server.start_again();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        match store.claim(&k, &opts()).await {
+            Ok(answer) => break answer,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    match answer {
+        ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"charged once"),
+        other => panic!("after a crash with AOF the record answered {other:?}"),
+    }
+}
+
+/// A claim whose answer was lost (the server froze with SIGSTOP after or before
+/// running it) fails with a retryable timeout; retried with the same claim id
+/// once the server is back, it is Claimed with one lease, never InFlight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timed_out_claim_retried_with_its_claim_id_gets_the_lease() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let store = store(&server.url(), timeout).await;
+    let k = key("lost-answer");
+    let id = ClaimId::new("request-7").expect("claim id");
+    let with_id = opts().with_claim_id(id);
+    server.pause();
+    let lost = store.claim(&k, &with_id).await;
+    server.resume();
+    match lost {
+        Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        Ok(answer) => panic!("a frozen server answered {answer:?}"),
+    }
+    // The frozen server runs the queued claim when it wakes, or never got it:
+    // either way the retry is Claimed, and twice the same lease.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        match store.claim(&k, &with_id).await {
+            Ok(answer) => break answer,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let first = first
+        .lease()
+        .cloned()
+        .unwrap_or_else(|| panic!("{first:?}"));
+    let again = store.claim(&k, &with_id).await.expect("retry");
+    assert_eq!(again.lease(), Some(&first), "{again:?}");
+    assert!(matches!(
+        store.claim(&k, &opts()).await.expect("other"),
+        ClaimOutcome::InFlight { .. }
+    ));
+}
+
+/// `rediss://` against a TLS-only server whose certificate is signed by a test
+/// CA: the store connects through rustls and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rediss_with_a_private_ca() {
+    let dir = tempfile_dir();
+    let tls = TlsFiles::generate(&dir);
+    let server = RedisServer::start_with(RedisOptions {
+        tls: Some(tls.clone()),
+        ..RedisOptions::default()
+    });
+    let pem = std::fs::read(&tls.ca_cert).expect("ca");
+    let store = RedisStore::builder(server.url())
+        .tls_root_certificate(pem)
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("rediss connect");
+    let answer = store.claim(&key("tls"), &opts()).await.expect("claim");
+    assert!(answer.lease().is_some(), "{answer:?}");
+    // Without the CA the server is not trusted.
+    let untrusted = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    let refused = match untrusted {
+        Err(_) => true,
+        Ok(s) => s.claim(&key("tls-2"), &opts()).await.is_err(),
+    };
+    assert!(refused, "a server signed by an unknown CA was trusted");
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dedupe-tls-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// Whatever else sits at a record's key (another format, another type) is a
+/// corrupt record: never a fresh claim, never a guess, and forget leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn values_that_are_not_records_are_corrupt_not_claimable() {
+    let server = RedisServer::start();
+    let store = store(&server.url(), Duration::from_secs(2)).await;
+    let cli = |args: &[&str]| redis_cli(server.port, args);
+    cli(&["SET", "dedupe:redis:garbage", "not a record"]);
+    cli(&["SET", "dedupe:redis:cut", "d1:0:1:-:1:1:3:ab"]);
+    cli(&["HSET", "dedupe:redis:hash", "state", "0"]);
+    for id in ["garbage", "cut", "hash"] {
+        let k = key(id);
+        match store.claim(&k, &opts()).await {
+            Err(Error::CorruptRecord { .. }) => {}
+            other => panic!("claim of {id} answered {other:?}"),
+        }
+        assert!(
+            matches!(store.get(&k).await, Err(Error::CorruptRecord { .. })),
+            "{id}"
+        );
+        assert!(
+            matches!(store.forget(&k).await, Err(Error::CorruptRecord { .. })),
+            "{id}"
+        );
+    }
+    assert_eq!(cli(&["GET", "dedupe:redis:garbage"]), "not a record");
+    assert_eq!(cli(&["HGET", "dedupe:redis:hash", "state"]), "0");
+}
+
+/// Prefixes that are not plain are refused before anything connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unsafe_prefixes_are_refused() {
+    for bad in ["a b", "x\"y", "p;DEL *", "tab\t", &"p".repeat(65)] {
+        match RedisStore::builder("redis://127.0.0.1:1")
+            .prefix(bad)
+            .connect()
+            .await
+        {
+            Err(Error::InvalidConfig { .. }) => {}
+            other => panic!("prefix {bad:?} answered {other:?}"),
+        }
+    }
+}
