@@ -175,7 +175,8 @@ impl RedisBuilder {
     /// After each winning claim, waits (`WAIT`) until `replicas` replicas have
     /// the write, for at most `timeout`; fewer is a retryable error (the claim
     /// stands; retry with the same claim id). For deployments where a failover
-    /// must not lose a claim. Standalone servers with replicas only.
+    /// must not lose a claim. Standalone servers with replicas only; `timeout`
+    /// must be shorter than the store's [`timeout`](Self::timeout).
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait_replicas = Some((replicas, timeout));
         self
@@ -196,6 +197,14 @@ impl RedisBuilder {
             return Err(Error::config("timeout must be above zero"));
         }
         check_ttl("takeover window", self.grace)?;
+        if let Some((_, wait)) = self.wait_replicas {
+            if wait >= self.timeout {
+                return Err(Error::config(format!(
+                    "the replica wait ({wait:?}) must be shorter than the timeout ({:?})",
+                    self.timeout
+                )));
+            }
+        }
         #[cfg(feature = "tls")]
         crate::install_crypto_provider();
         let timeout = self.timeout;

@@ -349,3 +349,47 @@ async fn unsafe_prefixes_are_refused() {
         }
     }
 }
+
+/// `wait_for_replicas`: with one replica attached, a claim waits until the
+/// replica has it (and the replica holds the record); asking for two replicas
+/// where there is one answers a retryable error, and the claim still stands
+/// for a retry with the same claim id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_can_wait_for_replicas() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(RedisOptions {
+        replica_of: Some(primary.port),
+        ..RedisOptions::default()
+    });
+    let port = primary.port;
+    tokio::task::spawn_blocking(move || dedupe_testkit::redis::wait_for_replicas(port, 1))
+        .await
+        .expect("replica");
+    let one = RedisStore::builder(primary.url())
+        .timeout(Duration::from_secs(5))
+        .wait_for_replicas(1, Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect");
+    let answer = one.claim(&key("replicated"), &opts()).await.expect("claim");
+    assert!(answer.lease().is_some(), "{answer:?}");
+    let on_replica = redis_cli(replica.port, &["GET", "dedupe:redis:replicated"]);
+    assert!(
+        on_replica.starts_with("d1:0:"),
+        "the replica has {on_replica:?}"
+    );
+
+    let two = RedisStore::builder(primary.url())
+        .wait_for_replicas(2, Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let id = ClaimId::new("needs-two").expect("claim id");
+    let with_id = opts().with_claim_id(id);
+    match two.claim(&key("under-replicated"), &with_id).await {
+        Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        Ok(answer) => panic!("one replica of two answered {answer:?}"),
+    }
+    let stored = two.get(&key("under-replicated")).await.expect("get");
+    assert!(stored.is_some(), "the claim did not stand on the primary");
+}

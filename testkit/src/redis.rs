@@ -22,6 +22,8 @@ pub struct RedisOptions {
     pub cluster: bool,
     /// Serve TLS only, with these files.
     pub tls: Option<TlsFiles>,
+    /// A replica of the server on this loopback port (`--replicaof`).
+    pub replica_of: Option<u16>,
 }
 
 /// A test CA and a server certificate signed by it.
@@ -195,6 +197,13 @@ impl RedisServer {
                 .map(|s| s.to_string()),
             );
         }
+        if let Some(primary) = self.options.replica_of {
+            args.extend([
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary.to_string(),
+            ]);
+        }
         match &self.options.tls {
             Some(tls) => args.extend([
                 "--port".into(),
@@ -341,6 +350,21 @@ fn command(port: u16, line: &str) -> Option<String> {
         }
     }
     Some(String::from_utf8_lossy(&got).into_owned())
+}
+
+/// Waits until the server on `port` has `n` replicas online (synced).
+pub fn wait_for_replicas(port: u16, n: usize) {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        if command(port, "INFO replication").is_some_and(|info| {
+            info.contains(&format!("connected_slaves:{n}"))
+                && info.matches("state=online").count() == n
+        }) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the server on port {port} never had {n} replicas");
 }
 
 fn ping(port: u16) -> bool {
