@@ -272,8 +272,12 @@ impl Fixture for CliFixture {
 }
 
 async fn conformance(args: StoreArgs) -> Result<bool, Error> {
-    if let Some(durability) = Opener::new(&args).await?.durability().await {
-        println!("durability: {durability}");
+    if let stores::StoreKind::Redis = args.store {
+        let probe = Opener::new(&args).await?;
+        if let Some(durability) = probe.durability().await {
+            println!("durability: {durability}");
+        }
+        probe.finish().await?;
     }
     let factory = CliFactory {
         args,

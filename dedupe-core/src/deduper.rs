@@ -166,7 +166,8 @@ impl Drop for ReleaseOnDrop {
 /// Claims, runs the caller's work, then completes with its output or releases.
 ///
 /// The outcome is stored with one leading tag byte that tells a success from a
-/// failure kept with [`OnFailure::Keep`]; a record of the same namespace completed
+/// failure kept with [`OnFailure::Keep`] (so the work's outcome may be at most
+/// the store's limit minus one byte; a kept failure's text is cut to fit); a record of the same namespace completed
 /// by other code than a `Deduper` is answered with `CorruptRecord` rather than
 /// guessed at. Every store call goes through a [`TracedStore`], so each is a
 /// `dedupe.<operation>` span.
@@ -335,15 +336,24 @@ impl Deduper {
                         .release(&lease)
                         .await
                         .map(|()| OnFailure::Release),
-                    OnFailure::Keep => self
-                        .store
-                        .complete(
-                            &lease,
-                            &framed(FAILED, error.to_string().as_bytes()),
-                            retention,
-                        )
-                        .await
-                        .map(|()| OnFailure::Keep),
+                    OnFailure::Keep => {
+                        // A long error message is cut to what the store keeps, so
+                        // the failure is always stored and never run again.
+                        let limit = self
+                            .store
+                            .capabilities()
+                            .max_outcome_bytes
+                            .saturating_sub(1);
+                        let text = error.to_string();
+                        let mut end = text.len().min(limit);
+                        while !text.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        self.store
+                            .complete(&lease, &framed(FAILED, &text.as_bytes()[..end]), retention)
+                            .await
+                            .map(|()| OnFailure::Keep)
+                    }
                 };
                 Err(HandleError::Work { error, claim })
             }
@@ -369,9 +379,14 @@ impl Deduper {
                 futures_util::future::Either::Right(((), _)) => {
                     match self.store.extend(&current, ttl).await {
                         Ok(extended) => current = extended,
+                        Err(error) if error.is_retryable() => {
+                            // The store is briefly away: beat again next time, the
+                            // lease may still be ours.
+                            tracing::warn!(key = %lease.key, %error, "heartbeat failed; trying again next beat");
+                        }
                         Err(error) => {
-                            // Lost (or the store is down): stop beating, let the work
-                            // finish; its completion tells the caller what happened.
+                            // Lost: stop beating, let the work finish; its
+                            // completion tells the caller what happened.
                             tracing::warn!(key = %lease.key, %error, "heartbeat could not extend the lease");
                             return running.await;
                         }

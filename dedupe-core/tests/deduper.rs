@@ -345,3 +345,41 @@ async fn heartbeat_keeps_long_work_from_being_taken_over() {
         }
     );
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Long(String);
+
+#[tokio::test]
+async fn a_kept_failure_too_long_for_the_store_is_cut_and_still_kept() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(store.clone()).with_on_failure(OnFailure::Keep);
+    let k = key("long-failure");
+    let text = "é".repeat(200 * 1024); // 400 KiB of two-byte characters
+    match deduper
+        .run(&k, |_| async { Err::<Vec<u8>, _>(Long(text.clone())) })
+        .await
+    {
+        Err(HandleError::Work {
+            claim: Ok(OnFailure::Keep),
+            ..
+        }) => {}
+        other => panic!("a long failure answered {other:?}"),
+    }
+    match deduper
+        .run(&k, |_| async {
+            panic!("a kept failure must not run again") as Result<Vec<u8>, Long>
+        })
+        .await
+        .expect("second run")
+    {
+        Handled::Failed { error } => {
+            assert!(
+                error.len() < text.len() && text.starts_with(&error),
+                "{}",
+                error.len()
+            )
+        }
+        other => panic!("answered {other:?}"),
+    }
+}

@@ -10,9 +10,16 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 /// - connection trouble (refused, dropped, I/O, a cluster that is reshaping or
 ///   down, a server loading its data or busy with a script) is a retryable
 ///   [`Error::Unavailable`];
+/// - a refused password or client setting is a configuration error;
 /// - `WRONGTYPE` means something else owns the record's key: a corrupt record;
 /// - anything else is a non-retryable backend error.
 pub(crate) fn map(e: RedisError, timeout: Duration, key: Option<&Key>) -> Error {
+    if matches!(
+        e.kind(),
+        ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig
+    ) {
+        return Error::config(format!("redis refused the connection's settings: {e}"));
+    }
     if e.is_timeout() {
         return Error::Timeout {
             after: timeout,
@@ -31,6 +38,7 @@ pub(crate) fn map(e: RedisError, timeout: Duration, key: Option<&Key>) -> Error 
                     | ServerErrorKind::TryAgain
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
                     | ServerErrorKind::Moved
                     | ServerErrorKind::Ask
             )

@@ -69,7 +69,9 @@ impl ConnectionLike for Conn {
 #[non_exhaustive]
 pub enum Durability {
     /// No append-only file: a restart loses every record written since the last
-    /// snapshot (if any), so redelivered events run their work again.
+    /// snapshot (if any), so redelivered events run their work again. (Whatever
+    /// the persistence, a `maxmemory-policy` other than `noeviction` can evict
+    /// records, every one of which has a TTL: run with `noeviction`.)
     NotPersistent,
     /// Append-only file with the given `appendfsync` policy: `always` loses
     /// nothing on a crash; `everysec` up to a second of writes; `no` whatever the
@@ -89,7 +91,7 @@ impl std::fmt::Display for Durability {
                 f.write_str("not persistent (appendonly no): a restart loses claims")
             }
             Durability::AppendOnly { fsync } => write!(f, "append-only file, appendfsync {fsync}"),
-            Durability::Unknown => f.write_str("unknown (CONFIG GET refused)"),
+            Durability::Unknown => f.write_str("unknown (CONFIG GET refused or unanswered)"),
         }
     }
 }
@@ -197,6 +199,15 @@ impl RedisBuilder {
             return Err(Error::config("timeout must be above zero"));
         }
         check_ttl("takeover window", self.grace)?;
+        let on_cluster = matches!(
+            self.target,
+            Target::Cluster(_) | Target::Conn(Conn::Cluster(_))
+        );
+        if on_cluster && self.wait_replicas.is_some() {
+            return Err(Error::config(
+                "wait_for_replicas is for standalone servers, not a Cluster",
+            ));
+        }
         if let Some((_, wait)) = self.wait_replicas {
             if wait >= self.timeout {
                 return Err(Error::config(format!(
@@ -245,11 +256,6 @@ impl RedisBuilder {
                 Conn::Single(manager)
             }
             Target::Cluster(urls) => {
-                if self.wait_replicas.is_some() {
-                    return Err(Error::config(
-                        "wait_for_replicas is for standalone servers, not a Cluster",
-                    ));
-                }
                 let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
                 #[cfg(feature = "tls")]
                 let builder = match self.root_cert {
@@ -442,6 +448,7 @@ impl RedisStore {
         Error::corrupt(key, format!("unexpected answer from the {what} script"))
     }
 
+    /// One claim, without waiting for replicas (the caller does, once).
     async fn claim_one(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         let token = backend::new_token();
         let mut invocation = SCRIPTS.claim.key(self.record_key(key));
@@ -461,11 +468,7 @@ impl RedisStore {
         let value = value.ok_or_else(|| Self::unexpected(key, "claim"))?;
         let record = codec::decode(key, &value)?;
         match code {
-            1 => {
-                let outcome = backend::won_claim(record)?;
-                self.wait_for_replicas().await?;
-                Ok(outcome)
-            }
+            1 => backend::won_claim(record),
             0 => Ok(backend::losing_claim(record, opts)),
             _ => Err(Error::corrupt(
                 key,
@@ -474,10 +477,18 @@ impl RedisStore {
         }
     }
 
-    async fn wait_for_replicas(&self) -> Result<()> {
+    /// With [`RedisBuilder::wait_for_replicas`], waits until the replicas have
+    /// every write made so far on this store's connection. `WAIT` holds the
+    /// multiplexed connection while it waits: calls of the same store queue
+    /// behind it for at most the wait's timeout.
+    async fn wait_for_replicas(&self, answers: &[ClaimOutcome]) -> Result<()> {
         let Some((replicas, timeout)) = self.wait_replicas else {
             return Ok(());
         };
+        // A re-entrant Claimed (a retry after a failed wait) waits again.
+        if !answers.iter().any(|a| a.lease().is_some()) {
+            return Ok(());
+        }
         let mut conn = self.conn.clone();
         let acked: i64 = self
             .bounded(async {
@@ -549,7 +560,10 @@ impl RedisStore {
 impl DedupeStore for RedisStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
-        self.claim_one(key, opts).await
+        let answer = self.claim_one(key, opts).await?;
+        self.wait_for_replicas(std::slice::from_ref(&answer))
+            .await?;
+        Ok(answer)
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
@@ -634,10 +648,13 @@ impl DedupeStore for RedisStore {
         }
     }
 
-    /// Every distinct key's claim sent at once on the multiplexed connection
-    /// (one pipeline on a single server; per node on a Cluster); repeats inside
-    /// the batch answered by the core's bookkeeping. If one claim fails, the
-    /// batch fails; the claims that won stand (retry with the same claim id).
+    /// Every distinct key's claim script sent at once, as concurrent `EVALSHA`
+    /// calls on the multiplexed connection (written back to back, so the batch
+    /// costs about one round trip on a single server, one per node on a
+    /// Cluster); repeats inside the batch are answered by the core's
+    /// bookkeeping. Not atomic as a whole: if one claim fails, the batch fails
+    /// and the claims that won stand until their lease passes (retry the batch
+    /// with the same claim id to be handed them again).
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         if keys.is_empty() {
@@ -648,6 +665,7 @@ impl DedupeStore for RedisStore {
             batch.distinct().iter().map(|key| self.claim_one(key, opts)),
         )
         .await?;
+        self.wait_for_replicas(&answers).await?;
         batch.answers(answers, opts)
     }
 

@@ -88,6 +88,8 @@ impl Drop for TcpProxy {
 async fn accept_loop(listener: TcpListener, upstream: SocketAddr, state: Arc<State>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
+            // Out of descriptors or the like: back off instead of spinning.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
         if state.mode.load(Ordering::SeqCst) == CUT {

@@ -235,9 +235,22 @@ impl RedisServer {
         }
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
+            // Our own process must be the one answering: a server that exited
+            // (its port taken by another test's) is a failure, not a success.
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "redis-server on port {} exited ({status}): {}",
+                    self.port,
+                    std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+                );
+            }
             if ping(self.port) {
                 return;
             }

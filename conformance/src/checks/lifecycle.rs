@@ -108,7 +108,13 @@ pub async fn takeover_resets_holder_keeps_record(factory: &dyn StoreFactory) -> 
     // Enough time for a rewritten first_seen to show.
     tokio::time::sleep(Duration::from_millis(40)).await;
 
-    let second = must_claim(&*store, &k, &opts(SHORT_TTL).with_fingerprint(fp_b.clone())).await?;
+    // A longer lease: several calls must see it live.
+    let second = must_claim(
+        &*store,
+        &k,
+        &opts(SHORT_TTL * 3).with_fingerprint(fp_b.clone()),
+    )
+    .await?;
     ensure!(
         second.attempt == 2 && second.claim_id.is_none() && second.token != first.token,
         "the takeover answered {second:?}: expected attempt 2, no claim id, a new token"
@@ -228,7 +234,7 @@ pub async fn retention_counts_from_completion(factory: &dyn StoreFactory) -> Che
     let lease = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
     // The work takes a while.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let retention = Duration::from_millis(500);
+    let retention = Duration::from_millis(1000);
     let before = SystemTime::now();
     store.complete(&lease, b"slow but done", retention).await?;
     let after = SystemTime::now();
@@ -258,7 +264,7 @@ pub async fn retention_counts_from_completion(factory: &dyn StoreFactory) -> Che
         after,
         retention,
     )?;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     match store.claim(&k, &opts(LONG_TTL)).await? {
         ClaimOutcome::Duplicate {
             completed_at: reported,

@@ -165,11 +165,11 @@ impl Side {
 }
 
 /// Lease and retention used by the model-based run for records meant to expire.
-const MODEL_SHORT: Duration = Duration::from_millis(60);
+const MODEL_SHORT: Duration = Duration::from_millis(150);
 /// No operation runs this close to a deadline of the reference (either side),
 /// so that the store and the reference, a few milliseconds apart, agree on
 /// whether it passed.
-const MODEL_GUARD: Duration = Duration::from_millis(25);
+const MODEL_GUARD: Duration = Duration::from_millis(60);
 /// Operations per seed.
 const MODEL_STEPS: usize = 160;
 /// Seeds per run: the first fixed, the others new each run.
@@ -267,7 +267,7 @@ async fn run_seed(
         }
         if op[0] == 11 {
             // Let time pass: some records expire.
-            tokio::time::sleep(Duration::from_millis(10 + 15 * op[4] as u64)).await;
+            tokio::time::sleep(Duration::from_millis(20 + 40 * op[4] as u64)).await;
             steps.push(format!("{step}: {}", describe(&op)));
             continue;
         }
