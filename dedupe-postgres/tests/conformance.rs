@@ -6,7 +6,7 @@ use dedupe_testkit as support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_conformance::{FaultSwitch, FaultyHandle, Fixture, StoreFactory};
+use dedupe_conformance::{FaultyHandle, Fixture, StoreFactory};
 use dedupe_core::{async_trait, DedupeStore, Error};
 use dedupe_postgres::PgStore;
 use tokio::sync::OnceCell;
@@ -70,11 +70,9 @@ impl Fixture for PgFixture {
     /// with a one-second timeout; the fault cuts every connection through it and
     /// refuses new ones, as a server going away would.
     async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
-        let io = |e: std::io::Error| Error::unavailable("proxy", Some(Box::new(e)));
-        let (upstream, _) =
-            support::reroute(&self.url, "127.0.0.1:1".parse().expect("addr")).map_err(io)?;
-        let proxy = support::TcpProxy::start(upstream).await.map_err(io)?;
-        let (_, url) = support::reroute(&self.url, proxy.addr()).map_err(io)?;
+        let (proxy, url) = support::proxied(&self.url)
+            .await
+            .map_err(|e| Error::unavailable("proxy", Some(Box::new(e))))?;
         let timeout = Duration::from_secs(1);
         let pool = PgStore::connect_pool(&url, 2, timeout).await?;
         let store = PgStore::builder(pool)
@@ -83,25 +81,10 @@ impl Fixture for PgFixture {
             .build()?;
         Ok(Some(FaultyHandle {
             store: Arc::new(store),
-            switch: Box::new(Cut(proxy)),
+            switch: Box::new(support::ProxyFault(proxy)),
             // The timeout, then the client's backstop after it.
             bound: timeout + PgStore::BACKSTOP + Duration::from_millis(500),
         }))
-    }
-}
-
-/// Cuts the proxy's connections while broken.
-struct Cut(support::TcpProxy);
-
-#[async_trait]
-impl FaultSwitch for Cut {
-    async fn set_broken(&self, broken: bool) -> Result<(), Error> {
-        if broken {
-            self.0.cut();
-        } else {
-            self.0.heal();
-        }
-        Ok(())
     }
 }
 

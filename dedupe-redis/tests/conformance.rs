@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_conformance::{FaultSwitch, FaultyHandle, Fixture, StoreFactory};
+use dedupe_conformance::{FaultyHandle, Fixture, StoreFactory};
 use dedupe_core::{async_trait, DedupeStore, Error};
 use dedupe_redis::RedisStore;
 use dedupe_testkit::redis as support;
@@ -96,13 +96,9 @@ impl Fixture for RedisFixture {
         let Place::Single(url) = &self.place else {
             return Ok(None);
         };
-        let io = |e: std::io::Error| Error::unavailable("proxy", Some(Box::new(e)));
-        let placeholder = "127.0.0.1:1".parse().expect("address");
-        let (upstream, _) = dedupe_testkit::reroute(url, placeholder).map_err(io)?;
-        let proxy = dedupe_testkit::TcpProxy::start(upstream)
+        let (proxy, via) = dedupe_testkit::proxied(url)
             .await
-            .map_err(io)?;
-        let (_, via) = dedupe_testkit::reroute(url, proxy.addr()).map_err(io)?;
+            .map_err(|e| Error::unavailable("proxy", Some(Box::new(e))))?;
         let timeout = Duration::from_millis(500);
         let store = RedisStore::builder(via)
             .prefix(&self.prefix)
@@ -111,23 +107,9 @@ impl Fixture for RedisFixture {
             .await?;
         Ok(Some(FaultyHandle {
             store: Arc::new(store),
-            switch: Box::new(Cut(proxy)),
+            switch: Box::new(dedupe_testkit::ProxyFault(proxy)),
             bound: timeout * 2 + Duration::from_millis(500),
         }))
-    }
-}
-
-struct Cut(dedupe_testkit::TcpProxy);
-
-#[async_trait]
-impl FaultSwitch for Cut {
-    async fn set_broken(&self, broken: bool) -> Result<(), Error> {
-        if broken {
-            self.0.cut();
-        } else {
-            self.0.heal();
-        }
-        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub use postgres::{server as postgres_server, unique_schema, PgCluster};
-pub use proxy::{reroute, TcpProxy};
+pub use proxy::{proxied, reroute, ProxyFault, TcpProxy};
 
 /// Polls `f` every 20 ms until it answers true, for at most `limit`; answers
 /// whether it did. For waiting on an observable condition, never on time alone.

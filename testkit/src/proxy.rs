@@ -164,3 +164,30 @@ pub fn reroute(url: &str, via: SocketAddr) -> io::Result<(SocketAddr, String)> {
     let upstream = hostport.to_socket_addrs()?.next().ok_or_else(bad)?;
     Ok((upstream, format!("{scheme}://{userinfo}{via}{tail}")))
 }
+
+/// A proxy in front of the server of `url`, and the same URL through it: what a
+/// conformance fixture hands out as its faulty handle's way to the server.
+pub async fn proxied(url: &str) -> io::Result<(TcpProxy, String)> {
+    let placeholder = SocketAddr::from(([127, 0, 0, 1], 1));
+    let (upstream, _) = reroute(url, placeholder)?;
+    let proxy = TcpProxy::start(upstream).await?;
+    let (_, via) = reroute(url, proxy.addr())?;
+    Ok((proxy, via))
+}
+
+/// The conformance suite's fault switch over a proxy: broken cuts every
+/// connection through it and refuses new ones, healed forwards again.
+#[derive(Debug)]
+pub struct ProxyFault(pub TcpProxy);
+
+#[async_trait::async_trait]
+impl dedupe_conformance::FaultSwitch for ProxyFault {
+    async fn set_broken(&self, broken: bool) -> Result<(), dedupe_core::Error> {
+        if broken {
+            self.0.cut();
+        } else {
+            self.0.heal();
+        }
+        Ok(())
+    }
+}
