@@ -4,6 +4,7 @@
 //! free loopback ports, temp dirs, stop and restart on demand, stopped on drop.
 //! Not published; store crates and the CLI take it as a dev-dependency.
 
+pub mod dynamo;
 pub mod postgres;
 pub mod proxy;
 pub mod redis;
