@@ -24,7 +24,7 @@ pub async fn passed_lease_is_lost(factory: &dyn StoreFactory) -> CheckResult {
     let gone_lease = must_claim(&*store, &gone, &opts(SHORT_TTL)).await?;
     let done_lease = must_claim(&*store, &done, &opts(LONG_TTL)).await?;
     store
-        .complete(&done_lease, b"kept briefly", SHORT_TTL)
+        .complete(&done_lease, b"kept briefly", SHORT_TTL * 3)
         .await?;
     let done_deadline = match live_record(&*store, &done, "after complete").await?.state {
         RecordState::Done {
@@ -185,7 +185,10 @@ pub async fn takeover_resets_holder_keeps_record(factory: &dyn StoreFactory) -> 
         record.first_seen
     );
 
-    store.complete(&third, b"third did it", SHORT_TTL).await?;
+    // Long enough for the get below to find it on a loaded machine.
+    store
+        .complete(&third, b"third did it", SHORT_TTL * 3)
+        .await?;
     let retention_deadline = match live_record(&*store, &k, "after complete").await?.state {
         RecordState::Done {
             retention_deadline, ..
