@@ -55,9 +55,12 @@ impl<S> TracedStore<S> {
 /// Records the answer (or the error) of a finished call on its span.
 fn finish<T>(span: &Span, result: Result<T>, answer: impl FnOnce(&T) -> String) -> Result<T> {
     match &result {
-        Ok(value) => {
+        // Building the answer's text is work on every call: only when someone
+        // listens.
+        Ok(value) if !span.is_disabled() => {
             span.record("answer", answer(value).as_str());
         }
+        Ok(_) => {}
         Err(error) => {
             span.record("answer", "error");
             span.record("error", tracing::field::display(error));

@@ -269,8 +269,8 @@ async fn a_timed_out_claim_retried_with_its_claim_id_gets_the_lease() {
 /// CA: the store connects through rustls and works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rediss_with_a_private_ca() {
-    let dir = tempfile_dir();
-    let tls = TlsFiles::generate(&dir);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tls = TlsFiles::generate(dir.path());
     let server = RedisServer::start_with(RedisOptions {
         tls: Some(tls.clone()),
         ..RedisOptions::default()
@@ -294,16 +294,6 @@ async fn rediss_with_a_private_ca() {
         Ok(s) => s.claim(&key("tls-2"), &opts()).await.is_err(),
     };
     assert!(refused, "a server signed by an unknown CA was trusted");
-}
-
-fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dedupe-tls-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
 }
 
 /// Whatever else sits at a record's key (another format, another type) is a

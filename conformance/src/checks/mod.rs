@@ -221,13 +221,10 @@ impl Clock {
     }
 
     /// The test-clock instant at which the store's clock reads `t`, at the latest.
+    /// (With the store's clock behind the test's, that is later than `t`;
+    /// ahead, `t` itself is a safe, slightly late, answer.)
     fn local_latest(&self, t: SystemTime) -> SystemTime {
-        let ms = self.low.min(0.0).abs();
-        if self.low < 0.0 {
-            t + Duration::from_secs_f64(ms / 1e3)
-        } else {
-            t
-        }
+        t + Duration::from_secs_f64((-self.low).max(0.0) / 1e3)
     }
 }
 
