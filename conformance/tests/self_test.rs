@@ -312,6 +312,9 @@ impl Fixture for BrokenFixture {
 }
 
 /// Which checks each broken store must trip (at least these; others may fail too).
+/// `matches_reference_store` is named only where its random sequences are sure to
+/// meet the flaw: the run keeps drawing seeds until the reference has given every
+/// kind of answer, and these flaws change one of those kinds.
 const EXPECTED: &[(Flaw, &[&str])] = &[
     (
         Flaw::CheckThenWrite,
@@ -332,24 +335,18 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     ),
     (
         Flaw::ClaimManyIgnoresBatchDuplicates,
-        &["claim_many_matches_claim", "matches_reference_store"],
+        &["claim_many_matches_claim"],
     ),
     (Flaw::TruncatesOutcome, &["duplicate_returns_exact_outcome"]),
     (
         Flaw::IgnoresFingerprint,
         &["fingerprint_mismatch", "matches_reference_store"],
     ),
-    (
-        Flaw::IgnoresClaimId,
-        &["reentrant_claim_id", "matches_reference_store"],
-    ),
+    (Flaw::IgnoresClaimId, &["reentrant_claim_id"]),
     (Flaw::NamespaceBlind, &["namespaces_isolate"]),
     (Flaw::CaseInsensitive, &["key_case_unicode_and_max_length"]),
     (Flaw::ExpireRemovesLive, &["expire_removes_exactly_expired"]),
-    (
-        Flaw::ReleaseKeepsRecord,
-        &["release_then_reclaim", "matches_reference_store"],
-    ),
+    (Flaw::ReleaseKeepsRecord, &["release_then_reclaim"]),
     (Flaw::ExtendForgets, &["extend_pushes_deadline"]),
     (
         Flaw::ForgetAnswersFalse,

@@ -29,8 +29,22 @@ impl Place {
     }
 }
 
+/// Owns the servers for one test: they are stopped when the factory drops at the
+/// end of the test (a `static` would never drop, and leak a server per process).
 struct RedisFactory {
     cluster: bool,
+    single: OnceCell<(Option<support::RedisServer>, String)>,
+    clusters: OnceCell<(Option<support::RedisCluster>, Vec<String>)>,
+}
+
+impl RedisFactory {
+    fn new(cluster: bool) -> Self {
+        Self {
+            cluster,
+            single: OnceCell::new(),
+            clusters: OnceCell::new(),
+        }
+    }
 }
 
 struct RedisFixture {
@@ -39,14 +53,12 @@ struct RedisFixture {
     store: RedisStore,
 }
 
-static SINGLE: OnceCell<(Option<support::RedisServer>, String)> = OnceCell::const_new();
-static CLUSTER: OnceCell<(Option<support::RedisCluster>, Vec<String>)> = OnceCell::const_new();
-
 #[async_trait]
 impl StoreFactory for RedisFactory {
     async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
         let place = if self.cluster {
-            let (_, urls) = CLUSTER
+            let (_, urls) = self
+                .clusters
                 .get_or_init(|| async {
                     tokio::task::spawn_blocking(support::cluster)
                         .await
@@ -55,7 +67,8 @@ impl StoreFactory for RedisFactory {
                 .await;
             Place::Cluster(urls.clone())
         } else {
-            let (_, url) = SINGLE
+            let (_, url) = self
+                .single
                 .get_or_init(|| async {
                     tokio::task::spawn_blocking(support::server)
                         .await
@@ -114,9 +127,9 @@ impl Fixture for RedisFixture {
 }
 
 mod standalone {
-    dedupe_conformance::suite!(super::RedisFactory { cluster: false });
+    dedupe_conformance::suite!(super::RedisFactory::new(false));
 }
 
 mod cluster {
-    dedupe_conformance::suite!(super::RedisFactory { cluster: true });
+    dedupe_conformance::suite!(super::RedisFactory::new(true));
 }
