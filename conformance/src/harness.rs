@@ -14,6 +14,72 @@ pub trait StoreFactory: Send + Sync {
     /// Creates an isolated, empty store and returns the fixture that opens
     /// handles onto it.
     async fn create(&self) -> Result<Box<dyn Fixture>, Error>;
+
+    /// How much work the heaviest checks do; [`Scale::Full`] unless the store
+    /// under test is an emulator that serves only a few hundred requests a
+    /// second. The report names the scale, so a reduced run never passes for a
+    /// full one.
+    fn scale(&self) -> Scale {
+        Scale::Full
+    }
+}
+
+/// How much work the heaviest checks do (races, big batches, the model-based
+/// run). Every check runs at either scale; only the counts change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scale {
+    /// 32 racers for 100 rounds, 10,000 distinct keys, 10 rounds of racing
+    /// batches, and 5 seeds of the model-based run: for every real store.
+    #[default]
+    Full,
+    /// A quarter of the race rounds, 1,000 distinct keys, 3 rounds of racing
+    /// batches and 2 seeds: for emulators (moto, DynamoDB Local) that serve
+    /// 200 requests a second, where the full scale takes minutes per check.
+    Reduced,
+}
+
+impl Scale {
+    /// Race rounds of the single-winner checks.
+    pub fn race_rounds(self) -> usize {
+        match self {
+            Scale::Full => 100,
+            Scale::Reduced => 25,
+        }
+    }
+
+    /// Distinct keys of the big-batch check.
+    pub fn distinct_keys(self) -> usize {
+        match self {
+            Scale::Full => 10_000,
+            Scale::Reduced => 1_000,
+        }
+    }
+
+    /// Rounds of batches racing batches.
+    pub fn batch_rounds(self) -> usize {
+        match self {
+            Scale::Full => 10,
+            Scale::Reduced => 3,
+        }
+    }
+
+    /// Seeds the model-based run starts with (it draws more until every kind of
+    /// answer showed up).
+    pub fn model_seeds(self) -> usize {
+        match self {
+            Scale::Full => 5,
+            Scale::Reduced => 2,
+        }
+    }
+}
+
+impl fmt::Display for Scale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Scale::Full => "full scale",
+            Scale::Reduced => "reduced scale (an emulator)",
+        })
+    }
 }
 
 /// One isolated store under test.

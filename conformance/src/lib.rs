@@ -28,7 +28,8 @@ pub mod processes;
 mod report;
 
 pub use harness::{
-    CheckResult, Failure, FaultSwitch, FaultyHandle, Fixture, MemoryFactory, StoreFactory, Verdict,
+    CheckResult, Failure, FaultSwitch, FaultyHandle, Fixture, MemoryFactory, Scale, StoreFactory,
+    Verdict,
 };
 pub use report::{assert_check, run_all, run_check, CheckReport, Report};
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::checks::CHECKS;
-use crate::harness::{CheckResult, Failure, StoreFactory, Verdict};
+use crate::harness::{CheckResult, Failure, Scale, StoreFactory, Verdict};
 
 /// One check's result in a [`Report`].
 #[derive(Debug, Clone)]
@@ -22,6 +22,8 @@ pub struct CheckReport {
 pub struct Report {
     /// One entry per check, in suite order.
     pub checks: Vec<CheckReport>,
+    /// The scale the checks ran at.
+    pub scale: Scale,
 }
 
 impl Report {
@@ -60,8 +62,9 @@ impl fmt::Display for Report {
         let skipped = self.skipped().count();
         write!(
             f,
-            "{} checks: {} passed, {skipped} skipped, {failed} failed",
+            "{} checks at {}: {} passed, {skipped} skipped, {failed} failed",
             self.checks.len(),
+            self.scale,
             self.checks.len() - failed - skipped
         )
     }
@@ -79,7 +82,10 @@ pub async fn run_check(factory: &dyn StoreFactory, name: &str) -> CheckResult {
 
 /// Runs every check, one after another, and reports on each.
 pub async fn run_all(factory: &dyn StoreFactory) -> Report {
-    let mut report = Report::default();
+    let mut report = Report {
+        checks: Vec::new(),
+        scale: factory.scale(),
+    };
     for check in CHECKS {
         let started = Instant::now();
         let result = (check.run)(factory).await;
@@ -96,6 +102,9 @@ pub async fn run_all(factory: &dyn StoreFactory) -> Report {
 /// when it is skipped. This is what the [`suite!`](crate::suite) tests call.
 pub async fn assert_check(factory: &dyn StoreFactory, name: &str) {
     match run_check(factory, name).await {
+        Ok(Verdict::Passed) if factory.scale() != Scale::Full => {
+            println!("conformance check {name} passed at {}", factory.scale());
+        }
         Ok(Verdict::Passed) => {}
         Ok(Verdict::Skipped(why)) => {
             eprintln!("conformance check {name} SKIPPED: {why}");

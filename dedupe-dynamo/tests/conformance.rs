@@ -1,21 +1,28 @@
-//! The DynamoDB store runs the whole conformance suite on moto (serving one
-//! request at a time), started once per test process; every fixture gets a
-//! table of its own, every racing handle an SDK client of its own.
+//! The DynamoDB store runs the whole conformance suite on both emulators, one
+//! test each: moto (served one request at a time; returns the old item of a
+//! failed condition) and DynamoDB Local (never returns it, so every losing
+//! claim takes the fallback read). Each test starts its emulator once and runs
+//! every check against it, each check on tables of its own and every racing
+//! handle on an SDK client of its own.
+//!
+//! Both emulators serve about 200 requests a second here, so the suite runs at
+//! [`Scale::Reduced`] (a quarter of the race rounds, a thousand keys instead of
+//! ten thousand); every check still runs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_conformance::{FaultyHandle, Fixture, StoreFactory};
+use dedupe_conformance::{run_all, FaultyHandle, Fixture, Scale, StoreFactory};
 use dedupe_core::{async_trait, DedupeStore, Error};
 use dedupe_dynamo::{client_for_endpoint, DynamoStore};
-use dedupe_testkit::dynamo as support;
-use tokio::sync::OnceCell;
-
-static MOTO: OnceCell<(Option<support::MotoServer>, String)> = OnceCell::const_new();
+use dedupe_testkit::dynamo::{dynamo_server, unique_table, DynamoServer, Emulator};
 
 const REGION: &str = "us-east-1";
 
-struct MotoFactory;
+struct DynamoFactory {
+    endpoint: String,
+    _server: Option<DynamoServer>,
+}
 
 struct DynamoFixture {
     endpoint: String,
@@ -26,39 +33,24 @@ struct DynamoFixture {
 fn store_on(endpoint: &str, table: &str, timeout: Duration) -> Result<DynamoStore, Error> {
     DynamoStore::builder(client_for_endpoint(endpoint, REGION, timeout))
         .table(table)
-        .timeout(timeout)
         .build()
 }
 
 #[async_trait]
-impl StoreFactory for MotoFactory {
+impl StoreFactory for DynamoFactory {
     async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
-        let (_, endpoint) = MOTO
-            .get_or_init(|| async {
-                tokio::task::spawn_blocking(support::moto_server)
-                    .await
-                    .expect("moto")
-            })
-            .await;
-        let table = support::unique_table("conf");
-        let store = store_on(endpoint, &table, Duration::from_secs(10))?;
-        // moto answers its first DynamoDB call slowly: retry until it does.
-        let mut tries = 0;
-        loop {
-            match store.create_table_if_missing().await {
-                Ok(()) => break,
-                Err(e) if e.is_retryable() && tries < 50 => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let table = unique_table("conf");
+        let store = store_on(&self.endpoint, &table, Duration::from_secs(10))?;
+        store.create_table_if_missing().await?;
         Ok(Box::new(DynamoFixture {
-            endpoint: endpoint.clone(),
+            endpoint: self.endpoint.clone(),
             table,
             store,
         }))
+    }
+
+    fn scale(&self) -> Scale {
+        Scale::Reduced
     }
 }
 
@@ -91,4 +83,26 @@ impl Fixture for DynamoFixture {
     }
 }
 
-dedupe_conformance::suite!(MotoFactory);
+async fn whole_suite_on(emulator: Emulator) {
+    let (server, endpoint) = tokio::task::spawn_blocking(move || dynamo_server(emulator))
+        .await
+        .expect("emulator");
+    let factory = DynamoFactory {
+        endpoint,
+        _server: server,
+    };
+    let report = run_all(&factory).await;
+    println!("{emulator:?}:\n{report}");
+    assert!(report.all_passed(), "{emulator:?}:\n{report}");
+    assert_eq!(report.skipped().count(), 0, "{emulator:?}:\n{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn moto_passes_the_whole_suite() {
+    whole_suite_on(Emulator::Moto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_local_passes_the_whole_suite() {
+    whole_suite_on(Emulator::DynamoDbLocal).await;
+}

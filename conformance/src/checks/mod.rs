@@ -28,8 +28,6 @@ pub const SHORT_TTL: Duration = Duration::from_millis(250);
 pub const LONG_TTL: Duration = Duration::from_secs(600);
 /// Tasks racing on one key in the race checks.
 pub const RACERS: usize = 32;
-/// Rounds of each race.
-pub const ROUNDS: usize = 100;
 /// Slack allowed between the caller's clock and a store's clock when judging a
 /// deadline the store reported.
 const CLOCK_SLACK: Duration = Duration::from_secs(2);

@@ -172,8 +172,6 @@ const MODEL_SHORT: Duration = Duration::from_millis(400);
 const MODEL_GUARD: Duration = Duration::from_millis(150);
 /// Operations per seed.
 const MODEL_STEPS: usize = 120;
-/// Seeds per run: the first fixed, the others new each run.
-const MODEL_SEEDS: usize = 5;
 /// Set to a seed to replay exactly that one.
 pub const SEED_VAR: &str = "DEDUPE_CONFORMANCE_SEED";
 
@@ -318,7 +316,7 @@ pub async fn matches_reference_store(factory: &dyn StoreFactory) -> CheckResult 
                 .unwrap_or(1);
             let mut gen = Sequence(fresh | 1);
             std::iter::once(0x9e37_79b9_7f4a_7c15)
-                .chain((1..MODEL_SEEDS).map(|_| gen.next()))
+                .chain((1..factory.scale().model_seeds()).map(|_| gen.next()))
                 .collect()
         }
     };

@@ -1,0 +1,252 @@
+//! The item a record is stored as: attribute names (configurable), the
+//! expression placeholders that stand for them, and decoding.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+use dedupe_core::backend::StoredRecord;
+use dedupe_core::{Error, Key, Record, Result};
+
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// Longest attribute name accepted, in bytes (names count against the 400 KB
+/// item limit, so they are kept short).
+pub const MAX_ATTRIBUTE_NAME_BYTES: usize = 64;
+
+/// The names of the attributes a record is stored in. The defaults are short,
+/// since every byte of a name counts against DynamoDB's 400 KB item limit;
+/// change them to fit a table you already have (its partition key, its TTL
+/// attribute).
+///
+/// ```
+/// let mut names = dedupe_dynamo::AttributeNames::default();
+/// names.partition_key = "id".into();
+/// names.expires_at = "ttl".into();
+/// assert!(names.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AttributeNames {
+    /// The partition key, a string `namespace:id` (default `pk`).
+    pub partition_key: String,
+    /// 0 in flight, 1 done (default `st`).
+    pub state: String,
+    /// The lease token of the current holder (default `tk`).
+    pub token: String,
+    /// The claim id of the current holder, if it gave one (default `ci`).
+    pub claim_id: String,
+    /// The payload fingerprint, if the claim gave one (default `fp`).
+    pub fingerprint: String,
+    /// Epoch milliseconds: the lease deadline in flight, the retention
+    /// deadline once done (default `dl`).
+    pub deadline: String,
+    /// Epoch milliseconds of completion (default `cm`).
+    pub completed: String,
+    /// The outcome bytes; `NULL` for an empty outcome (default `oc`).
+    pub outcome: String,
+    /// Attempts so far (default `at`).
+    pub attempts: String,
+    /// Epoch milliseconds of the first claim (default `fs`).
+    pub first_seen: String,
+    /// Epoch seconds after which DynamoDB's TTL may delete the item (default
+    /// `expires_at`; enable TTL on this attribute).
+    pub expires_at: String,
+}
+
+impl Default for AttributeNames {
+    fn default() -> Self {
+        Self {
+            partition_key: "pk".into(),
+            state: "st".into(),
+            token: "tk".into(),
+            claim_id: "ci".into(),
+            fingerprint: "fp".into(),
+            deadline: "dl".into(),
+            completed: "cm".into(),
+            outcome: "oc".into(),
+            attempts: "at".into(),
+            first_seen: "fs".into(),
+            expires_at: "expires_at".into(),
+        }
+    }
+}
+
+impl AttributeNames {
+    /// Placeholders (`#pk`, ...) paired with the names they stand for.
+    fn pairs(&self) -> [(&'static str, &str); 11] {
+        [
+            ("#pk", &self.partition_key),
+            ("#st", &self.state),
+            ("#tk", &self.token),
+            ("#ci", &self.claim_id),
+            ("#fp", &self.fingerprint),
+            ("#dl", &self.deadline),
+            ("#cm", &self.completed),
+            ("#oc", &self.outcome),
+            ("#at", &self.attempts),
+            ("#fs", &self.first_seen),
+            ("#ex", &self.expires_at),
+        ]
+    }
+
+    /// Every name is 1 to 64 bytes, and no two are the same.
+    pub fn validate(&self) -> Result<()> {
+        let pairs = self.pairs();
+        for (i, (_, name)) in pairs.iter().enumerate() {
+            if name.is_empty() || name.len() > MAX_ATTRIBUTE_NAME_BYTES {
+                return Err(Error::config(format!(
+                    "attribute name {name:?} must be 1 to {MAX_ATTRIBUTE_NAME_BYTES} bytes"
+                )));
+            }
+            if pairs[..i].iter().any(|(_, other)| other == name) {
+                return Err(Error::config(format!(
+                    "attribute name {name:?} is used for two attributes"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ExpressionAttributeNames` for the placeholders the expressions use
+    /// (DynamoDB refuses names an expression does not use).
+    pub(crate) fn used_in(&self, expressions: &[&str]) -> HashMap<String, String> {
+        let mut used = HashMap::new();
+        for expression in expressions {
+            for token in expression.split(|c: char| !(c.is_ascii_alphanumeric() || c == '#')) {
+                if let Some((placeholder, name)) = self.pairs().iter().find(|(p, _)| *p == token) {
+                    used.insert((*placeholder).to_string(), (*name).to_string());
+                }
+            }
+        }
+        used
+    }
+}
+
+pub(crate) fn n(v: i64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+pub(crate) fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_string())
+}
+
+/// An outcome as an attribute value: bytes, or `NULL` for none (DynamoDB Local
+/// refuses empty binary values, which DynamoDB itself has allowed since 2020).
+pub(crate) fn outcome_value(outcome: &[u8]) -> AttributeValue {
+    if outcome.is_empty() {
+        AttributeValue::Null(true)
+    } else {
+        AttributeValue::B(Blob::new(outcome))
+    }
+}
+
+/// The partition key of a record.
+pub(crate) fn partition_key(key: &Key) -> AttributeValue {
+    s(&format!("{}:{}", key.namespace(), key.id()))
+}
+
+/// Reads an item into a record; anything missing or malformed is corrupt,
+/// never guessed.
+pub(crate) fn decode(names: &AttributeNames, key: &Key, item: &Item) -> Result<Record> {
+    let corrupt =
+        |what: &str| Error::corrupt(key, format!("item attribute {what} missing or malformed"));
+    let opt_num = |name: &str| -> Result<Option<i64>> {
+        match item.get(name) {
+            None => Ok(None),
+            Some(AttributeValue::N(v)) => v.parse().map(Some).map_err(|_| corrupt(name)),
+            Some(_) => Err(corrupt(name)),
+        }
+    };
+    let num = |name: &str| -> Result<i64> { opt_num(name)?.ok_or_else(|| corrupt(name)) };
+    let opt_str = |name: &str| -> Result<Option<String>> {
+        match item.get(name) {
+            None => Ok(None),
+            Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
+            Some(_) => Err(corrupt(name)),
+        }
+    };
+    let opt_bytes = |name: &str| -> Result<Option<Vec<u8>>> {
+        match item.get(name) {
+            None => Ok(None),
+            Some(AttributeValue::B(v)) => Ok(Some(v.as_ref().to_vec())),
+            Some(AttributeValue::Null(true)) => Ok(Some(Vec::new())),
+            Some(_) => Err(corrupt(name)),
+        }
+    };
+    match item.get(&names.partition_key) {
+        Some(found) if *found == partition_key(key) => {}
+        _ => return Err(corrupt(&names.partition_key)),
+    }
+    StoredRecord {
+        state: num(&names.state)?,
+        token: opt_str(&names.token)?.ok_or_else(|| corrupt(&names.token))?,
+        claim_id: opt_str(&names.claim_id)?,
+        fingerprint: opt_bytes(&names.fingerprint)?,
+        expires_ms: num(&names.deadline)?,
+        completed_ms: opt_num(&names.completed)?,
+        outcome: opt_bytes(&names.outcome)?,
+        attempts: num(&names.attempts)?,
+        first_seen_ms: num(&names.first_seen)?,
+    }
+    .decode(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_used_placeholders_are_named() {
+        let names = AttributeNames::default();
+        let used = names.used_in(&["#tk = :tk AND #st = :zero", "SET #dl = :until"]);
+        let mut keys: Vec<_> = used.keys().cloned().collect();
+        keys.sort();
+        assert_eq!(keys, ["#dl", "#st", "#tk"]);
+    }
+
+    #[test]
+    fn names_must_be_distinct_and_short() {
+        let names = AttributeNames {
+            token: "st".into(),
+            ..Default::default()
+        };
+        assert!(names.validate().is_err());
+        let names = AttributeNames {
+            outcome: String::new(),
+            ..Default::default()
+        };
+        assert!(names.validate().is_err());
+        let names = AttributeNames {
+            outcome: "o".repeat(65),
+            ..Default::default()
+        };
+        assert!(names.validate().is_err());
+        assert!(AttributeNames::default().validate().is_ok());
+    }
+
+    #[test]
+    fn an_item_of_another_key_is_corrupt() {
+        let names = AttributeNames::default();
+        let key = Key::new("ns", "a").expect("key");
+        let other = Key::new("ns", "b").expect("key");
+        let mut item = Item::new();
+        item.insert("pk".into(), partition_key(&other));
+        item.insert("st".into(), n(0));
+        item.insert("tk".into(), s("t"));
+        item.insert("dl".into(), n(1));
+        item.insert("at".into(), n(1));
+        item.insert("fs".into(), n(1));
+        assert!(matches!(
+            decode(&names, &key, &item),
+            Err(Error::CorruptRecord { .. })
+        ));
+        item.insert("pk".into(), partition_key(&key));
+        assert!(decode(&names, &key, &item).is_ok());
+        item.insert("at".into(), s("1"));
+        assert!(matches!(
+            decode(&names, &key, &item),
+            Err(Error::CorruptRecord { .. })
+        ));
+    }
+}
