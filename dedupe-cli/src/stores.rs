@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::ValueEnum;
 use dedupe_core::{DedupeStore, Error, MemoryStore};
+use dedupe_dynamo::DynamoStore;
 use dedupe_postgres::PgStore;
 use dedupe_redis::RedisStore;
 use dedupe_sqlite::SqliteStore;
@@ -21,6 +22,10 @@ pub enum StoreKind {
     /// A Redis server, or a Cluster given as a comma-separated list of its
     /// masters (--url or DEDUPE_REDIS_URL).
     Redis,
+    /// A DynamoDB table: AWS itself through the standard AWS chain
+    /// (environment, profile, metadata), or an emulator or compatible service
+    /// at --url (or DEDUPE_DYNAMODB_ENDPOINT).
+    Dynamodb,
     /// Process memory.
     Memory,
 }
@@ -45,6 +50,9 @@ pub struct StoreArgs {
     /// command ends).
     #[arg(long)]
     pub prefix: Option<String>,
+    /// DynamoDB table (default: a new table, deleted when the command ends).
+    #[arg(long)]
+    pub table: Option<String>,
 }
 
 /// `--url`, else the store's environment variable.
@@ -75,6 +83,13 @@ pub enum Opener {
         urls: Vec<String>,
         prefix: String,
         /// A prefix this command made up; its keys are deleted by `finish`.
+        owned: bool,
+    },
+    Dynamo {
+        /// An endpoint override; none: AWS through the standard chain.
+        endpoint: Option<String>,
+        table: String,
+        /// A table this command created, deleted by `finish`.
         owned: bool,
     },
 }
@@ -121,6 +136,22 @@ impl Opener {
                     owned,
                 }
             }
+            StoreKind::Dynamodb => {
+                let endpoint = args.url.clone().or_else(|| {
+                    std::env::var("DEDUPE_DYNAMODB_ENDPOINT")
+                        .ok()
+                        .filter(|u| !u.is_empty())
+                });
+                let (table, owned) = match &args.table {
+                    Some(t) => (t.clone(), false),
+                    None => (fresh_schema(), true),
+                };
+                Self::Dynamo {
+                    endpoint,
+                    table,
+                    owned,
+                }
+            }
             StoreKind::Postgres => {
                 let url = url_of(args, "DEDUPE_POSTGRES_URL", "postgres")?;
                 let (schema, owned) = match &args.schema {
@@ -133,6 +164,9 @@ impl Opener {
         if let Self::Postgres { .. } = opener {
             let store = opener.postgres(4).await?;
             store.migrate().await?;
+        }
+        if let Self::Dynamo { owned: true, .. } = opener {
+            opener.dynamo().await?.create_table_if_missing().await?;
         }
         Ok(opener)
     }
@@ -159,6 +193,24 @@ impl Opener {
         builder.prefix(prefix).timeout(TIMEOUT).connect().await
     }
 
+    async fn dynamo(&self) -> Result<DynamoStore, Error> {
+        let Self::Dynamo {
+            endpoint, table, ..
+        } = self
+        else {
+            return Err(Error::config("not a dynamodb store"));
+        };
+        let client = match endpoint {
+            // Emulators and compatible services take any credentials.
+            Some(endpoint) if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() => {
+                let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
+                dedupe_dynamo::client_for_endpoint(endpoint, &region, TIMEOUT)
+            }
+            endpoint => dedupe_dynamo::client_from_env(endpoint.as_deref()).await,
+        };
+        DynamoStore::builder(client).table(table).build()
+    }
+
     /// A new handle with its own connection.
     pub async fn open(&self) -> Result<Arc<dyn DedupeStore>, Error> {
         Ok(match self {
@@ -166,6 +218,7 @@ impl Opener {
             Self::Sqlite { file, .. } => Arc::new(SqliteStore::open(file).await?),
             Self::Postgres { .. } => Arc::new(self.postgres(1).await?),
             Self::Redis { .. } => Arc::new(self.redis().await?),
+            Self::Dynamo { .. } => Arc::new(self.dynamo().await?),
         })
     }
 
@@ -205,6 +258,9 @@ impl Opener {
                 delete_prefixed(url, prefix).await?;
             }
         }
+        if let Self::Dynamo { owned: true, .. } = self {
+            self.dynamo().await?.delete_table().await?;
+        }
         Ok(())
     }
 
@@ -217,6 +273,12 @@ impl Opener {
                 format!("redis cluster of {} nodes (prefix {prefix})", urls.len())
             }
             Self::Redis { prefix, .. } => format!("redis (prefix {prefix})"),
+            Self::Dynamo {
+                endpoint: Some(endpoint),
+                table,
+                ..
+            } => format!("dynamodb at {endpoint} (table {table})"),
+            Self::Dynamo { table, .. } => format!("dynamodb (table {table})"),
         }
     }
 }

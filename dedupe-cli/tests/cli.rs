@@ -119,7 +119,10 @@ fn bad_arguments_are_refused() {
 /// fixture able to break its connection (the CLI's stores have none).
 fn all_but_the_fault_check_passed() -> String {
     let n = dedupe_conformance::checks::CHECKS.len();
-    format!("{n} checks at full scale: {} passed, 1 skipped, 0 failed", n - 1)
+    format!(
+        "{n} checks at full scale: {} passed, 1 skipped, 0 failed",
+        n - 1
+    )
 }
 
 /// The race and the suite on a Redis server the test starts; the keys the
@@ -167,4 +170,69 @@ fn race_and_conformance_on_redis() {
             "the commands left keys behind"
         );
     }
+}
+
+/// The race and two checks of the suite on moto, through the CLI's DynamoDB
+/// store; the tables the commands create are deleted when they end.
+#[test]
+fn race_and_conformance_on_dynamodb() {
+    use dedupe_testkit::dynamo::{dynamo_server, list_tables, Emulator};
+    let (server, endpoint) = dynamo_server(Emulator::Moto);
+    let (ok, out) = dedupe(&[
+        "race",
+        "--store",
+        "dynamodb",
+        "--url",
+        &endpoint,
+        "--events",
+        "20",
+        "--copies",
+        "3",
+        "--workers",
+        "6",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("claims won (work ran):     20"), "{out}");
+    assert!(out.contains("duplicates answered:       40"), "{out}");
+    let (ok, out) = dedupe(&[
+        "conformance",
+        "--store",
+        "dynamodb",
+        "--url",
+        &endpoint,
+        "--scale",
+        "reduced",
+        "--only",
+        "fresh_claim",
+        "--only",
+        "single_winner_race",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("2 checks at reduced scale (an emulator): 2 passed, 0 skipped, 0 failed"),
+        "{out}"
+    );
+    if let Some(server) = server {
+        let tables: String = list_tables(server.port)
+            .expect("ListTables")
+            .split_whitespace()
+            .collect();
+        assert!(
+            tables.contains("\"TableNames\":[]"),
+            "the commands left tables behind: {tables}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_check_is_a_clear_error() {
+    let (ok, out) = dedupe(&[
+        "conformance",
+        "--store",
+        "memory",
+        "--only",
+        "no_such_check",
+    ]);
+    assert!(!ok);
+    assert!(out.contains("no check is named \"no_such_check\""), "{out}");
 }

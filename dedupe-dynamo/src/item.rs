@@ -20,13 +20,14 @@ pub const MAX_ATTRIBUTE_NAME_BYTES: usize = 64;
 /// attribute).
 ///
 /// ```
-/// let mut names = dedupe_dynamo::AttributeNames::default();
-/// names.partition_key = "id".into();
-/// names.expires_at = "ttl".into();
+/// let names = dedupe_dynamo::AttributeNames {
+///     partition_key: "id".into(),
+///     expires_at: "ttl".into(),
+///     ..Default::default()
+/// };
 /// assert!(names.validate().is_ok());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct AttributeNames {
     /// The partition key, a string `namespace:id` (default `pk`).
     pub partition_key: String,

@@ -372,6 +372,23 @@ impl DynamoStore {
         ))
     }
 
+    /// Deletes the table and every record in it (for tests and temporary
+    /// tables; needs `dynamodb:DeleteTable`). A missing table is not an error.
+    pub async fn delete_table(&self) -> Result<()> {
+        match self
+            .inner
+            .client
+            .delete_table()
+            .table_name(&self.inner.table)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("ResourceNotFoundException") => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
     /// Epoch seconds at which DynamoDB's TTL may delete an item whose logical
     /// deadline is `deadline_ms`.
     fn ttl_seconds(deadline_ms: i64) -> i64 {

@@ -118,7 +118,9 @@ impl DynamoServer {
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {emulator:?}: {e} (run scripts/test to install it)"));
+            .unwrap_or_else(|e| {
+                panic!("starting {emulator:?}: {e} (run scripts/test to install it)")
+            });
         let mut server = Self {
             emulator,
             port,
@@ -161,12 +163,17 @@ impl Drop for DynamoServer {
     }
 }
 
-/// One unsigned-but-well-formed `ListTables` call over plain HTTP: true when
-/// the answer is 200 with a table list (neither emulator checks signatures).
+/// True when the emulator answers `ListTables`.
 fn list_tables_answers(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
+    list_tables(port).is_some()
+}
+
+/// The JSON body of one unsigned-but-well-formed `ListTables` call over plain
+/// HTTP (neither emulator checks signatures, nor does either separate
+/// accounts by this call's key), or `None` when there is no 200 answer with a
+/// table list.
+pub fn list_tables(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
     let request = format!(
         "POST / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
@@ -177,12 +184,12 @@ fn list_tables_answers(port: u16) -> bool {
          SignedHeaders=host;x-amz-date, Signature=00\r\n\
          Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
     );
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
+    stream.write_all(request.as_bytes()).ok()?;
     let mut answer = String::new();
     let _ = stream.read_to_string(&mut answer);
-    answer.starts_with("HTTP/1.") && answer.contains(" 200 ") && answer.contains("TableNames")
+    let ok = answer.starts_with("HTTP/1.") && answer.contains(" 200 ");
+    let body = answer.split_once("\r\n\r\n")?.1;
+    (ok && body.contains("TableNames")).then(|| body.to_string())
 }
 
 /// The endpoint the tests use: `DEDUPE_TEST_DYNAMO_ENDPOINT` when set (then no
