@@ -1,26 +1,25 @@
-//! `dedupe`: race duplicate deliveries against a store, and run the conformance
-//! suite against it.
+//! `dedupe`: benchmark, race, check and inspect dedupe stores, each given by
+//! URL (`memory:`, `sqlite://...`, `postgres://...`, `redis://...`,
+//! `redis+cluster://...`, `dynamodb://...`; see dedupe-url).
 
-use std::collections::VecDeque;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
 use clap::{Parser, Subcommand};
-use dedupe_conformance::{CheckReport, Fixture, Report, Scale, StoreFactory};
-use dedupe_core::{DedupeStore, Deduper, Error, HandleError, Handled, Key};
 
-mod stores;
-
-use stores::{Opener, StoreArgs};
+mod conformance;
+mod race;
+mod records;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "dedupe",
     version,
-    about = "Process each webhook event once: race and check dedupe stores"
+    about = "Process each webhook event once: race, check and inspect dedupe stores",
+    after_help = "Stores are URLs: memory:, sqlite:[//PATH], postgres://USER@HOST/DB[?schema=S], \
+                  redis://HOST:PORT/N[?prefix=P], rediss://..., redis+cluster://HOST:PORT,HOST:PORT, \
+                  dynamodb://TABLE[?region=R&endpoint=URL]; every scheme also takes timeout=, \
+                  lease= and retention= (250ms, 30s, 5m, 2h, 7d)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,334 +31,33 @@ enum Command {
     /// Deliver every event several times, copies at the same instant and later
     /// retries, through the Deduper on one store; report what happened and check
     /// that every event's work ran exactly once.
-    Race(RaceArgs),
-    /// Run the conformance suite against a store and print the report.
-    Conformance(ConformanceArgs),
+    Race(race::RaceArgs),
+    /// Run the conformance suite against a store and print the report; exit 1
+    /// when a check fails.
+    Conformance(conformance::ConformanceArgs),
+    /// Print a key's live record as JSON (exit 1 when there is none).
+    Inspect(records::KeyArgs),
+    /// Remove every expired record and print how many (for cron).
+    Purge(records::PurgeArgs),
+    /// Remove a key's record whatever its state, so its next delivery runs
+    /// (exit 1 when there was none).
+    Forget(records::KeyArgs),
 }
 
-#[derive(clap::Args, Debug)]
-struct ConformanceArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// How much work the heaviest checks do: `reduced` for emulators that
-    /// serve a few hundred requests a second.
-    #[arg(long, value_enum, default_value_t = ScaleArg::Full)]
-    scale: ScaleArg,
-    /// Run only this check (repeatable; default: every check).
-    #[arg(long = "only", value_name = "CHECK")]
-    only: Vec<String>,
+/// Parses `--store` here rather than in clap, whose error would repeat the
+/// URL, password included.
+pub fn store_url(text: &str) -> Result<dedupe_url::StoreUrl, dedupe_core::Error> {
+    text.parse()
+        .map_err(|e: dedupe_url::UrlError| dedupe_core::Error::config(format!("--store: {e}")))
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum ScaleArg {
-    Full,
-    Reduced,
-}
-
-impl From<ScaleArg> for Scale {
-    fn from(scale: ScaleArg) -> Self {
-        match scale {
-            ScaleArg::Full => Scale::Full,
-            ScaleArg::Reduced => Scale::Reduced,
-        }
-    }
-}
-
-#[derive(clap::Args, Debug)]
-struct RaceArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// Distinct events.
-    #[arg(long, default_value_t = 500)]
-    events: u32,
-    /// Deliveries of each event.
-    #[arg(long, default_value_t = 4)]
-    copies: u32,
-    /// Concurrent workers, each on its own store handle (its own connection).
-    #[arg(long, default_value_t = 16)]
-    workers: usize,
-    /// Milliseconds the work of one event takes.
-    #[arg(long, default_value_t = 2)]
-    work_ms: u64,
-}
-
-#[derive(Default)]
-struct Tally {
-    ran: AtomicU64,
-    duplicates: AtomicU64,
-    in_flight: AtomicU64,
-    mismatches: AtomicU64,
-    errors: AtomicU64,
-    takeovers: AtomicU64,
-}
-
-/// Order of deliveries: half the events arrive as a burst of copies at once, the
-/// other half spread over the run (retries after the first copy finished).
-fn delivery_order(events: u32, copies: u32) -> VecDeque<u32> {
-    let mut bursts = Vec::new();
-    let mut spread = Vec::new();
-    for e in 0..events {
-        for _ in 0..copies {
-            if e % 2 == 0 {
-                bursts.push(e);
-            } else {
-                spread.push(e);
-            }
-        }
-    }
-    // A fixed permutation (multiplicative step coprime with the length) keeps runs
-    // comparable without a random number generator.
-    let n = spread.len();
-    let step = (1..n.max(2))
-        .rev()
-        .find(|s| gcd(*s, n) == 1 && *s > n / 3)
-        .unwrap_or(1);
-    let spread: Vec<u32> = (0..n).map(|i| spread[(i * step) % n.max(1)]).collect();
-    let mut order = VecDeque::with_capacity(bursts.len() + spread.len());
-    let mut s = spread.into_iter();
-    for chunk in bursts.chunks(copies.max(1) as usize) {
-        order.extend(chunk.iter().copied());
-        order.extend(s.by_ref().take(copies as usize));
-    }
-    order.extend(s);
-    order
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-async fn race(args: RaceArgs) -> Result<bool, Error> {
-    let opener = Opener::new(&args.store).await?;
-    let queue = Arc::new(Mutex::new(delivery_order(args.events, args.copies)));
-    let deliveries = queue.lock().map(|q| q.len()).unwrap_or(0);
-    let side_effects: Arc<Vec<AtomicU32>> =
-        Arc::new((0..args.events).map(|_| AtomicU32::new(0)).collect());
-    let tally = Arc::new(Tally::default());
-    let mut workers = Vec::new();
-    for _ in 0..args.workers.max(1) {
-        workers.push(Deduper::new(opener.open().await?));
-    }
-    println!(
-        "racing {deliveries} deliveries of {} events ({} copies each) on {} with {} workers",
-        args.events,
-        args.copies,
-        opener.describe(),
-        workers.len()
-    );
-    let work = Duration::from_millis(args.work_ms);
-    let started = Instant::now();
-    let tasks: Vec<_> = workers
-        .into_iter()
-        .map(|deduper| {
-            let (queue, side_effects, tally) = (queue.clone(), side_effects.clone(), tally.clone());
-            tokio::spawn(async move {
-                loop {
-                    let next = queue.lock().ok().and_then(|mut q| q.pop_front());
-                    let Some(event) = next else { break };
-                    let key = Key::new("race", format!("evt_{event:06}"))?;
-                    let effects = side_effects.clone();
-                    let answer = deduper
-                        .run(&key, |_lease| async move {
-                            tokio::time::sleep(work).await;
-                            effects[event as usize].fetch_add(1, Ordering::SeqCst);
-                            Ok::<_, std::convert::Infallible>(format!("done {event}").into_bytes())
-                        })
-                        .await;
-                    match answer {
-                        Ok(Handled::Ran { attempt, .. }) => {
-                            tally.ran.fetch_add(1, Ordering::Relaxed);
-                            if attempt > 1 {
-                                tally.takeovers.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        Ok(Handled::Duplicate { .. }) => {
-                            tally.duplicates.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(Handled::InFlight { .. }) => {
-                            // The provider retries later: put the delivery back.
-                            tally.in_flight.fetch_add(1, Ordering::Relaxed);
-                            if let Ok(mut q) = queue.lock() {
-                                q.push_back(event);
-                            }
-                            tokio::task::yield_now().await;
-                        }
-                        Ok(Handled::Mismatch) => {
-                            tally.mismatches.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(Handled::Failed { error }) => {
-                            // The race's work never fails: a stored failure is a bug.
-                            tally.errors.fetch_add(1, Ordering::Relaxed);
-                            eprintln!("delivery of {key} answered a stored failure: {error}");
-                        }
-                        Err(e) => {
-                            tally.errors.fetch_add(1, Ordering::Relaxed);
-                            eprintln!("delivery of {key} failed: {e}");
-                            if let HandleError::Store(e) = e {
-                                if e.is_retryable() {
-                                    if let Ok(mut q) = queue.lock() {
-                                        q.push_back(event);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                Ok::<(), Error>(())
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await
-            .map_err(|e| Error::backend("worker task failed", false, Some(Box::new(e) as _)))??;
-    }
-    let elapsed = started.elapsed();
-    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let counts: Vec<u32> = side_effects
-        .iter()
-        .map(|c| c.load(Ordering::SeqCst))
-        .collect();
-    let once = counts.iter().filter(|c| **c == 1).count();
-    let twice = counts.iter().filter(|c| **c > 1).count();
-    // An event whose work did not run in this run is fine only if the store said it
-    // was done before (every copy answered Duplicate).
-    let done_before = counts.iter().filter(|c| **c == 0).count();
-    let unresolved = (load(&tally.ran) + load(&tally.duplicates))
-        .abs_diff(u64::from(args.events) * u64::from(args.copies));
-    println!("claims won (work ran):     {}", load(&tally.ran));
-    println!("  of which takeovers:      {}", load(&tally.takeovers));
-    println!("duplicates answered:       {}", load(&tally.duplicates));
-    println!(
-        "in-flight answers (retried later): {}",
-        load(&tally.in_flight)
-    );
-    println!("mismatches:                {}", load(&tally.mismatches));
-    println!("errors:                    {}", load(&tally.errors));
-    println!(
-        "time taken:                {:.1} ms ({:.0} deliveries/s)",
-        elapsed.as_secs_f64() * 1e3,
-        deliveries as f64 / elapsed.as_secs_f64()
-    );
-    println!(
-        "events whose work ran once: {once} of {}; done before this run: {done_before}; more than once: {twice}",
-        args.events
-    );
-    opener.finish().await?;
-    let ok = twice == 0 && unresolved == 0 && load(&tally.errors) == 0;
-    if ok {
-        println!("OK: no event's work ran twice, and every delivery was answered");
-    } else {
-        println!("FAILED: {twice} events ran more than once, {unresolved} deliveries unanswered");
-    }
-    Ok(ok)
-}
-
-/// Makes one isolated store per conformance check (a new temp file, a new
-/// Postgres schema), and remembers them to clean up after the run.
-struct CliFactory {
-    args: StoreArgs,
-    scale: Scale,
-    created: Mutex<Vec<Arc<Opener>>>,
-}
-
-struct CliFixture {
-    opener: Arc<Opener>,
-    main: Arc<dyn DedupeStore>,
-}
-
-#[async_trait]
-impl StoreFactory for CliFactory {
-    async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
-        let args = StoreArgs {
-            file: None,
-            schema: None,
-            prefix: None,
-            table: None,
-            ..self.args.clone()
-        };
-        let opener = Arc::new(Opener::new(&args).await?);
-        if let Ok(mut created) = self.created.lock() {
-            created.push(Arc::clone(&opener));
-        }
-        let main = opener.open().await?;
-        Ok(Box::new(CliFixture { opener, main }))
-    }
-
-    fn scale(&self) -> Scale {
-        self.scale
-    }
-}
-
-#[async_trait]
-impl Fixture for CliFixture {
-    fn store(&self) -> Arc<dyn DedupeStore> {
-        Arc::clone(&self.main)
-    }
-
-    async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
-        self.opener.open().await
-    }
-}
-
-async fn conformance(conformance: ConformanceArgs) -> Result<bool, Error> {
-    let ConformanceArgs {
-        store: args,
-        scale,
-        only,
-    } = conformance;
-    let checks = dedupe_conformance::checks::CHECKS;
-    if let Some(unknown) = only
-        .iter()
-        .find(|name| !checks.iter().any(|c| c.name == name.as_str()))
-    {
-        let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
-        return Err(Error::config(format!(
-            "no check is named {unknown:?}; the checks are: {}",
-            names.join(", ")
-        )));
-    }
-    if let stores::StoreKind::Redis = args.store {
-        let probe = Opener::new(&args).await?;
-        if let Some(durability) = probe.durability().await {
-            println!("durability: {durability}");
-        }
-        probe.finish().await?;
-    }
-    let factory = CliFactory {
-        args,
-        scale: scale.into(),
-        created: Mutex::new(Vec::new()),
-    };
-    let mut report = Report {
-        checks: Vec::new(),
-        scale: factory.scale,
-    };
-    for check in checks {
-        if !only.is_empty() && !only.iter().any(|name| name == check.name) {
-            continue;
-        }
-        let started = Instant::now();
-        let result = (check.run)(&factory).await;
-        report.checks.push(CheckReport {
-            name: check.name,
-            result,
-            elapsed: started.elapsed(),
-        });
-    }
-    println!("{report}");
-    let created = factory
-        .created
-        .lock()
-        .map(|c| c.clone())
-        .unwrap_or_default();
-    for opener in created {
-        opener.finish().await?;
-    }
-    Ok(report.all_passed())
+/// A namespace (table, schema, prefix) no other run uses.
+pub fn fresh_namespace() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("dedupe_cli_{}_{nanos}", std::process::id())
 }
 
 #[tokio::main]
@@ -371,8 +69,11 @@ async fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Race(args) => race(args).await,
-        Command::Conformance(args) => conformance(args).await,
+        Command::Race(args) => race::race(args).await,
+        Command::Conformance(args) => conformance::conformance(args).await,
+        Command::Inspect(args) => records::inspect(args).await,
+        Command::Purge(args) => records::purge(args).await,
+        Command::Forget(args) => records::forget(args).await,
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

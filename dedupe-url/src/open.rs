@@ -1,0 +1,380 @@
+//! Opening the store a URL names: handles, each with its own connection.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_core::{DedupeStore, Error, MemoryStore};
+
+use crate::parse::{StoreUrl, Target};
+
+/// The bound on each store call when the URL sets no `timeout`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A store named by a URL, ready to hand out handles: the SQLite file and
+/// table exist, the Postgres schema is migrated, the DynamoDB table exists.
+/// Every [`handle`](Opener::handle) has a connection (or pool) of its own and
+/// sees the same records; `memory:` handles share one map.
+#[derive(Debug)]
+pub struct Opener {
+    url: StoreUrl,
+    memory: MemoryStore,
+    /// The file of `sqlite:` (the URL's, or one in `_dir`).
+    sqlite_path: Option<PathBuf>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Opener {
+    /// Prepares the store `url` names (creates the SQLite file, migrates the
+    /// Postgres schema, creates the DynamoDB table when missing) and checks
+    /// that it answers.
+    pub async fn new(url: StoreUrl) -> Result<Self, Error> {
+        let mut opener = Self {
+            url,
+            memory: MemoryStore::new(),
+            sqlite_path: None,
+            _dir: None,
+        };
+        if let Target::Sqlite { path, .. } = opener.url.target() {
+            match path {
+                Some(path) => opener.sqlite_path = Some(path.clone()),
+                None => {
+                    let dir = tempfile::tempdir().map_err(|e| {
+                        Error::unavailable("a temporary directory", Some(Box::new(e)))
+                    })?;
+                    opener.sqlite_path = Some(dir.path().join("dedupe.db"));
+                    opener._dir = Some(dir);
+                }
+            }
+        }
+        opener.prepare().await?;
+        Ok(opener)
+    }
+
+    /// The URL (passwords hidden when displayed).
+    pub fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    /// The SQLite file, for `sqlite:` URLs.
+    pub fn sqlite_path(&self) -> Option<&std::path::Path> {
+        self.sqlite_path.as_deref()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.url.timeout().unwrap_or(DEFAULT_TIMEOUT)
+    }
+
+    async fn prepare(&self) -> Result<(), Error> {
+        match self.url.target() {
+            #[cfg(feature = "postgres")]
+            Target::Postgres { .. } => self.postgres(2).await?.migrate().await,
+            #[cfg(feature = "dynamodb")]
+            Target::Dynamo { .. } => self.dynamo().await?.create_table_if_missing().await,
+            _ => self.handle().await.map(|_| ()),
+        }
+    }
+
+    /// A new handle onto the store, with a connection (or pool) of its own.
+    pub async fn handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
+        Ok(match self.url.target() {
+            Target::Memory => Arc::new(self.memory.clone()),
+            #[cfg(feature = "sqlite")]
+            Target::Sqlite { table, .. } => {
+                let path = self.sqlite_path.clone().unwrap_or_default();
+                let mut builder =
+                    dedupe_sqlite::SqliteStore::builder(path).busy_timeout(self.timeout());
+                if let Some(table) = table {
+                    builder = builder.table(table);
+                }
+                Arc::new(builder.open().await?)
+            }
+            #[cfg(feature = "postgres")]
+            Target::Postgres { connections, .. } => {
+                Arc::new(self.postgres(connections.unwrap_or(4)).await?)
+            }
+            #[cfg(feature = "redis")]
+            Target::Redis { .. } => Arc::new(self.redis().await?),
+            #[cfg(feature = "dynamodb")]
+            Target::Dynamo { .. } => Arc::new(self.dynamo().await?),
+            #[allow(unreachable_patterns)]
+            _ => {
+                return Err(Error::config(format!(
+                    "{} stores are not built in",
+                    self.url.scheme()
+                )))
+            }
+        })
+    }
+
+    /// A Postgres store with a pool of `connections`.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(&self, connections: u32) -> Result<dedupe_postgres::PgStore, Error> {
+        let Target::Postgres { url, schema, .. } = self.url.target() else {
+            return Err(Error::config("not a postgres URL"));
+        };
+        let pool = dedupe_postgres::PgStore::connect_pool(url, connections, self.timeout()).await?;
+        let mut builder = dedupe_postgres::PgStore::builder(pool).timeout(self.timeout());
+        if let Some(schema) = schema {
+            builder = builder.schema(schema);
+        }
+        builder.build()
+    }
+
+    /// A Redis store (standalone or Cluster) with a connection of its own.
+    #[cfg(feature = "redis")]
+    pub async fn redis(&self) -> Result<dedupe_redis::RedisStore, Error> {
+        let Target::Redis {
+            urls,
+            cluster,
+            prefix,
+        } = self.url.target()
+        else {
+            return Err(Error::config("not a redis URL"));
+        };
+        let mut builder = if *cluster {
+            dedupe_redis::RedisStore::cluster_builder(urls.clone())
+        } else {
+            dedupe_redis::RedisStore::builder(urls[0].clone())
+        };
+        if let Some(prefix) = prefix {
+            builder = builder.prefix(prefix);
+        }
+        builder.timeout(self.timeout()).connect().await
+    }
+
+    /// A DynamoDB store on an SDK client of its own: static test credentials
+    /// for an `endpoint` when the environment has none, else the AWS chain.
+    #[cfg(feature = "dynamodb")]
+    pub async fn dynamo(&self) -> Result<dedupe_dynamo::DynamoStore, Error> {
+        let client = self.dynamo_client().await?;
+        let Target::Dynamo { table, .. } = self.url.target() else {
+            return Err(Error::config("not a dynamodb URL"));
+        };
+        dedupe_dynamo::DynamoStore::builder(client)
+            .table(table)
+            .build()
+    }
+
+    /// The SDK client a DynamoDB handle uses.
+    #[cfg(feature = "dynamodb")]
+    pub async fn dynamo_client(&self) -> Result<dedupe_dynamo::aws_sdk_dynamodb::Client, Error> {
+        let Target::Dynamo {
+            region, endpoint, ..
+        } = self.url.target()
+        else {
+            return Err(Error::config("not a dynamodb URL"));
+        };
+        Ok(match endpoint {
+            Some(endpoint) if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() => {
+                let region = region
+                    .clone()
+                    .or_else(|| std::env::var("AWS_REGION").ok())
+                    .unwrap_or_else(|| "us-east-1".into());
+                dedupe_dynamo::client_for_endpoint(endpoint, &region, self.timeout())
+            }
+            endpoint => {
+                if let Some(region) = region {
+                    // The chain reads the region from the environment first.
+                    let client = dedupe_dynamo::client_from_env(endpoint.as_deref()).await;
+                    let config = client
+                        .config()
+                        .to_builder()
+                        .region(dedupe_dynamo::aws_sdk_dynamodb::config::Region::new(
+                            region.clone(),
+                        ))
+                        .build();
+                    dedupe_dynamo::aws_sdk_dynamodb::Client::from_conf(config)
+                } else {
+                    dedupe_dynamo::client_from_env(endpoint.as_deref()).await
+                }
+            }
+        })
+    }
+
+    /// Removes the namespace this opener's URL names (the SQLite table, the
+    /// Postgres schema, every key under the Redis prefix, the DynamoDB table)
+    /// with every record in it. For namespaces a run made for itself
+    /// ([`StoreUrl::in_namespace`]); never call it on a live deployment's.
+    pub async fn remove_namespace(&self) -> Result<(), Error> {
+        match self.url.target() {
+            Target::Memory => Ok(()),
+            #[cfg(feature = "sqlite")]
+            Target::Sqlite { table, .. } => {
+                let table = table.clone().unwrap_or_else(|| "dedupe_records".into());
+                let path = self.sqlite_path.clone().unwrap_or_default();
+                tokio::task::spawn_blocking(move || {
+                    let conn = dedupe_sqlite::rusqlite::Connection::open(path)?;
+                    conn.execute_batch(&format!("DROP TABLE IF EXISTS \"{table}\""))
+                })
+                .await
+                .map_err(|e| Error::backend("dropping the table", false, Some(Box::new(e) as _)))?
+                .map_err(|e| Error::backend("dropping the table", true, Some(Box::new(e) as _)))
+            }
+            #[cfg(feature = "postgres")]
+            Target::Postgres { schema, .. } => {
+                let schema = schema.clone().unwrap_or_else(|| "dedupe".into());
+                let store = self.postgres(1).await?;
+                dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                )))
+                .execute(store.pool())
+                .await
+                .map(|_| ())
+                .map_err(|e| Error::backend("dropping the schema", true, Some(Box::new(e) as _)))
+            }
+            #[cfg(feature = "redis")]
+            Target::Redis { urls, prefix, .. } => {
+                let prefix = prefix.clone().unwrap_or_else(|| "dedupe:".into());
+                for url in urls {
+                    delete_prefixed(url, &prefix).await?;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "dynamodb")]
+            Target::Dynamo { .. } => self.dynamo().await?.delete_table().await,
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::config(format!(
+                "{} stores are not built in",
+                self.url.scheme()
+            ))),
+        }
+    }
+
+    /// One line on what the store promises about keeping records across a
+    /// restart, where it can say (Redis: its persistence settings).
+    pub async fn durability(&self) -> Option<String> {
+        match self.url.target() {
+            #[cfg(feature = "redis")]
+            Target::Redis { .. } => Some(self.redis().await.ok()?.durability().await.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// Deletes the keys under `prefix` held by the server at `url` (on a Cluster,
+/// each master's own keys).
+#[cfg(feature = "redis")]
+async fn delete_prefixed(url: &str, prefix: &str) -> Result<(), Error> {
+    use dedupe_redis::redis::{self, AsyncCommands};
+    let fail = |e: redis::RedisError| {
+        Error::backend("deleting the prefix's keys", true, Some(Box::new(e) as _))
+    };
+    let client = redis::Client::open(url).map_err(fail)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail)?;
+    let keys: Vec<String> = {
+        let mut iter: redis::AsyncIter<'_, String> = conn
+            .scan_match(format!("{}*", glob_escape(prefix)))
+            .await
+            .map_err(fail)?;
+        let mut keys = Vec::new();
+        while let Some(key) = iter.next_item().await {
+            keys.push(key.map_err(fail)?);
+        }
+        keys
+    };
+    for key in keys {
+        // One key per call: on a Cluster node, keys of one call must share a slot.
+        let _: i64 = conn.del(key).await.map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// A prefix as a literal in a SCAN pattern.
+#[cfg(feature = "redis")]
+fn glob_escape(prefix: &str) -> String {
+    let mut escaped = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// Opens the store `url` names and returns one handle: the shortest way from
+/// a configuration string to a store.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = dedupe_url::open_store("memory:").await?;
+/// let key = dedupe_core::Key::new("stripe", "evt_1")?;
+/// assert!(store.get(&key).await?.is_none());
+/// # Ok::<(), dedupe_url::OpenError>(()) }).unwrap();
+/// ```
+pub async fn open_store(url: &str) -> Result<Arc<dyn DedupeStore>, crate::OpenError> {
+    let opener = Opener::new(url.parse()?).await?;
+    let handle = opener.handle().await?;
+    // A temporary SQLite file lives as long as its opener: keep it with the
+    // handle's owner by leaking nothing: re-open on the file when it is the
+    // URL's own, else keep the opener alive inside the handle.
+    if opener._dir.is_some() {
+        return Ok(Arc::new(KeepAlive {
+            handle,
+            _opener: Arc::new(opener),
+        }));
+    }
+    Ok(handle)
+}
+
+/// A handle that keeps its opener (and so its temporary directory) alive.
+#[derive(Debug)]
+struct KeepAlive {
+    handle: Arc<dyn DedupeStore>,
+    _opener: Arc<Opener>,
+}
+
+#[dedupe_core::async_trait]
+impl DedupeStore for KeepAlive {
+    async fn claim(
+        &self,
+        key: &dedupe_core::Key,
+        opts: &dedupe_core::ClaimOptions,
+    ) -> dedupe_core::Result<dedupe_core::ClaimOutcome> {
+        self.handle.claim(key, opts).await
+    }
+    async fn complete(
+        &self,
+        lease: &dedupe_core::Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> dedupe_core::Result<()> {
+        self.handle.complete(lease, outcome, retention).await
+    }
+    async fn release(&self, lease: &dedupe_core::Lease) -> dedupe_core::Result<()> {
+        self.handle.release(lease).await
+    }
+    async fn extend(
+        &self,
+        lease: &dedupe_core::Lease,
+        ttl: Duration,
+    ) -> dedupe_core::Result<dedupe_core::Lease> {
+        self.handle.extend(lease, ttl).await
+    }
+    async fn expire(&self) -> dedupe_core::Result<u64> {
+        self.handle.expire().await
+    }
+    async fn get(
+        &self,
+        key: &dedupe_core::Key,
+    ) -> dedupe_core::Result<Option<dedupe_core::Record>> {
+        self.handle.get(key).await
+    }
+    async fn forget(&self, key: &dedupe_core::Key) -> dedupe_core::Result<bool> {
+        self.handle.forget(key).await
+    }
+    async fn claim_many(
+        &self,
+        keys: &[dedupe_core::Key],
+        opts: &dedupe_core::ClaimOptions,
+    ) -> dedupe_core::Result<Vec<dedupe_core::ClaimOutcome>> {
+        self.handle.claim_many(keys, opts).await
+    }
+    fn capabilities(&self) -> dedupe_core::Capabilities {
+        self.handle.capabilities()
+    }
+}
