@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod conformance;
 mod race;
 mod records;
@@ -15,7 +16,7 @@ mod records;
 #[command(
     name = "dedupe",
     version,
-    about = "Process each webhook event once: race, check and inspect dedupe stores",
+    about = "Process each webhook event once: benchmark, race, check and inspect dedupe stores",
     after_help = "Stores are URLs: memory:, sqlite:[//PATH], postgres://USER@HOST/DB[?schema=S], \
                   redis://HOST:PORT/N[?prefix=P], rediss://..., redis+cluster://HOST:PORT,HOST:PORT, \
                   dynamodb://TABLE[?region=R&endpoint=URL]; every scheme also takes timeout=, \
@@ -28,6 +29,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Measure stores side by side, each against its raw driver doing the same
+    /// work with its minimal atomic primitive (default: memory: and a SQLite
+    /// file in a temporary directory).
+    Bench(bench::BenchArgs),
     /// Deliver every event several times, copies at the same instant and later
     /// retries, through the Deduper on one store; report what happened and check
     /// that every event's work ran exactly once.
@@ -69,6 +74,7 @@ async fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => bench::bench(args).await,
         Command::Race(args) => race::race(args).await,
         Command::Conformance(args) => conformance::conformance(args).await,
         Command::Inspect(args) => records::inspect(args).await,

@@ -292,3 +292,94 @@ fn an_unknown_check_is_a_clear_error() {
     assert!(!ok);
     assert!(out.contains("no check is named \"no_such_check\""), "{out}");
 }
+
+fn bench_rows(out: &str) -> Vec<serde_json::Value> {
+    let start = out.find('[').expect("a JSON array");
+    let rows: serde_json::Value = serde_json::from_str(&out[start..]).expect("JSON");
+    rows.as_array().expect("rows").clone()
+}
+
+/// The benchmark on the default stores, briefly: every row has figures for
+/// the store and its raw driver, no errors, and the files are written.
+#[test]
+fn bench_on_the_default_stores() {
+    let dir = tempfile::tempdir().expect("dir");
+    let out_dir = dir.path().join("results");
+    let (ok, out) = dedupe(&[
+        "bench",
+        "--workload",
+        "claim,duplicate,cycle,batch,mixed",
+        "--concurrency",
+        "1,4",
+        "--duration",
+        "150ms",
+        "--warmup",
+        "30ms",
+        "--done-keys",
+        "50",
+        "--json",
+        "--out",
+        out_dir.to_str().expect("utf-8"),
+    ]);
+    assert!(ok, "{out}");
+    let rows = bench_rows(&out);
+    assert_eq!(rows.len(), 2 * 5 * 2, "{out}");
+    for row in &rows {
+        assert!(row["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert!(
+            row["raw_ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0,
+            "{row}"
+        );
+        assert_eq!(row["errors"], 0, "{row}");
+        assert_eq!(row["raw_errors"], 0, "{row}");
+        assert!(row["p99_us"].as_u64().unwrap_or(0) >= row["p50_us"].as_u64().unwrap_or(0));
+    }
+    let csv = std::fs::read_to_string(out_dir.join("results.csv")).expect("csv");
+    assert_eq!(csv.lines().count(), rows.len() + 1, "{csv}");
+    assert!(out_dir.join("results.json").is_file());
+}
+
+/// The benchmark's raw drivers and stores on every server kind: Postgres,
+/// Redis (standalone) and DynamoDB (moto), briefly.
+#[test]
+fn bench_on_every_server() {
+    use dedupe_testkit::dynamo::{dynamo_server, Emulator};
+    let (_pg, pg) = dedupe_testkit::postgres_server();
+    let (_redis, redis) = dedupe_testkit::redis::server();
+    let (_moto, endpoint) = dynamo_server(Emulator::Moto);
+    let dynamo = format!("dynamodb://bench?endpoint={endpoint}");
+    let (ok, out) = dedupe(&[
+        "bench",
+        "--store",
+        &pg,
+        "--store",
+        &redis,
+        "--store",
+        &dynamo,
+        "--workload",
+        "claim,duplicate,batch",
+        "--concurrency",
+        "2",
+        "--duration",
+        "150ms",
+        "--warmup",
+        "30ms",
+        "--done-keys",
+        "10",
+        "--batch",
+        "4",
+        "--json",
+    ]);
+    assert!(ok, "{out}");
+    let rows = bench_rows(&out);
+    assert_eq!(rows.len(), 3 * 3, "{out}");
+    for row in &rows {
+        assert!(row["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert!(
+            row["raw_ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0,
+            "{row}"
+        );
+        assert_eq!(row["errors"], 0, "{row}");
+        assert_eq!(row["raw_errors"], 0, "{row}");
+    }
+}

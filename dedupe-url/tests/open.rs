@@ -13,7 +13,7 @@ async fn handles_share_records_and_namespaces_go(url: &str) {
     let key = Key::new("url", "evt_1").expect("key");
     let opts = ClaimOptions::new(Duration::from_secs(60));
     {
-        let opener = Opener::new(url.clone()).await.expect(url.scheme());
+        let opener = Opener::new(url.clone()).await.expect("open");
         let (a, b) = (
             opener.handle().await.expect("handle"),
             opener.handle().await.expect("handle"),
@@ -88,5 +88,6 @@ async fn dynamodb() {
     let (_server, endpoint) = tokio::task::spawn_blocking(|| dynamo_server(Emulator::Moto))
         .await
         .expect("moto");
-    handles_share_records_and_namespaces_go(&format!("dynamodb://events?endpoint={endpoint}")).await;
+    handles_share_records_and_namespaces_go(&format!("dynamodb://events?endpoint={endpoint}"))
+        .await;
 }

@@ -1,0 +1,434 @@
+//! `dedupe bench`: stores side by side, each against its raw driver doing the
+//! same work with its minimal atomic primitive, in one run.
+//!
+//! Every row is one store, one workload, one concurrency: that many tasks,
+//! each with a handle (a connection) of its own, run operations for the
+//! row's duration after an uncounted warm-up; then the raw driver does the
+//! same. A row reports throughput, latency percentiles (an HDR histogram),
+//! errors, and the ratio store / raw. Winners are counted per key: a key won
+//! twice is printed and the run exits non-zero.
+
+mod raw;
+mod report;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
+use dedupe_url::Opener;
+use hdrhistogram::Histogram;
+
+use raw::{RawHandle, RawStore};
+pub use report::Row;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// A store to measure, as a URL (repeatable; default: memory: and a
+    /// SQLite file in a temporary directory). Each runs in a new namespace
+    /// (table, schema, prefix) removed afterwards.
+    #[arg(long = "store", value_name = "URL")]
+    pub stores: Vec<String>,
+    /// Workloads: claim (new keys), duplicate (keys already done), cycle
+    /// (claim then complete), batch (claim_many of --batch new keys), mixed
+    /// (cycle on keys that repeat with --dup-ratio).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "claim,duplicate,cycle,batch"
+    )]
+    pub workload: Vec<Workload>,
+    /// Concurrent tasks, each with its own handle; a comma list sweeps.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub concurrency: Vec<usize>,
+    /// How long each row measures (after the warm-up), e.g. 2s.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Operations per row instead of a duration.
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// Uncounted warm-up before each row.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Keys per claim_many in the batch workload.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Keys made done before the duplicate workload, which claims them again
+    /// and again.
+    #[arg(long, default_value_t = 1_000)]
+    pub done_keys: u64,
+    /// Share of operations on a key seen before, in the mixed workload.
+    #[arg(long, default_value_t = 0.5)]
+    pub dup_ratio: f64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write results.json and results.csv into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let url = format!("memory:?timeout={text}");
+    url.parse::<dedupe_url::StoreUrl>()
+        .ok()
+        .and_then(|u| u.timeout())
+        .ok_or_else(|| format!("{text:?} is not a duration like 500ms, 2s or 1m"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    Claim,
+    Duplicate,
+    Cycle,
+    Batch,
+    Mixed,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Claim => "claim",
+            Workload::Duplicate => "duplicate",
+            Workload::Cycle => "cycle",
+            Workload::Batch => "batch",
+            Workload::Mixed => "mixed",
+        }
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(300);
+const RETENTION: Duration = Duration::from_secs(3600);
+
+/// Where an operation's key comes from.
+struct KeyStream {
+    label: String,
+    done_keys: u64,
+    next: AtomicU64,
+    workload: Workload,
+    dup_ratio: f64,
+}
+
+impl KeyStream {
+    /// The keys of operation number `i` (one, or a batch).
+    fn keys(&self, i: u64, batch: usize) -> Vec<String> {
+        match self.workload {
+            Workload::Duplicate => {
+                vec![format!("{}-done-{}", self.label, i % self.done_keys.max(1))]
+            }
+            Workload::Batch => (0..batch as u64)
+                .map(|j| format!("{}-{}", self.label, i * batch as u64 + j))
+                .collect(),
+            Workload::Mixed => {
+                // A fixed pseudo-random draw per operation: a key seen shortly
+                // before (so racing tasks meet on it) or a new one.
+                let h = splitmix(i);
+                let repeat = (h % 10_000) as f64 / 10_000.0 < self.dup_ratio && i > 0;
+                let n = if repeat {
+                    i - 1 - (h >> 32) % i.min(32)
+                } else {
+                    i
+                };
+                vec![format!("{}-{n}", self.label)]
+            }
+            Workload::Claim | Workload::Cycle => vec![format!("{}-{i}", self.label)],
+        }
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// One task's side of a row.
+enum Side {
+    Store(Arc<dyn DedupeStore>),
+    Raw(RawHandle),
+}
+
+impl Side {
+    /// Runs one operation; the keys it won.
+    async fn op(&mut self, workload: Workload, keys: &[String]) -> Result<Vec<String>, Error> {
+        let opts = ClaimOptions::new(LEASE);
+        match self {
+            Side::Store(store) => {
+                let keys: Vec<Key> = keys
+                    .iter()
+                    .map(|k| Key::new("bench", k.as_str()))
+                    .collect::<Result<_, _>>()?;
+                let answers = if keys.len() == 1 {
+                    vec![store.claim(&keys[0], &opts).await?]
+                } else {
+                    store.claim_many(&keys, &opts).await?
+                };
+                let mut won = Vec::new();
+                for (key, answer) in keys.iter().zip(answers) {
+                    if let ClaimOutcome::Claimed(lease) = answer {
+                        if matches!(workload, Workload::Cycle | Workload::Mixed) {
+                            store.complete(&lease, b"ok", RETENTION).await?;
+                        }
+                        won.push(key.id().to_string());
+                    }
+                }
+                Ok(won)
+            }
+            Side::Raw(raw) => {
+                let answers = raw.claim(keys, LEASE).await?;
+                let mut won = Vec::new();
+                for (key, answer) in keys.iter().zip(answers) {
+                    if answer {
+                        if matches!(workload, Workload::Cycle | Workload::Mixed) {
+                            raw.complete(key, RETENTION).await?;
+                        }
+                        won.push(key.clone());
+                    }
+                }
+                Ok(won)
+            }
+        }
+    }
+}
+
+/// What the tasks of one row measured.
+#[derive(Default)]
+struct Measured {
+    ops: u64,
+    errors: u64,
+    first_error: Option<String>,
+    wins: HashMap<String, u32>,
+    latency: Option<Histogram<u64>>,
+}
+
+async fn run_row(
+    sides: Vec<Side>,
+    stream: Arc<KeyStream>,
+    args: &BenchArgs,
+    measure: bool,
+) -> (Measured, Duration) {
+    let period = if measure { args.duration } else { args.warmup };
+    let limit = if measure { args.ops } else { None };
+    let started = Instant::now();
+    let done_ops = Arc::new(AtomicU64::new(0));
+    let batch = args.batch;
+    let workload = stream.workload;
+    let tasks: Vec<_> = sides
+        .into_iter()
+        .map(|mut side| {
+            let (stream, done_ops) = (Arc::clone(&stream), Arc::clone(&done_ops));
+            tokio::spawn(async move {
+                let mut m = Measured {
+                    latency: Histogram::new_with_bounds(1, 60_000_000, 3).ok(),
+                    ..Measured::default()
+                };
+                loop {
+                    match limit {
+                        Some(n) if done_ops.fetch_add(1, Ordering::Relaxed) >= n => break,
+                        None if started.elapsed() >= period => break,
+                        _ => {}
+                    }
+                    let i = stream.next.fetch_add(1, Ordering::Relaxed);
+                    let keys = stream.keys(i, batch);
+                    let t = Instant::now();
+                    match side.op(workload, &keys).await {
+                        Ok(won) => {
+                            if let Some(h) = m.latency.as_mut() {
+                                let _ = h.record(t.elapsed().as_micros().max(1) as u64);
+                            }
+                            m.ops += keys.len() as u64;
+                            for k in won {
+                                *m.wins.entry(k).or_default() += 1;
+                            }
+                        }
+                        Err(e) => {
+                            m.errors += 1;
+                            m.first_error.get_or_insert_with(|| e.to_string());
+                        }
+                    }
+                }
+                m
+            })
+        })
+        .collect();
+    let mut total = Measured::default();
+    for task in tasks {
+        let Ok(m) = task.await else {
+            total.errors += 1;
+            continue;
+        };
+        total.ops += m.ops;
+        total.errors += m.errors;
+        if total.first_error.is_none() {
+            total.first_error = m.first_error;
+        }
+        for (k, n) in m.wins {
+            *total.wins.entry(k).or_default() += n;
+        }
+        match (&mut total.latency, m.latency) {
+            (Some(all), Some(h)) => {
+                let _ = all.add(h);
+            }
+            (slot @ None, h) => *slot = h,
+            _ => {}
+        }
+    }
+    (total, started.elapsed())
+}
+
+/// Makes the duplicate workload's keys done, through the store and raw.
+async fn make_done(
+    opener: &Opener,
+    raw: &RawStore,
+    label: &str,
+    done_keys: u64,
+) -> Result<(), Error> {
+    let stream = KeyStream {
+        label: label.to_string(),
+        done_keys,
+        next: AtomicU64::new(0),
+        workload: Workload::Duplicate,
+        dup_ratio: 0.0,
+    };
+    let mut store = Side::Store(opener.handle().await?);
+    let mut raw = Side::Raw(raw.handle(opener).await?);
+    for i in 0..done_keys.max(1) {
+        let keys = stream.keys(i, 1);
+        store.op(Workload::Cycle, &keys).await?;
+        raw.op(Workload::Cycle, &keys).await?;
+    }
+    Ok(())
+}
+
+async fn bench_store(
+    url: dedupe_url::StoreUrl,
+    args: &BenchArgs,
+    rows: &mut Vec<Row>,
+    doubles: &mut Vec<String>,
+) -> Result<(), Error> {
+    let opener = Opener::new(url.in_namespace(&crate::fresh_namespace())).await?;
+    let raw = RawStore::prepare(&opener).await?;
+    let result = measure_store(&opener, &raw, args, rows, doubles).await;
+    raw.finish(&opener).await?;
+    opener.remove_namespace().await?;
+    result
+}
+
+async fn measure_store(
+    opener: &Opener,
+    raw: &RawStore,
+    args: &BenchArgs,
+    rows: &mut Vec<Row>,
+    doubles: &mut Vec<String>,
+) -> Result<(), Error> {
+    let shown = opener.url().to_string();
+    for (w, &workload) in args.workload.iter().enumerate() {
+        if workload == Workload::Duplicate {
+            make_done(opener, raw, &format!("w{w}"), args.done_keys).await?;
+        }
+        for (c, &concurrency) in args.concurrency.iter().enumerate() {
+            let concurrency = concurrency.max(1);
+            let mut halves = Vec::with_capacity(2);
+            for (m, mode) in ["store", "raw"].into_iter().enumerate() {
+                let label = |phase: &str| {
+                    if workload == Workload::Duplicate {
+                        format!("w{w}")
+                    } else {
+                        format!("w{w}c{c}m{m}{phase}")
+                    }
+                };
+                let stream = |phase: &str| {
+                    Arc::new(KeyStream {
+                        label: label(phase),
+                        done_keys: args.done_keys,
+                        next: AtomicU64::new(0),
+                        workload,
+                        dup_ratio: args.dup_ratio,
+                    })
+                };
+                let mut sides = Vec::with_capacity(concurrency);
+                for _ in 0..concurrency {
+                    sides.push(match mode {
+                        "store" => Side::Store(opener.handle().await?),
+                        _ => Side::Raw(raw.handle(opener).await?),
+                    });
+                }
+                // The warm-up runs on keys of its own, then the same handles measure.
+                let (warm, _) = run_row(sides, stream("warm"), args, false).await;
+                drop(warm);
+                let mut sides = Vec::with_capacity(concurrency);
+                for _ in 0..concurrency {
+                    sides.push(match mode {
+                        "store" => Side::Store(opener.handle().await?),
+                        _ => Side::Raw(raw.handle(opener).await?),
+                    });
+                }
+                let (measured, elapsed) = run_row(sides, stream(""), args, true).await;
+                let expected_wins = match workload {
+                    Workload::Duplicate => 0,
+                    _ => 1,
+                };
+                for (key, n) in &measured.wins {
+                    if *n > expected_wins.max(1) {
+                        doubles.push(format!(
+                            "{shown} {mode} {}: {key} won {n} times",
+                            workload.name()
+                        ));
+                    }
+                }
+                if workload == Workload::Duplicate && !measured.wins.is_empty() {
+                    doubles.push(format!(
+                        "{shown} {mode} duplicate: {} done keys were claimed again",
+                        measured.wins.len()
+                    ));
+                }
+                if let Some(e) = &measured.first_error {
+                    eprintln!(
+                        "{shown} {mode} {}: {} errors, the first: {e}",
+                        workload.name(),
+                        measured.errors
+                    );
+                }
+                halves.push((measured, elapsed));
+            }
+            let raw_half = halves.pop();
+            let store_half = halves.pop();
+            if let (Some(s), Some(r)) = (store_half, raw_half) {
+                rows.push(Row::new(
+                    &shown,
+                    opener.url().scheme(),
+                    workload,
+                    concurrency,
+                    &s,
+                    &r,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn bench(args: BenchArgs) -> Result<bool, Error> {
+    let urls = if args.stores.is_empty() {
+        vec!["memory:".to_string(), "sqlite:".to_string()]
+    } else {
+        args.stores.clone()
+    };
+    let urls: Vec<dedupe_url::StoreUrl> = urls
+        .iter()
+        .map(|u| crate::store_url(u))
+        .collect::<Result<_, _>>()?;
+    let mut rows = Vec::new();
+    let mut doubles = Vec::new();
+    for url in urls {
+        bench_store(url, &args, &mut rows, &mut doubles).await?;
+    }
+    report::print(&rows, &args)?;
+    for d in &doubles {
+        println!("DOUBLE WIN: {d}");
+    }
+    Ok(doubles.is_empty())
+}

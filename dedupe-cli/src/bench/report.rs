@@ -1,0 +1,183 @@
+//! The benchmark's figures: an aligned table, JSON, CSV.
+
+use std::time::Duration;
+
+use dedupe_core::Error;
+use serde::Serialize;
+
+use super::{BenchArgs, Measured, Workload};
+
+/// One store, one workload, one concurrency, measured through the store and
+/// through its raw driver.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub store: String,
+    pub kind: &'static str,
+    pub workload: Workload,
+    pub concurrency: usize,
+    pub ops_per_sec: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub errors: u64,
+    pub raw_ops_per_sec: f64,
+    pub raw_p50_us: u64,
+    pub raw_p99_us: u64,
+    pub raw_errors: u64,
+    /// ops/s through the store over ops/s through the raw driver.
+    pub store_over_raw: f64,
+}
+
+fn rate(m: &Measured, elapsed: Duration) -> f64 {
+    m.ops as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+fn pct(m: &Measured, q: f64) -> u64 {
+    m.latency.as_ref().map_or(0, |h| h.value_at_quantile(q))
+}
+
+impl Row {
+    pub(super) fn new(
+        store: &str,
+        kind: &'static str,
+        workload: Workload,
+        concurrency: usize,
+        (s, s_elapsed): &(Measured, Duration),
+        (r, r_elapsed): &(Measured, Duration),
+    ) -> Self {
+        let ops = rate(s, *s_elapsed);
+        let raw = rate(r, *r_elapsed);
+        Self {
+            store: store.to_string(),
+            kind,
+            workload,
+            concurrency,
+            ops_per_sec: ops,
+            p50_us: pct(s, 0.5),
+            p99_us: pct(s, 0.99),
+            p999_us: pct(s, 0.999),
+            errors: s.errors,
+            raw_ops_per_sec: raw,
+            raw_p50_us: pct(r, 0.5),
+            raw_p99_us: pct(r, 0.99),
+            raw_errors: r.errors,
+            store_over_raw: if raw > 0.0 { ops / raw } else { 0.0 },
+        }
+    }
+}
+
+const HEADER: [&str; 11] = [
+    "store",
+    "workload",
+    "conc",
+    "ops/s",
+    "p50 µs",
+    "p99 µs",
+    "p99.9 µs",
+    "raw ops/s",
+    "raw p99 µs",
+    "store/raw",
+    "errors",
+];
+
+fn cells(row: &Row) -> [String; 11] {
+    [
+        row.kind.to_string(),
+        match row.workload {
+            Workload::Batch => "batch".into(),
+            w => w.name().into(),
+        },
+        row.concurrency.to_string(),
+        format!("{:.0}", row.ops_per_sec),
+        row.p50_us.to_string(),
+        row.p99_us.to_string(),
+        row.p999_us.to_string(),
+        format!("{:.0}", row.raw_ops_per_sec),
+        row.raw_p99_us.to_string(),
+        format!("{:.2}", row.store_over_raw),
+        (row.errors + row.raw_errors).to_string(),
+    ]
+}
+
+/// The table: one line per row, columns aligned.
+pub fn table(rows: &[Row]) -> String {
+    let lines: Vec<[String; 11]> = std::iter::once(HEADER.map(String::from))
+        .chain(rows.iter().map(cells))
+        .collect();
+    let widths: Vec<usize> = (0..HEADER.len())
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for line in &lines {
+        let mut text = String::new();
+        for (c, cell) in line.iter().enumerate() {
+            let pad = widths[c] - cell.chars().count();
+            if c < 2 {
+                text.push_str(cell);
+                text.push_str(&" ".repeat(pad + 2));
+            } else {
+                text.push_str(&" ".repeat(pad));
+                text.push_str(cell);
+                text.push_str("  ");
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn csv(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "store,kind,workload,concurrency,ops_per_sec,p50_us,p99_us,p999_us,errors,\
+         raw_ops_per_sec,raw_p50_us,raw_p99_us,raw_errors,store_over_raw\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "\"{}\",{},{},{},{:.1},{},{},{},{},{:.1},{},{},{},{:.3}\n",
+            r.store.replace('"', "\"\""),
+            r.kind,
+            r.workload.name(),
+            r.concurrency,
+            r.ops_per_sec,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            r.errors,
+            r.raw_ops_per_sec,
+            r.raw_p50_us,
+            r.raw_p99_us,
+            r.raw_errors,
+            r.store_over_raw
+        ));
+    }
+    out
+}
+
+pub(super) fn print(rows: &[Row], args: &BenchArgs) -> Result<(), Error> {
+    let json = serde_json::to_string_pretty(rows)
+        .map_err(|e| Error::backend("results as JSON", false, Some(Box::new(e) as _)))?;
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", table(rows));
+    }
+    if let Some(dir) = &args.out {
+        let write = |name: &str, text: &str| {
+            std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::write(dir.join(name), text))
+                .map_err(|e| {
+                    Error::backend(format!("writing {name}"), false, Some(Box::new(e) as _))
+                })
+        };
+        write("results.json", &json)?;
+        write("results.csv", &csv(rows))?;
+    }
+    Ok(())
+}
