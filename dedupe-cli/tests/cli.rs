@@ -293,10 +293,18 @@ fn an_unknown_check_is_a_clear_error() {
     assert!(out.contains("no check is named \"no_such_check\""), "{out}");
 }
 
+/// The JSON a `bench --json` printed: `{"rows": [...], "purges": [...]}`.
+fn bench_json(out: &str) -> serde_json::Value {
+    let start = out.find('{').expect("a JSON object");
+    serde_json::Deserializer::from_str(&out[start..])
+        .into_iter::<serde_json::Value>()
+        .next()
+        .expect("JSON")
+        .expect("JSON")
+}
+
 fn bench_rows(out: &str) -> Vec<serde_json::Value> {
-    let start = out.find('[').expect("a JSON array");
-    let rows: serde_json::Value = serde_json::from_str(&out[start..]).expect("JSON");
-    rows.as_array().expect("rows").clone()
+    bench_json(out)["rows"].as_array().expect("rows").clone()
 }
 
 /// The benchmark on the default stores, briefly: every row has figures for
@@ -317,11 +325,31 @@ fn bench_on_the_default_stores() {
         "30ms",
         "--done-keys",
         "50",
+        "--prefill",
+        "200",
+        "--purge",
+        "300",
         "--json",
         "--out",
         out_dir.to_str().expect("utf-8"),
     ]);
     assert!(ok, "{out}");
+    let purges = bench_json(&out)["purges"]
+        .as_array()
+        .expect("purges")
+        .clone();
+    assert_eq!(purges.len(), 2, "{out}");
+    for purge in &purges {
+        assert_eq!(
+            purge["removed"], 300,
+            "every expired record purged: {purge}"
+        );
+        assert_eq!(purge["errors"], 0, "{purge}");
+        assert!(
+            purge["claims_per_sec"].as_f64().unwrap_or(0.0) > 0.0,
+            "{purge}"
+        );
+    }
     let rows = bench_rows(&out);
     assert_eq!(rows.len(), 2 * 5 * 2, "{out}");
     for row in &rows {
@@ -333,10 +361,18 @@ fn bench_on_the_default_stores() {
         assert_eq!(row["errors"], 0, "{row}");
         assert_eq!(row["raw_errors"], 0, "{row}");
         assert!(row["p99_us"].as_u64().unwrap_or(0) >= row["p50_us"].as_u64().unwrap_or(0));
+        assert_eq!(row["stored_keys"], 200, "{row}");
     }
     let csv = std::fs::read_to_string(out_dir.join("results.csv")).expect("csv");
     assert_eq!(csv.lines().count(), rows.len() + 1, "{csv}");
     assert!(out_dir.join("results.json").is_file());
+    for chart in ["throughput.svg", "latency.svg"] {
+        let svg = std::fs::read_to_string(out_dir.join(chart)).expect(chart);
+        assert!(
+            svg.contains("<svg") && svg.contains("sqlite claim"),
+            "{chart}"
+        );
+    }
 }
 
 /// The benchmark's raw drivers and stores on every server kind: Postgres,

@@ -8,11 +8,13 @@
 //! errors, and the ratio store / raw. Winners are counted per key: a key won
 //! twice is printed and the run exits non-zero.
 
+mod chart;
+mod load;
 mod raw;
 mod report;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,10 +63,19 @@ pub struct BenchArgs {
     /// Share of operations on a key seen before, in the mixed workload.
     #[arg(long, default_value_t = 0.5)]
     pub dup_ratio: f64,
+    /// Records stored before measuring (in flight, long leases), in the
+    /// store and in the raw table: how claims move from 10^4 to 10^6 keys.
+    #[arg(long, default_value_t = 0)]
+    pub prefill: u64,
+    /// Also measure `expire()` over this many expired records while claims
+    /// go on at the first concurrency (0: no purge figure).
+    #[arg(long, default_value_t = 0)]
+    pub purge: u64,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Also write results.json and results.csv into this directory.
+    /// Also write results.json, results.csv, throughput.svg and latency.svg
+    /// into this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<std::path::PathBuf>,
 }
@@ -99,6 +110,29 @@ impl Workload {
     }
 }
 
+/// When a row stops: after `period`, or after `ops` operations.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub period: Duration,
+    pub ops: Option<u64>,
+}
+
+impl BenchArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            period: self.duration,
+            ops: self.ops,
+        }
+    }
+
+    fn warmup_limits(&self) -> Limits {
+        Limits {
+            period: self.warmup,
+            ops: None,
+        }
+    }
+}
+
 const LEASE: Duration = Duration::from_secs(300);
 const RETENTION: Duration = Duration::from_secs(3600);
 
@@ -106,6 +140,7 @@ const RETENTION: Duration = Duration::from_secs(3600);
 struct KeyStream {
     label: String,
     done_keys: u64,
+    batch: usize,
     next: AtomicU64,
     workload: Workload,
     dup_ratio: f64,
@@ -113,7 +148,8 @@ struct KeyStream {
 
 impl KeyStream {
     /// The keys of operation number `i` (one, or a batch).
-    fn keys(&self, i: u64, batch: usize) -> Vec<String> {
+    fn keys(&self, i: u64) -> Vec<String> {
+        let batch = self.batch;
         match self.workload {
             Workload::Duplicate => {
                 vec![format!("{}-done-{}", self.label, i % self.done_keys.max(1))]
@@ -207,32 +243,34 @@ struct Measured {
 async fn run_row(
     sides: Vec<Side>,
     stream: Arc<KeyStream>,
-    args: &BenchArgs,
-    measure: bool,
+    limits: Limits,
+    stop: Option<Arc<AtomicBool>>,
 ) -> (Measured, Duration) {
-    let period = if measure { args.duration } else { args.warmup };
-    let limit = if measure { args.ops } else { None };
+    let Limits { period, ops: limit } = limits;
     let started = Instant::now();
     let done_ops = Arc::new(AtomicU64::new(0));
-    let batch = args.batch;
     let workload = stream.workload;
     let tasks: Vec<_> = sides
         .into_iter()
         .map(|mut side| {
             let (stream, done_ops) = (Arc::clone(&stream), Arc::clone(&done_ops));
+            let stop = stop.clone();
             tokio::spawn(async move {
                 let mut m = Measured {
                     latency: Histogram::new_with_bounds(1, 60_000_000, 3).ok(),
                     ..Measured::default()
                 };
                 loop {
+                    if stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+                        break;
+                    }
                     match limit {
                         Some(n) if done_ops.fetch_add(1, Ordering::Relaxed) >= n => break,
                         None if started.elapsed() >= period => break,
                         _ => {}
                     }
                     let i = stream.next.fetch_add(1, Ordering::Relaxed);
-                    let keys = stream.keys(i, batch);
+                    let keys = stream.keys(i);
                     let t = Instant::now();
                     match side.op(workload, &keys).await {
                         Ok(won) => {
@@ -289,6 +327,7 @@ async fn make_done(
     let stream = KeyStream {
         label: label.to_string(),
         done_keys,
+        batch: 1,
         next: AtomicU64::new(0),
         workload: Workload::Duplicate,
         dup_ratio: 0.0,
@@ -296,7 +335,7 @@ async fn make_done(
     let mut store = Side::Store(opener.handle().await?);
     let mut raw = Side::Raw(raw.handle(opener).await?);
     for i in 0..done_keys.max(1) {
-        let keys = stream.keys(i, 1);
+        let keys = stream.keys(i);
         store.op(Workload::Cycle, &keys).await?;
         raw.op(Workload::Cycle, &keys).await?;
     }
@@ -307,11 +346,23 @@ async fn bench_store(
     url: dedupe_url::StoreUrl,
     args: &BenchArgs,
     rows: &mut Vec<Row>,
+    purges: &mut Vec<load::Purge>,
     doubles: &mut Vec<String>,
+    progress: &indicatif::ProgressBar,
 ) -> Result<(), Error> {
     let opener = Opener::new(url.in_namespace(&crate::fresh_namespace())).await?;
     let raw = RawStore::prepare(&opener).await?;
-    let result = measure_store(&opener, &raw, args, rows, doubles).await;
+    let result = async {
+        if args.prefill > 0 {
+            load::load(&opener, Some(&raw), "prefill", args.prefill, LEASE).await?;
+        }
+        measure_store(&opener, &raw, args, rows, doubles, progress).await?;
+        if args.purge > 0 {
+            purges.push(load::purge(&opener, args, args.purge).await?);
+        }
+        Ok::<(), Error>(())
+    }
+    .await;
     raw.finish(&opener).await?;
     opener.remove_namespace().await?;
     result
@@ -323,6 +374,7 @@ async fn measure_store(
     args: &BenchArgs,
     rows: &mut Vec<Row>,
     doubles: &mut Vec<String>,
+    progress: &indicatif::ProgressBar,
 ) -> Result<(), Error> {
     let shown = opener.url().to_string();
     for (w, &workload) in args.workload.iter().enumerate() {
@@ -331,6 +383,11 @@ async fn measure_store(
         }
         for (c, &concurrency) in args.concurrency.iter().enumerate() {
             let concurrency = concurrency.max(1);
+            progress.set_message(format!(
+                "{} {} x{concurrency}",
+                opener.url().scheme(),
+                workload.name()
+            ));
             let mut halves = Vec::with_capacity(2);
             for (m, mode) in ["store", "raw"].into_iter().enumerate() {
                 let label = |phase: &str| {
@@ -344,6 +401,7 @@ async fn measure_store(
                     Arc::new(KeyStream {
                         label: label(phase),
                         done_keys: args.done_keys,
+                        batch: args.batch,
                         next: AtomicU64::new(0),
                         workload,
                         dup_ratio: args.dup_ratio,
@@ -357,7 +415,7 @@ async fn measure_store(
                     });
                 }
                 // The warm-up runs on keys of its own, then the same handles measure.
-                let (warm, _) = run_row(sides, stream("warm"), args, false).await;
+                let (warm, _) = run_row(sides, stream("warm"), args.warmup_limits(), None).await;
                 drop(warm);
                 let mut sides = Vec::with_capacity(concurrency);
                 for _ in 0..concurrency {
@@ -366,7 +424,7 @@ async fn measure_store(
                         _ => Side::Raw(raw.handle(opener).await?),
                     });
                 }
-                let (measured, elapsed) = run_row(sides, stream(""), args, true).await;
+                let (measured, elapsed) = run_row(sides, stream(""), args.limits(), None).await;
                 let expected_wins = match workload {
                     Workload::Duplicate => 0,
                     _ => 1,
@@ -397,15 +455,18 @@ async fn measure_store(
             let raw_half = halves.pop();
             let store_half = halves.pop();
             if let (Some(s), Some(r)) = (store_half, raw_half) {
-                rows.push(Row::new(
+                let mut row = Row::new(
                     &shown,
                     opener.url().scheme(),
                     workload,
                     concurrency,
                     &s,
                     &r,
-                ));
+                );
+                row.stored_keys = args.prefill;
+                rows.push(row);
             }
+            progress.inc(1);
         }
     }
     Ok(())
@@ -422,11 +483,21 @@ pub async fn bench(args: BenchArgs) -> Result<bool, Error> {
         .map(|u| crate::store_url(u))
         .collect::<Result<_, _>>()?;
     let mut rows = Vec::new();
+    let mut purges = Vec::new();
     let mut doubles = Vec::new();
+    // Drawn on stderr only when it is a terminal.
+    let progress = indicatif::ProgressBar::new(
+        (urls.len() * args.workload.len() * args.concurrency.len()) as u64,
+    );
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} rows  {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     for url in urls {
-        bench_store(url, &args, &mut rows, &mut doubles).await?;
+        bench_store(url, &args, &mut rows, &mut purges, &mut doubles, &progress).await?;
     }
-    report::print(&rows, &args)?;
+    progress.finish_and_clear();
+    report::print(&rows, &purges, &args)?;
     for d in &doubles {
         println!("DOUBLE WIN: {d}");
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use dedupe_core::Error;
 use serde::Serialize;
 
+use super::load::Purge;
 use super::{BenchArgs, Measured, Workload};
 
 /// One store, one workload, one concurrency, measured through the store and
@@ -15,6 +16,8 @@ pub struct Row {
     pub kind: &'static str,
     pub workload: Workload,
     pub concurrency: usize,
+    /// Records stored before measuring (`--prefill`).
+    pub stored_keys: u64,
     pub ops_per_sec: f64,
     pub p50_us: u64,
     pub p99_us: u64,
@@ -52,6 +55,7 @@ impl Row {
             kind,
             workload,
             concurrency,
+            stored_keys: 0,
             ops_per_sec: ops,
             p50_us: pct(s, 0.5),
             p99_us: pct(s, 0.99),
@@ -135,16 +139,17 @@ pub fn table(rows: &[Row]) -> String {
 
 fn csv(rows: &[Row]) -> String {
     let mut out = String::from(
-        "store,kind,workload,concurrency,ops_per_sec,p50_us,p99_us,p999_us,errors,\
+        "store,kind,workload,concurrency,stored_keys,ops_per_sec,p50_us,p99_us,p999_us,errors,\
          raw_ops_per_sec,raw_p50_us,raw_p99_us,raw_errors,store_over_raw\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "\"{}\",{},{},{},{:.1},{},{},{},{},{:.1},{},{},{},{:.3}\n",
+            "\"{}\",{},{},{},{},{:.1},{},{},{},{},{:.1},{},{},{},{:.3}\n",
             r.store.replace('"', "\"\""),
             r.kind,
             r.workload.name(),
             r.concurrency,
+            r.stored_keys,
             r.ops_per_sec,
             r.p50_us,
             r.p99_us,
@@ -160,13 +165,39 @@ fn csv(rows: &[Row]) -> String {
     out
 }
 
-pub(super) fn print(rows: &[Row], args: &BenchArgs) -> Result<(), Error> {
-    let json = serde_json::to_string_pretty(rows)
+fn purge_line(p: &Purge) -> String {
+    if p.native_expiry {
+        return format!(
+            "purge  {}: expires records itself, nothing to purge",
+            p.kind
+        );
+    }
+    format!(
+        "purge  {}: expire() removed {} of {} expired records in {:.0} ms ({:.0}/s); \
+         claims beside it: {:.0} ops/s at concurrency {}, p99 {} µs, {} errors",
+        p.kind,
+        p.removed,
+        p.expired,
+        p.purge_ms,
+        p.removed as f64 / (p.purge_ms / 1e3).max(1e-9),
+        p.claims_per_sec,
+        p.concurrency,
+        p.claims_p99_us,
+        p.errors
+    )
+}
+
+pub(super) fn print(rows: &[Row], purges: &[Purge], args: &BenchArgs) -> Result<(), Error> {
+    let everything = serde_json::json!({ "rows": rows, "purges": purges });
+    let json = serde_json::to_string_pretty(&everything)
         .map_err(|e| Error::backend("results as JSON", false, Some(Box::new(e) as _)))?;
     if args.json {
         println!("{json}");
     } else {
         print!("{}", table(rows));
+        for p in purges {
+            println!("{}", purge_line(p));
+        }
     }
     if let Some(dir) = &args.out {
         let write = |name: &str, text: &str| {
@@ -178,6 +209,7 @@ pub(super) fn print(rows: &[Row], args: &BenchArgs) -> Result<(), Error> {
         };
         write("results.json", &json)?;
         write("results.csv", &csv(rows))?;
+        super::chart::draw(rows, dir)?;
     }
     Ok(())
 }
