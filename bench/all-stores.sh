@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The full table: every store side by side against its raw driver, on private
+# servers this script starts on free loopback ports and stops afterwards (a
+# PostgreSQL cluster, a redis-server, DynamoDB Local), or on servers you give:
+#
+#   bench/all-stores.sh [extra dedupe bench arguments...]
+#   PG_URL=postgres://... REDIS_URL=redis://... DYNAMO_ENDPOINT=http://... bench/all-stores.sh
+#
+# Run scripts/test once first on a fresh machine: it installs the servers and
+# unpacks DynamoDB Local.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+work="$(mktemp -d)"
+chmod 755 "$work"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  if [ -f "$work/pg/postmaster.pid" ]; then
+    runuser -u postgres -- "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ -z "${PG_URL:-}" ]; then
+  pg_bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+  port="$(free_port)"
+  as_pg=()
+  [ "$(id -u)" = 0 ] && as_pg=(runuser -u postgres --)
+  mkdir -p "$work/pg" && chown postgres "$work/pg" 2>/dev/null || true
+  "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U postgres -A trust >/dev/null
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -o "-p $port -k $work/pg -c listen_addresses=127.0.0.1 -c max_connections=300" -w start >/dev/null
+  PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+fi
+if [ -z "${REDIS_URL:-}" ]; then
+  port="$(free_port)"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+  pids+=($!)
+  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  REDIS_URL="redis://127.0.0.1:$port/0"
+fi
+if [ -z "${DYNAMO_ENDPOINT:-}" ]; then
+  home="${DEDUPE_DYNAMODB_LOCAL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dedupe/dynamodb-local}"
+  port="$(free_port)"
+  (cd "$work" && exec java -Xmx512m -XX:+UseSerialGC -Djava.library.path="$home/DynamoDBLocal_lib" \
+    -jar "$home/DynamoDBLocal.jar" -inMemory -port "$port" >/dev/null 2>&1) &
+  pids+=($!)
+  for _ in $(seq 200); do
+    curl -s -o /dev/null -X POST -H 'X-Amz-Target: DynamoDB_20120810.ListTables' \
+      -H 'Content-Type: application/x-amz-json-1.0' \
+      -H 'Authorization: AWS4-HMAC-SHA256 Credential=a/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0' \
+      -d '{}' "http://127.0.0.1:$port/" && break
+    sleep 0.1
+  done
+  DYNAMO_ENDPOINT="http://127.0.0.1:$port"
+fi
+
+cargo run --quiet --release -p dedupe-cli -- bench \
+  --store memory: --store sqlite: --store "$PG_URL" --store "$REDIS_URL" \
+  --store "dynamodb://dedupe_bench?endpoint=$DYNAMO_ENDPOINT" "$@"
