@@ -455,14 +455,8 @@ async fn measure_store(
             let raw_half = halves.pop();
             let store_half = halves.pop();
             if let (Some(s), Some(r)) = (store_half, raw_half) {
-                let mut row = Row::new(
-                    &shown,
-                    opener.url().scheme(),
-                    workload,
-                    concurrency,
-                    &s,
-                    &r,
-                );
+                let mut row =
+                    Row::new(&shown, opener.url().scheme(), workload, concurrency, &s, &r);
                 row.stored_keys = args.prefill;
                 rows.push(row);
             }
