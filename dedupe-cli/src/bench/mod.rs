@@ -317,6 +317,25 @@ async fn run_row(
     (total, started.elapsed())
 }
 
+/// Every key won more than once, and for the duplicate workload every done
+/// key claimed again: each is a broken single-winner guarantee.
+fn judge(measured: &Measured, workload: Workload, who: &str) -> Vec<String> {
+    let mut doubles: Vec<String> = measured
+        .wins
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(key, n)| format!("{who} {}: {key} won {n} times", workload.name()))
+        .collect();
+    if workload == Workload::Duplicate && !measured.wins.is_empty() {
+        doubles.push(format!(
+            "{who} duplicate: {} done keys were claimed again",
+            measured.wins.len()
+        ));
+    }
+    doubles.sort();
+    doubles
+}
+
 /// Makes the duplicate workload's keys done, through the store and raw.
 async fn make_done(
     opener: &Opener,
@@ -425,24 +444,7 @@ async fn measure_store(
                     });
                 }
                 let (measured, elapsed) = run_row(sides, stream(""), args.limits(), None).await;
-                let expected_wins = match workload {
-                    Workload::Duplicate => 0,
-                    _ => 1,
-                };
-                for (key, n) in &measured.wins {
-                    if *n > expected_wins.max(1) {
-                        doubles.push(format!(
-                            "{shown} {mode} {}: {key} won {n} times",
-                            workload.name()
-                        ));
-                    }
-                }
-                if workload == Workload::Duplicate && !measured.wins.is_empty() {
-                    doubles.push(format!(
-                        "{shown} {mode} duplicate: {} done keys were claimed again",
-                        measured.wins.len()
-                    ));
-                }
+                doubles.extend(judge(&measured, workload, &format!("{shown} {mode}")));
                 if let Some(e) = &measured.first_error {
                     eprintln!(
                         "{shown} {mode} {}: {} errors, the first: {e}",
@@ -496,4 +498,92 @@ pub async fn bench(args: BenchArgs) -> Result<bool, Error> {
         println!("DOUBLE WIN: {d}");
     }
     Ok(doubles.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dedupe_core::{async_trait, Lease, MemoryStore, Record};
+
+    /// A broken store: every claim wins.
+    #[derive(Debug)]
+    struct EveryoneWins;
+
+    #[async_trait]
+    impl DedupeStore for EveryoneWins {
+        async fn claim(&self, key: &Key, opts: &ClaimOptions) -> dedupe_core::Result<ClaimOutcome> {
+            Ok(ClaimOutcome::Claimed(Lease {
+                key: key.clone(),
+                token: dedupe_core::backend::new_token(),
+                deadline: std::time::SystemTime::now() + opts.lease_ttl,
+                attempt: 1,
+                claim_id: None,
+            }))
+        }
+        async fn complete(&self, _: &Lease, _: &[u8], _: Duration) -> dedupe_core::Result<()> {
+            Ok(())
+        }
+        async fn release(&self, _: &Lease) -> dedupe_core::Result<()> {
+            Ok(())
+        }
+        async fn extend(&self, lease: &Lease, _: Duration) -> dedupe_core::Result<Lease> {
+            Ok(lease.clone())
+        }
+        async fn expire(&self) -> dedupe_core::Result<u64> {
+            Ok(0)
+        }
+        async fn get(&self, _: &Key) -> dedupe_core::Result<Option<Record>> {
+            Ok(None)
+        }
+        async fn forget(&self, _: &Key) -> dedupe_core::Result<bool> {
+            Ok(false)
+        }
+    }
+
+    fn stream(workload: Workload) -> Arc<KeyStream> {
+        Arc::new(KeyStream {
+            label: "t".into(),
+            done_keys: 3,
+            batch: 4,
+            next: AtomicU64::new(0),
+            workload,
+            dup_ratio: 0.9,
+        })
+    }
+
+    const FEW: Limits = Limits {
+        period: Duration::from_secs(10),
+        ops: Some(200),
+    };
+
+    #[tokio::test]
+    async fn a_store_that_lets_two_win_is_caught() {
+        for workload in [Workload::Mixed, Workload::Duplicate] {
+            let sides = vec![
+                Side::Store(Arc::new(EveryoneWins)),
+                Side::Store(Arc::new(EveryoneWins)),
+            ];
+            let (measured, _) = run_row(sides, stream(workload), FEW, None).await;
+            assert!(
+                !judge(&measured, workload, "broken").is_empty(),
+                "{workload:?}: a store where everyone wins passed"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_correct_store_is_not_accused() {
+        let store = MemoryStore::new();
+        let sides = vec![
+            Side::Store(Arc::new(store.clone())),
+            Side::Store(Arc::new(store.clone())),
+        ];
+        let (measured, _) = run_row(sides, stream(Workload::Mixed), FEW, None).await;
+        assert_eq!(measured.errors, 0);
+        assert!(measured.ops > 0);
+        assert_eq!(
+            judge(&measured, Workload::Mixed, "memory"),
+            Vec::<String>::new()
+        );
+    }
 }
