@@ -55,6 +55,24 @@ const HELD: &str = "#tk = :tk AND #st = :zero AND #dl > :now";
 const COMPLETE: &str = "SET #st = :one, #dl = :until, #cm = :now, #oc = :oc, #ex = :exp";
 const EXTEND: &str = "SET #dl = :until, #ex = :exp";
 
+/// `expire()`'s scan filter, projection, and delete condition (never a record
+/// claimed again since the scan).
+const SCAN: &str = "#dl <= :now";
+const PROJECTION: &str = "#pk, #tk, #dl";
+const UNCHANGED: &str = "#tk = :tk AND #dl = :dl AND #dl <= :now";
+
+/// Every set of expressions one request carries: their attribute names are
+/// worked out once, when the store is built, not on every request.
+const REQUESTS: [&[&str]; 7] = [
+    &[FRESH],
+    &[TAKEOVER],
+    &[COMPLETE, HELD],
+    &[HELD],
+    &[EXTEND, HELD],
+    &[SCAN, PROJECTION],
+    &[UNCHANGED],
+];
+
 /// The clock that decides deadlines.
 #[derive(Clone, Default)]
 struct Clock(Option<Arc<dyn Fn() -> SystemTime + Send + Sync>>);
@@ -168,6 +186,10 @@ impl DynamoBuilder {
             .timeout_config()
             .and_then(|t| t.operation_timeout().or(t.operation_attempt_timeout()))
             .unwrap_or_default();
+        let request_names = REQUESTS
+            .iter()
+            .map(|exprs| (exprs.to_vec(), self.names.used_in(exprs)))
+            .collect();
         Ok(DynamoStore {
             inner: Arc::new(Inner {
                 client: self.client,
@@ -179,6 +201,7 @@ impl DynamoBuilder {
                 fan_out: self.fan_out.max(1),
                 expire_rate: self.expire_rate.max(1),
                 clock: self.clock,
+                request_names,
             }),
         })
     }
@@ -232,6 +255,8 @@ struct Inner {
     fan_out: usize,
     expire_rate: u32,
     clock: Clock,
+    /// `ExpressionAttributeNames` of each of [`REQUESTS`].
+    request_names: HashMap<Vec<&'static str>, HashMap<String, String>>,
 }
 
 /// What a conditional write of a claim came to.
@@ -290,8 +315,13 @@ impl DynamoStore {
         map_err(e, self.inner.timeout)
     }
 
-    fn names(&self, expressions: &[&str]) -> Option<HashMap<String, String>> {
-        Some(self.inner.names.used_in(expressions))
+    /// The attribute names a request's expressions use, worked out when the
+    /// store was built (one of [`REQUESTS`]).
+    fn names(&self, expressions: &[&'static str]) -> Option<HashMap<String, String>> {
+        Some(match self.inner.request_names.get(expressions) {
+            Some(names) => names.clone(),
+            None => self.inner.names.used_in(expressions),
+        })
     }
 
     /// Creates the table if it is missing (on-demand billing, partition key
@@ -521,7 +551,7 @@ impl DynamoStore {
     async fn put(
         &self,
         item: Item,
-        condition: &str,
+        condition: &'static str,
         values: HashMap<String, AttributeValue>,
     ) -> Result<Written> {
         let sent = self
@@ -552,7 +582,7 @@ impl DynamoStore {
     async fn transact_put(
         &self,
         item: Item,
-        condition: &str,
+        condition: &'static str,
         values: HashMap<String, AttributeValue>,
         extra: &[TransactWriteItem],
     ) -> Result<Written> {
@@ -849,9 +879,6 @@ impl DedupeStore for DynamoStore {
     /// (a record claimed again meanwhile is left alone), at most
     /// `expire_rate` deletes a second.
     async fn expire(&self) -> Result<u64> {
-        const SCAN: &str = "#dl <= :now";
-        const PROJECTION: &str = "#pk, #tk, #dl";
-        const UNCHANGED: &str = "#tk = :tk AND #dl = :dl AND #dl <= :now";
         let names = &self.inner.names;
         let started = Instant::now();
         let mut issued: u64 = 0;
@@ -959,5 +986,29 @@ impl DedupeStore for DynamoStore {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_request_has_its_names_worked_out_once() {
+        let names = AttributeNames {
+            partition_key: "id".into(),
+            ..AttributeNames::default()
+        };
+        for exprs in REQUESTS {
+            let used = names.used_in(exprs);
+            assert!(!used.is_empty(), "{exprs:?} names no attribute");
+            for placeholder in used.keys() {
+                assert!(
+                    exprs.iter().any(|e| e.contains(placeholder.as_str())),
+                    "{exprs:?}: {placeholder} is not used"
+                );
+            }
+        }
+        assert_eq!(names.used_in(&[FRESH])["#pk"], "id");
     }
 }

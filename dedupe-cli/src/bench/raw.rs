@@ -194,6 +194,17 @@ fn sqlite_conn(path: &std::path::Path) -> Result<dedupe_sqlite::rusqlite::Connec
     Ok(conn)
 }
 
+/// `SET prefix+key 1 NX|XX PX ms`: the claim (`NX`) or the completion (`XX`).
+fn set(prefix: &str, key: &str, mode: &str, ms: i64) -> dedupe_redis::redis::Cmd {
+    let mut cmd = dedupe_redis::redis::cmd("SET");
+    cmd.arg(format!("{prefix}{key}"))
+        .arg(1)
+        .arg(mode)
+        .arg("PX")
+        .arg(ms);
+    cmd
+}
+
 fn now_ms() -> i64 {
     dedupe_core::backend::now_millis()
 }
@@ -278,12 +289,7 @@ impl RawHandle {
             Self::Redis(conn, prefix) => {
                 let mut pipe = dedupe_redis::redis::pipe();
                 for k in keys {
-                    pipe.cmd("SET")
-                        .arg(format!("{prefix}{k}"))
-                        .arg(1)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(lease_ms);
+                    pipe.add_command(set(prefix, k, "NX", lease_ms));
                 }
                 let answers: Vec<Option<String>> = pipe
                     .query_async(conn)
@@ -294,12 +300,7 @@ impl RawHandle {
             Self::RedisCluster(conn, prefix) => {
                 let mut won = Vec::with_capacity(keys.len());
                 for k in keys {
-                    let answer: Option<String> = dedupe_redis::redis::cmd("SET")
-                        .arg(format!("{prefix}{k}"))
-                        .arg(1)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(lease_ms)
+                    let answer: Option<String> = set(prefix, k, "NX", lease_ms)
                         .query_async(conn)
                         .await
                         .map_err(|e| fail("redis")(Box::new(e)))?;
@@ -381,22 +382,12 @@ impl RawHandle {
                     .map(|_| ())
                     .map_err(|e| fail("postgres")(Box::new(e)))
             }
-            Self::Redis(conn, prefix) => dedupe_redis::redis::cmd("SET")
-                .arg(format!("{prefix}{key}"))
-                .arg(2)
-                .arg("XX")
-                .arg("PX")
-                .arg(ms)
+            Self::Redis(conn, prefix) => set(prefix, key, "XX", ms)
                 .query_async::<Option<String>>(conn)
                 .await
                 .map(|_| ())
                 .map_err(|e| fail("redis")(Box::new(e))),
-            Self::RedisCluster(conn, prefix) => dedupe_redis::redis::cmd("SET")
-                .arg(format!("{prefix}{key}"))
-                .arg(2)
-                .arg("XX")
-                .arg("PX")
-                .arg(ms)
+            Self::RedisCluster(conn, prefix) => set(prefix, key, "XX", ms)
                 .query_async::<Option<String>>(conn)
                 .await
                 .map(|_| ())
