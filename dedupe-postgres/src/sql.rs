@@ -101,44 +101,56 @@ impl Statements {
                  CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {t} (expires_at);"
             )
             .into(),
-            // One statement, one round trip: insert a fresh record or take over an
-            // expired one; otherwise return the live record that stopped it.
+            // One statement, one round trip. `live` reads the key first: a live
+            // record (a duplicate, or a claim in flight) is answered from it and the
+            // insert gets no row to write, so the statement writes nothing, takes no
+            // transaction id and no row lock. Otherwise the upsert inserts a fresh
+            // record or takes over an expired one.
             claim: format!(
-                "WITH claimed AS (
+                "WITH live AS (
+                    SELECT {cols} FROM {t}
+                    WHERE namespace = $1 AND id = $2 AND expires_at > now()
+                 ), claimed AS (
                     INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint,
                                           expires_at, completed_at, outcome, attempts, first_seen)
-                    VALUES ($1, $2, 0, $3, $4, $5, now() + $6::interval,
-                            NULL, NULL, 1, now())
+                    SELECT $1, $2, 0, $3::text, $4::text, $5::bytea, now() + $6::interval,
+                           NULL, NULL, 1, now()
+                    WHERE NOT EXISTS (SELECT 1 FROM live)
                     {upsert_tail}
                     RETURNING {cols}
                  )
                  SELECT true AS won, {ALIASES} FROM claimed
                  UNION ALL
-                 SELECT false AS won, {cols} FROM {t}
-                 WHERE namespace = $1 AND id = $2 AND expires_at > now()
-                   AND NOT EXISTS (SELECT 1 FROM claimed)"
+                 SELECT false AS won, {ALIASES} FROM live"
             )
             .into(),
-            // The same for a batch of distinct keys, in one round trip; rows are
-            // taken in key order so concurrent batches lock in the same order.
+            // The same for a batch of distinct keys, in one round trip. Each key is
+            // looked up on the primary key (a lateral probe, so no plan can turn it
+            // into a scan of the table); only the keys with no live record reach the
+            // upsert, taken in key order so concurrent batches lock in the same order.
             claim_many: format!(
                 "WITH input AS (
                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS i(namespace, id, token)
+                 ), live AS (
+                    SELECT i.namespace, i.id, l.* FROM input i
+                    CROSS JOIN LATERAL (
+                        SELECT {tcols} FROM {t} t
+                        WHERE t.namespace = i.namespace AND t.id = i.id AND t.expires_at > now()
+                    ) l
                  ), claimed AS (
                     INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint,
                                           expires_at, completed_at, outcome, attempts, first_seen)
-                    SELECT namespace, id, 0, token, $4, $5, now() + $6::interval,
+                    SELECT namespace, id, 0, token, $4::text, $5::bytea, now() + $6::interval,
                            NULL, NULL, 1, now()
-                    FROM input ORDER BY namespace, id
+                    FROM input i
+                    WHERE NOT EXISTS (SELECT 1 FROM live v WHERE v.namespace = i.namespace AND v.id = i.id)
+                    ORDER BY namespace, id
                     {upsert_tail}
                     RETURNING namespace, id, {cols}
                  )
                  SELECT true AS won, namespace, id, {ALIASES} FROM claimed
                  UNION ALL
-                 SELECT false AS won, t.namespace, t.id, {tcols} FROM {t} t
-                 JOIN input i ON t.namespace = i.namespace AND t.id = i.id
-                 WHERE t.expires_at > now()
-                   AND NOT EXISTS (SELECT 1 FROM claimed c WHERE c.namespace = t.namespace AND c.id = t.id)",
+                 SELECT false AS won, namespace, id, {ALIASES} FROM live",
                 tcols = columns("t.")
             )
             .into(),

@@ -79,9 +79,11 @@ impl PgBuilder {
 /// on the server, with the server's clock.
 ///
 /// - **Atomic primitive**: a claim is one `INSERT ... ON CONFLICT (namespace, id) DO
-///   UPDATE ... WHERE expires_at <= now() RETURNING`, wrapped in a CTE that also
-///   returns the live record when there is one, so the new and the duplicate case
-///   both take one round trip. Complete, release and extend are single statements
+///   UPDATE ... WHERE expires_at <= now() RETURNING`, in a statement that first
+///   reads the key: a live record (a duplicate, a claim in flight) is answered
+///   from that read and nothing is written, no transaction id, no row lock, no
+///   WAL; otherwise the upsert inserts a fresh record or takes over an expired
+///   one. Either way one statement, one round trip. Complete, release and extend are single statements
 ///   conditional on the lease token and `expires_at > now()`. There is no
 ///   check-then-write anywhere.
 /// - **Time**: every deadline is computed and judged by the server's `now()`; the
@@ -123,6 +125,9 @@ impl PgStore {
     /// How long after the timeout the client stops waiting for a server that does
     /// not answer (a hung connection, a partitioned network).
     pub const BACKSTOP: Duration = Duration::from_secs(1);
+    /// How long a connection of a pool from [`connect_pool`](Self::connect_pool)
+    /// lives before the pool replaces it.
+    pub const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
     /// Settings for a store on a pool the caller already has.
     pub fn builder(pool: PgPool) -> PgBuilder {
@@ -149,6 +154,12 @@ impl PgStore {
     /// Connects a pool suited to this store: at most `max_connections`, acquiring a
     /// connection bounded by `timeout`, and a server-side `statement_timeout` of
     /// `timeout` so a statement the client gave up on does not run on.
+    ///
+    /// The pool does not ping a connection before handing it out (sqlx's
+    /// `test_before_acquire(false)`): that ping is a round trip on every
+    /// operation. A connection that broke while idle fails its next statement with
+    /// a retryable error and is replaced. On a pool of your own, set the same
+    /// options for the same speed.
     pub async fn connect_pool(
         url: &str,
         max_connections: u32,
@@ -164,6 +175,11 @@ impl PgStore {
         PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(timeout)
+            // No ping before each checkout: a broken connection fails its statement
+            // with a retryable error and is dropped, and the next checkout opens a
+            // new one. Connections are renewed every half hour instead.
+            .test_before_acquire(false)
+            .max_lifetime(Self::MAX_CONNECTION_LIFETIME)
             .connect_with(options)
             .await
             .map_err(|e| crate::error::map(e, timeout))

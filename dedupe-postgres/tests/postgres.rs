@@ -590,3 +590,112 @@ async fn racing_batches_in_any_order_claim_each_key_once() {
         );
     }
 }
+
+/// The transaction id the current transaction holds, if any: one is taken by the
+/// first write or row lock, never by a read.
+async fn xid_taken(conn: &mut sqlx::PgConnection) -> bool {
+    sqlx::query_scalar::<_, Option<String>>("SELECT pg_current_xact_id_if_assigned()::text")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("xid")
+        .is_some()
+}
+
+async fn wal_position(pool: &PgPool) -> String {
+    sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+        .fetch_one(pool)
+        .await
+        .expect("wal position")
+}
+
+/// A duplicate or in-flight claim is a read: it takes no transaction id (so no row
+/// lock, no WAL, no commit flush), and on a quiet private cluster the WAL position
+/// does not move across a batch of them. A takeover of an expired record still
+/// happens in the same single statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_duplicates_write_nothing() {
+    let (server, url) = support::postgres_server();
+    let schema = support::unique_schema("nowrite");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let opts = ClaimOptions::default();
+    let keys: Vec<Key> = (0..40).map(|i| key(&format!("k{i}"))).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let lease = store.claim(k, &opts).await.expect("claim").lease().cloned();
+        let lease = lease.expect("a new key is won");
+        if i.is_multiple_of(2) {
+            store
+                .complete(&lease, b"outcome", Duration::from_secs(600))
+                .await
+                .expect("complete");
+        }
+    }
+    let is_live_loser = |answer: &ClaimOutcome, i: usize| match answer {
+        ClaimOutcome::Duplicate { outcome, .. } => {
+            i.is_multiple_of(2) && outcome.as_slice() == b"outcome"
+        }
+        ClaimOutcome::InFlight { .. } => !i.is_multiple_of(2),
+        _ => false,
+    };
+
+    // Inside one transaction, so the server itself says whether any of them wrote.
+    let mut tx = store.pool().begin().await.expect("begin");
+    for (i, k) in keys.iter().enumerate() {
+        let answer = store.claim_in(&mut tx, k, &opts).await.expect("claim_in");
+        assert!(is_live_loser(&answer, i), "key {i} answered {answer:?}");
+    }
+    let batch = store.claim_many(&keys, &opts).await.expect("claim_many");
+    for (i, answer) in batch.iter().enumerate() {
+        assert!(
+            is_live_loser(answer, i),
+            "batch key {i} answered {answer:?}"
+        );
+    }
+    assert!(
+        !xid_taken(&mut tx).await,
+        "a duplicate claim took a transaction id: it wrote or locked a row"
+    );
+    tx.rollback().await.expect("rollback");
+
+    if server.is_some() {
+        // A private cluster is quiet once autovacuum is off: nothing else writes.
+        for statement in [
+            "ALTER SYSTEM SET autovacuum = off",
+            "SELECT pg_reload_conf()",
+        ] {
+            sqlx::raw_sql(statement)
+                .execute(store.pool())
+                .await
+                .expect("autovacuum off");
+        }
+        let before = wal_position(store.pool()).await;
+        for _ in 0..5 {
+            for (i, k) in keys.iter().enumerate() {
+                let answer = store.claim(k, &opts).await.expect("claim");
+                assert!(is_live_loser(&answer, i), "key {i} answered {answer:?}");
+            }
+            store.claim_many(&keys, &opts).await.expect("claim_many");
+        }
+        let after = wal_position(store.pool()).await;
+        assert_eq!(before, after, "duplicate claims moved the WAL");
+    }
+
+    // An expired lease is still taken over, in the one statement: it writes.
+    let short = ClaimOptions::new(Duration::from_millis(300));
+    let first = store.claim(&key("short"), &short).await.expect("claim");
+    assert!(first.lease().is_some());
+    let taken = support::eventually(Duration::from_secs(10), || {
+        let store = store.clone();
+        let short = short.clone();
+        async move {
+            let mut tx = store.pool().begin().await.expect("begin");
+            let answer = store.claim_in(&mut tx, &key("short"), &short).await;
+            let won = matches!(&answer, Ok(ClaimOutcome::Claimed(lease)) if lease.attempt == 2);
+            let wrote = xid_taken(&mut tx).await;
+            tx.commit().await.expect("commit");
+            assert!(!won || wrote, "a takeover that wrote nothing");
+            won
+        }
+    })
+    .await;
+    assert!(taken, "the expired lease was not taken over");
+}

@@ -9,6 +9,7 @@ mod error;
 mod ops;
 mod sql;
 mod store;
+mod workers;
 
 pub use store::{SqliteBuilder, SqliteStore};
 

@@ -102,6 +102,20 @@ impl Ops<'_> {
         }
     }
 
+    /// The answer of a live record, read without the write lock: a duplicate or a
+    /// claim in flight costs one read and writes nothing. `None` when no record is
+    /// live, so the claim has to write (and decide again under the write lock).
+    pub(crate) fn answer_if_live(
+        &self,
+        conn: &Connection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<Option<ClaimOutcome>> {
+        Ok(self
+            .get(conn, key)?
+            .map(|record| backend::losing_claim(record, opts)))
+    }
+
     pub(crate) fn complete(
         &self,
         conn: &Connection,

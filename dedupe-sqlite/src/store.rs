@@ -1,9 +1,8 @@
 //! The async store over one SQLite connection.
 
-use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use dedupe_core::backend::{check_ttl, to_millis};
@@ -11,11 +10,11 @@ use dedupe_core::{
     Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
     DEFAULT_MAX_OUTCOME_BYTES,
 };
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
-use tokio::sync::Semaphore;
+use rusqlite::{Connection, TransactionBehavior};
 
 use crate::ops::Ops;
 use crate::sql::{Statements, EXPIRE_BATCH};
+use crate::workers::{Slot, Workers};
 
 /// Settings of a [`SqliteStore`]; build one with [`SqliteStore::builder`].
 #[derive(Debug, Clone)]
@@ -67,95 +66,46 @@ impl SqliteBuilder {
         if self.connections == 0 {
             return Err(Error::config("a store needs at least one connection"));
         }
-        let busy_timeout = self.busy_timeout;
-        let path = self.path.clone();
-        // The first connection is opened now, so a bad path or file fails here.
-        let conn = tokio::task::spawn_blocking(move || open_connection(&path, busy_timeout))
-            .await
-            .map_err(|e| {
-                Error::backend("opening thread failed", false, Some(Box::new(e) as _))
-            })??;
+        let settings = Arc::new(Settings {
+            sql,
+            path: self.path,
+            busy_timeout: self.busy_timeout,
+            caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
+        });
+        let workers = Workers::start(self.connections, &settings)?;
         let store = SqliteStore {
-            inner: Arc::new(Inner {
-                idle: Mutex::new(vec![conn]),
-                permits: Arc::new(Semaphore::new(self.connections)),
-                connections: self.connections,
-                sql,
-                path: self.path,
-                busy_timeout,
-                caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
-            }),
+            inner: Arc::new(Inner { workers, settings }),
         };
+        // The first connection opens now, so a bad path or file fails here.
         store.migrate().await?;
         Ok(store)
     }
 }
 
-thread_local! {
-    /// When the operation running on this thread stops waiting for the write lock.
-    static BUSY_DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+/// What every connection thread of a handle needs.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) sql: Statements,
+    pub(crate) path: PathBuf,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) caps: Capabilities,
 }
 
-/// Runs `f` with this thread's busy deadline set to `busy_timeout` from now.
-fn with_busy_deadline<T>(busy_timeout: Duration, f: impl FnOnce() -> T) -> T {
-    BUSY_DEADLINE.with(|d| d.set(Some(Instant::now() + busy_timeout)));
-    let value = f();
-    BUSY_DEADLINE.with(|d| d.set(None));
-    value
-}
-
-/// SQLite's busy handler: retry every millisecond or so until the deadline.
-///
-/// SQLite's own `busy_timeout` handler backs off to 100 ms sleeps, which leaves the
-/// write lock idle most of the time when many connections contend for it; short
-/// sleeps hand it over as soon as it is free.
-fn wait_for_lock(attempt: i32) -> bool {
-    let Some(deadline) = BUSY_DEADLINE.with(Cell::get) else {
-        return false;
-    };
-    if Instant::now() >= deadline {
-        return false;
+impl Settings {
+    pub(crate) fn ops(&self) -> Ops<'_> {
+        Ops {
+            sql: &self.sql,
+            busy_timeout: self.busy_timeout,
+            caps: self.caps,
+        }
     }
-    let micros = 250 * u64::from(attempt.clamp(1, 8).unsigned_abs());
-    std::thread::sleep(Duration::from_micros(micros));
-    true
-}
-
-fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    with_busy_deadline(busy_timeout, || open_connection_now(path, busy_timeout))
-}
-
-fn open_connection_now(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    let map = |e| crate::error::map(e, busy_timeout);
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-            | OpenFlags::SQLITE_OPEN_URI,
-    )
-    .map_err(map)?;
-    conn.busy_handler(Some(wait_for_lock)).map_err(map)?;
-    // WAL lets readers run beside the one writer; FULL sync makes a completed record
-    // survive power loss, which is the point of keeping it.
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(map)?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(map)?;
-    Ok(conn)
 }
 
 #[derive(Debug)]
 struct Inner {
-    /// Open connections not in use.
-    idle: Mutex<Vec<Connection>>,
-    /// One permit per connection the handle may use at once.
-    permits: Arc<Semaphore>,
-    connections: usize,
-    sql: Statements,
-    path: PathBuf,
-    busy_timeout: Duration,
-    caps: Capabilities,
+    /// The handle's connection threads.
+    workers: Workers,
+    settings: Arc<Settings>,
 }
 
 /// The SQLite store: records in one table of a database file, shared safely by
@@ -173,8 +123,12 @@ struct Inner {
 ///   The file is in WAL mode with a busy timeout, so connections in other threads
 ///   and processes wait for the write lock rather than fail; past the timeout the
 ///   error is a retryable [`Error::Timeout`].
-/// - **Runtime**: every statement runs on Tokio's blocking pool, never on the
-///   async worker threads.
+/// - **Duplicates read, never write**: a claim first reads the key outside any
+///   write transaction; a live record (a duplicate, a claim in flight) answers it
+///   without taking the write lock. Only a claim that may win takes the lock.
+/// - **Runtime**: each connection is owned by a thread of its own, fed by a queue;
+///   no statement ever runs on the async worker threads, and a call costs one
+///   hand-off each way.
 /// - **Time**: deadlines are judged by the caller's clock (`SystemTime::now()`, in
 ///   milliseconds). Every process sharing a file runs on the same machine, so they
 ///   share one clock; do not put the file on a network filesystem.
@@ -229,23 +183,24 @@ impl SqliteStore {
 
     /// Another handle onto the same file with connections of its own.
     pub async fn reopen(&self) -> Result<Self> {
-        Self::builder(&self.inner.path)
+        let settings = &self.inner.settings;
+        Self::builder(&settings.path)
             .table(self.table_name())
-            .busy_timeout(self.inner.busy_timeout)
-            .max_outcome_bytes(self.inner.caps.max_outcome_bytes)
-            .connections(self.inner.connections)
+            .busy_timeout(settings.busy_timeout)
+            .max_outcome_bytes(settings.caps.max_outcome_bytes)
+            .connections(self.inner.workers.threads())
             .open()
             .await
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        &self.inner.settings.path
     }
 
     /// The table name.
     pub fn table_name(&self) -> &str {
-        self.inner.sql.table()
+        self.inner.settings.sql.table()
     }
 
     /// Creates the table and its expiry index if they are missing. `open` calls it;
@@ -259,11 +214,7 @@ impl SqliteStore {
     }
 
     fn ops(&self) -> Ops<'_> {
-        Ops {
-            sql: &self.inner.sql,
-            busy_timeout: self.inner.busy_timeout,
-            caps: self.inner.caps,
-        }
+        self.inner.settings.ops()
     }
 
     /// Claims `key` inside the caller's transaction, so the claim, the caller's own
@@ -298,64 +249,35 @@ impl SqliteStore {
         self.ops().release(conn, lease)
     }
 
-    /// Runs `f` with a connection of the handle's pool on the blocking pool. The
-    /// wait for a free connection happens in async code, bounded by the busy
-    /// timeout; the connection is opened on first use and returned after.
+    /// Runs `f` on one of the handle's connection threads.
     async fn with_conn<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Ops<'_>, &mut Connection) -> Result<T> + Send + 'static,
     {
-        let timeout = self.inner.busy_timeout;
-        let permit = tokio::time::timeout(timeout, Arc::clone(&self.inner.permits).acquire_owned())
+        self.inner
+            .workers
+            .run(self.inner.settings.busy_timeout, move |slot: &mut Slot| {
+                let settings = Arc::clone(&slot.settings);
+                f(&settings.ops(), slot.conn()?)
+            })
             .await
-            .map_err(|_| Error::Timeout {
-                after: timeout,
-                source: None,
-            })?
-            .map_err(|e| Error::backend("sqlite store closed", false, Some(Box::new(e) as _)))?;
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let idle = this
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop();
-            let mut conn = match idle {
-                Some(conn) => conn,
-                None => open_connection(&this.inner.path, timeout)?,
-            };
-            let result = with_busy_deadline(timeout, || f(&this.ops(), &mut conn));
-            this.inner
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(conn);
-            result
-        })
-        .await
-        .map_err(|e| Error::backend("sqlite worker thread failed", false, Some(Box::new(e) as _)))?
     }
+}
 
-    /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the blocking pool.
-    async fn in_write_tx<T, F>(&self, f: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Ops<'_>, &Connection) -> Result<T> + Send + 'static,
-    {
-        self.with_conn(move |ops, conn| {
-            let map = |e| crate::error::map(e, ops.busy_timeout);
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(map)?;
-            let value = f(ops, &tx)?;
-            tx.commit().map_err(map)?;
-            Ok(value)
-        })
-        .await
-    }
+/// Runs `f` in a `BEGIN IMMEDIATE` transaction on `conn`.
+fn write_tx<T>(
+    ops: &Ops<'_>,
+    conn: &mut Connection,
+    f: impl FnOnce(&Ops<'_>, &Connection) -> Result<T>,
+) -> Result<T> {
+    let map = |e| crate::error::map(e, ops.busy_timeout);
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(map)?;
+    let value = f(ops, &tx)?;
+    tx.commit().map_err(map)?;
+    Ok(value)
 }
 
 #[async_trait]
@@ -363,13 +285,20 @@ impl DedupeStore for SqliteStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
         let (key, opts) = (key.clone(), opts.clone());
-        self.in_write_tx(move |ops, conn| ops.claim(conn, &key, &opts))
-            .await
+        self.with_conn(move |ops, conn| {
+            // A live record answers from a plain read; only a claim that may win
+            // takes the write lock (and decides again under it).
+            if let Some(answer) = ops.answer_if_live(conn, &key, &opts)? {
+                return Ok(answer);
+            }
+            write_tx(ops, conn, |ops, tx| ops.claim(tx, &key, &opts))
+        })
+        .await
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         check_ttl("retention", retention)?;
-        self.inner.caps.check_outcome(outcome)?;
+        self.inner.settings.caps.check_outcome(outcome)?;
         let (lease, outcome) = (lease.clone(), outcome.to_vec());
         self.with_conn(move |ops, conn| ops.complete(conn, &lease, &outcome, retention))
             .await
@@ -421,13 +350,26 @@ impl DedupeStore for SqliteStore {
             return Ok(Vec::new());
         }
         let (keys, opts) = (keys.to_vec(), opts.clone());
-        self.in_write_tx(move |ops, conn| {
-            keys.iter().map(|key| ops.claim(conn, key, &opts)).collect()
+        self.with_conn(move |ops, conn| {
+            // A batch of live records (a redelivered batch) is answered by reads.
+            let mut answers = Vec::with_capacity(keys.len());
+            for key in &keys {
+                match ops.answer_if_live(conn, key, &opts)? {
+                    Some(answer) => answers.push(answer),
+                    None => break,
+                }
+            }
+            if answers.len() == keys.len() {
+                return Ok(answers);
+            }
+            write_tx(ops, conn, |ops, tx| {
+                keys.iter().map(|key| ops.claim(tx, key, &opts)).collect()
+            })
         })
         .await
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.caps
+        self.inner.settings.caps
     }
 }

@@ -338,6 +338,62 @@ async fn locked_database_is_a_retryable_error() {
     ));
 }
 
+/// A duplicate or in-flight claim is a read: it is answered while another
+/// connection holds the write lock, and it never waits for that lock. A claim that
+/// could win still needs the lock (and times out without it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_are_answered_without_the_write_lock() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("reads.db");
+    let store = SqliteStore::builder(&db)
+        .busy_timeout(Duration::from_millis(200))
+        .open()
+        .await
+        .expect("open");
+    let opts = ClaimOptions::default();
+    let (done, busy, fresh) = (key("evt_done"), key("evt_busy"), key("evt_fresh"));
+    let lease = store.claim(&done, &opts).await.expect("claim");
+    let lease = lease.lease().cloned().expect("won");
+    store
+        .complete(&lease, b"kept", Duration::from_secs(600))
+        .await
+        .expect("complete");
+    let held = store.claim(&busy, &opts).await.expect("claim");
+    assert!(held.lease().is_some());
+
+    let mut blocker = Connection::open(&db).expect("open");
+    let tx = blocker
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .expect("take the write lock");
+    for _ in 0..50 {
+        match store.claim(&done, &opts).await {
+            Ok(ClaimOutcome::Duplicate { outcome, .. }) => assert_eq!(outcome, b"kept"),
+            other => panic!("a done key under a held write lock answered {other:?}"),
+        }
+        match store.claim(&busy, &opts).await {
+            Ok(ClaimOutcome::InFlight { .. }) => {}
+            other => panic!("an in-flight key under a held write lock answered {other:?}"),
+        }
+    }
+    let batch = store
+        .claim_many(&[done.clone(), busy.clone()], &opts)
+        .await
+        .expect("a batch of live keys is read");
+    assert!(matches!(batch[0], ClaimOutcome::Duplicate { .. }));
+    assert!(matches!(batch[1], ClaimOutcome::InFlight { .. }));
+    assert!(
+        matches!(store.claim(&fresh, &opts).await, Err(Error::Timeout { .. })),
+        "a claim that could win did not need the write lock"
+    );
+    tx.rollback().expect("unlock");
+    assert!(store
+        .claim(&fresh, &opts)
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
+}
+
 #[tokio::test]
 async fn table_names_must_be_plain_identifiers() {
     let dir = tempfile::tempdir().expect("temp dir");
