@@ -11,6 +11,7 @@ mod bench;
 mod conformance;
 mod race;
 mod records;
+mod serve;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -40,6 +41,10 @@ enum Command {
     /// Run the conformance suite against a store and print the report; exit 1
     /// when a check fails.
     Conformance(conformance::ConformanceArgs),
+    /// Receive webhooks on a store: verify, derive the key, claim, run a
+    /// business step that appends a ledger row, complete (POST /hooks,
+    /// POST /hooks/{source}, GET /hooks, GET /healthz, GET /metrics).
+    Serve(serve::ServeArgs),
     /// Print a key's live record as JSON (exit 1 when there is none).
     Inspect(records::KeyArgs),
     /// Remove every expired record and print how many (for cron).
@@ -77,6 +82,7 @@ async fn main() -> ExitCode {
         Command::Bench(args) => bench::bench(args).await,
         Command::Race(args) => race::race(args).await,
         Command::Conformance(args) => conformance::conformance(args).await,
+        Command::Serve(args) => serve::serve(args).await,
         Command::Inspect(args) => records::inspect(args).await,
         Command::Purge(args) => records::purge(args).await,
         Command::Forget(args) => records::forget(args).await,

@@ -6,7 +6,7 @@
 //! | URL | store |
 //! |---|---|
 //! | `memory:` | [`MemoryStore`](dedupe_core::MemoryStore), this process only |
-//! | `sqlite:///abs/file.db`, `sqlite://relative.db`, `sqlite:` (a new temporary file) | `dedupe-sqlite`; `?table=` |
+//! | `sqlite:///abs/file.db`, `sqlite://relative.db`, `sqlite:` (a new temporary file) | `dedupe-sqlite`; `?table=`, `?connections=` |
 //! | `postgres://user:pass@host:port/db` | `dedupe-postgres`; `?schema=`, `?connections=`, and sqlx's `sslmode`, `sslrootcert`, ... |
 //! | `redis://host:port/N`, `rediss://...` | `dedupe-redis`; `?prefix=` |
 //! | `redis+cluster://host:port,host:port` (`rediss+cluster://`) | `dedupe-redis` on a Cluster; `?prefix=` |

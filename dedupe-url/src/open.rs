@@ -80,15 +80,14 @@ impl Opener {
         Ok(match self.url.target() {
             Target::Memory => Arc::new(self.memory.clone()),
             #[cfg(feature = "sqlite")]
-            Target::Sqlite { table, .. } => {
-                let path = self.sqlite_path.clone().unwrap_or_default();
-                let mut builder =
-                    dedupe_sqlite::SqliteStore::builder(path).busy_timeout(self.timeout());
-                if let Some(table) = table {
-                    builder = builder.table(table);
-                }
-                Arc::new(builder.open().await?)
-            }
+            Target::Sqlite { connections, .. } => Arc::new(
+                self.sqlite(
+                    connections.map_or(dedupe_sqlite::SqliteStore::DEFAULT_CONNECTIONS, |n| {
+                        n as usize
+                    }),
+                )
+                .await?,
+            ),
             #[cfg(feature = "postgres")]
             Target::Postgres { connections, .. } => {
                 Arc::new(self.postgres(connections.unwrap_or(4)).await?)
@@ -105,6 +104,23 @@ impl Opener {
                 )))
             }
         })
+    }
+
+    /// A SQLite store with `connections` connections (each on a thread of its
+    /// own). Fails on any other URL.
+    #[cfg(feature = "sqlite")]
+    pub async fn sqlite(&self, connections: usize) -> Result<dedupe_sqlite::SqliteStore, Error> {
+        let Target::Sqlite { table, .. } = self.url.target() else {
+            return Err(Error::config("not a sqlite URL"));
+        };
+        let path = self.sqlite_path.clone().unwrap_or_default();
+        let mut builder = dedupe_sqlite::SqliteStore::builder(path)
+            .busy_timeout(self.timeout())
+            .connections(connections);
+        if let Some(table) = table {
+            builder = builder.table(table);
+        }
+        builder.open().await
     }
 
     /// A Postgres store with a pool of `connections`.

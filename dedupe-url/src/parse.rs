@@ -70,6 +70,8 @@ pub enum Target {
         path: Option<PathBuf>,
         /// `?table=` (default `dedupe_records`).
         table: Option<String>,
+        /// `?connections=`: connections (each on a thread of its own) per handle.
+        connections: Option<u32>,
     },
     /// `postgres://user:pass@host:port/db?schema=...`.
     Postgres {
@@ -172,7 +174,7 @@ impl StoreUrl {
             }
             "sqlite" => {
                 built("sqlite", cfg!(feature = "sqlite"))?;
-                options.only("sqlite", &["table"])?;
+                options.only("sqlite", &["table", "connections"])?;
                 let path = match body.unwrap_or(before_query) {
                     "" => None,
                     path => Some(PathBuf::from(percent_decode(path, &shown)?)),
@@ -180,6 +182,7 @@ impl StoreUrl {
                 Target::Sqlite {
                     path,
                     table: options.take("table"),
+                    connections: options.take_number("connections", 1, 1000)?,
                 }
             }
             "postgres" | "postgresql" => {
@@ -552,21 +555,24 @@ mod tests {
             parsed("sqlite:///var/lib/x.db").target(),
             &Target::Sqlite {
                 path: Some("/var/lib/x.db".into()),
-                table: None
+                table: None,
+                connections: None
             }
         );
         assert_eq!(
             parsed("sqlite://rel.db?table=t1").target(),
             &Target::Sqlite {
                 path: Some("rel.db".into()),
-                table: Some("t1".into())
+                table: Some("t1".into()),
+                connections: None
             }
         );
         assert_eq!(
             parsed("sqlite:").target(),
             &Target::Sqlite {
                 path: None,
-                table: None
+                table: None,
+                connections: None
             }
         );
         assert_eq!(

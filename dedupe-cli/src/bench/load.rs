@@ -97,7 +97,7 @@ pub(super) async fn purge(opener: &Opener, args: &BenchArgs, n: u64) -> Result<P
     }
     let mut sides = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
-        sides.push(Side::Store(opener.handle().await?));
+        sides.push(Side::Store(super::store_handle(opener).await?));
     }
     let stream = Arc::new(KeyStream {
         label: "during-purge".into(),
@@ -121,7 +121,7 @@ pub(super) async fn purge(opener: &Opener, args: &BenchArgs, n: u64) -> Result<P
     let removed = probe.expire().await;
     figure.purge_ms = started.elapsed().as_secs_f64() * 1e3;
     stop.store(true, Ordering::Relaxed);
-    let (measured, elapsed) = claims
+    let (measured, elapsed, _) = claims
         .await
         .map_err(|e| Error::backend("claims during the purge", false, Some(Box::new(e) as _)))?;
     figure.removed = removed?;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
-use dedupe_url::Opener;
+use dedupe_url::{Opener, Target};
 use hdrhistogram::Histogram;
 
 use raw::{RawHandle, RawStore};
@@ -245,7 +245,7 @@ async fn run_row(
     stream: Arc<KeyStream>,
     limits: Limits,
     stop: Option<Arc<AtomicBool>>,
-) -> (Measured, Duration) {
+) -> (Measured, Duration, Vec<Side>) {
     let Limits { period, ops: limit } = limits;
     let started = Instant::now();
     let done_ops = Arc::new(AtomicU64::new(0));
@@ -288,16 +288,18 @@ async fn run_row(
                         }
                     }
                 }
-                m
+                (m, side)
             })
         })
         .collect();
     let mut total = Measured::default();
+    let mut sides = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let Ok(m) = task.await else {
+        let Ok((m, side)) = task.await else {
             total.errors += 1;
             continue;
         };
+        sides.push(side);
         total.ops += m.ops;
         total.errors += m.errors;
         if total.first_error.is_none() {
@@ -314,7 +316,7 @@ async fn run_row(
             _ => {}
         }
     }
-    (total, started.elapsed())
+    (total, started.elapsed(), sides)
 }
 
 /// Every key won more than once, and for the duplicate workload every done
@@ -336,6 +338,20 @@ fn judge(measured: &Measured, workload: Workload, who: &str) -> Vec<String> {
     doubles
 }
 
+/// A store handle for one benchmark task. Like the raw baseline it holds one
+/// connection of its own, unless the URL sets `?connections=`.
+pub(crate) async fn store_handle(opener: &Opener) -> Result<Arc<dyn DedupeStore>, Error> {
+    match opener.url().target() {
+        Target::Sqlite {
+            connections: None, ..
+        } => Ok(Arc::new(opener.sqlite(1).await?)),
+        Target::Postgres {
+            connections: None, ..
+        } => Ok(Arc::new(opener.postgres(1).await?)),
+        _ => opener.handle().await,
+    }
+}
+
 /// Makes the duplicate workload's keys done, through the store and raw.
 async fn make_done(
     opener: &Opener,
@@ -351,7 +367,7 @@ async fn make_done(
         workload: Workload::Duplicate,
         dup_ratio: 0.0,
     };
-    let mut store = Side::Store(opener.handle().await?);
+    let mut store = Side::Store(store_handle(opener).await?);
     let mut raw = Side::Raw(raw.handle(opener).await?);
     for i in 0..done_keys.max(1) {
         let keys = stream.keys(i);
@@ -429,21 +445,14 @@ async fn measure_store(
                 let mut sides = Vec::with_capacity(concurrency);
                 for _ in 0..concurrency {
                     sides.push(match mode {
-                        "store" => Side::Store(opener.handle().await?),
+                        "store" => Side::Store(store_handle(opener).await?),
                         _ => Side::Raw(raw.handle(opener).await?),
                     });
                 }
                 // The warm-up runs on keys of its own, then the same handles measure.
-                let (warm, _) = run_row(sides, stream("warm"), args.warmup_limits(), None).await;
-                drop(warm);
-                let mut sides = Vec::with_capacity(concurrency);
-                for _ in 0..concurrency {
-                    sides.push(match mode {
-                        "store" => Side::Store(opener.handle().await?),
-                        _ => Side::Raw(raw.handle(opener).await?),
-                    });
-                }
-                let (measured, elapsed) = run_row(sides, stream(""), args.limits(), None).await;
+                let (_, _, sides) =
+                    run_row(sides, stream("warm"), args.warmup_limits(), None).await;
+                let (measured, elapsed, _) = run_row(sides, stream(""), args.limits(), None).await;
                 doubles.extend(judge(&measured, workload, &format!("{shown} {mode}")));
                 if let Some(e) = &measured.first_error {
                     eprintln!(
@@ -489,15 +498,26 @@ pub async fn bench(args: BenchArgs) -> Result<bool, Error> {
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} rows  {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    // A store that fails is reported after the others' results, not instead.
+    let mut failed = None;
     for url in urls {
-        bench_store(url, &args, &mut rows, &mut purges, &mut doubles, &progress).await?;
+        let shown = url.to_string();
+        if let Err(e) =
+            bench_store(url, &args, &mut rows, &mut purges, &mut doubles, &progress).await
+        {
+            eprintln!("{shown}: {e}");
+            failed.get_or_insert(e);
+        }
     }
     progress.finish_and_clear();
     report::print(&rows, &purges, &args)?;
     for d in &doubles {
         println!("DOUBLE WIN: {d}");
     }
-    Ok(doubles.is_empty())
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(doubles.is_empty()),
+    }
 }
 
 #[cfg(test)]
@@ -563,7 +583,7 @@ mod tests {
                 Side::Store(Arc::new(EveryoneWins)),
                 Side::Store(Arc::new(EveryoneWins)),
             ];
-            let (measured, _) = run_row(sides, stream(workload), FEW, None).await;
+            let (measured, _, _) = run_row(sides, stream(workload), FEW, None).await;
             assert!(
                 !judge(&measured, workload, "broken").is_empty(),
                 "{workload:?}: a store where everyone wins passed"
@@ -578,7 +598,7 @@ mod tests {
             Side::Store(Arc::new(store.clone())),
             Side::Store(Arc::new(store.clone())),
         ];
-        let (measured, _) = run_row(sides, stream(Workload::Mixed), FEW, None).await;
+        let (measured, _, _) = run_row(sides, stream(Workload::Mixed), FEW, None).await;
         assert_eq!(measured.errors, 0);
         assert!(measured.ops > 0);
         assert_eq!(

@@ -1,0 +1,79 @@
+//! The receiver as a tower layer, for `axum::Router::route_layer`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::Response;
+use futures_util::future::BoxFuture;
+use http::Request;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::Webhook;
+
+/// Wraps a route so every request goes through [`Webhook::handle`]: the route's
+/// handler runs only for the one delivery that claimed the event, and finds it
+/// as a [`WebhookEvent`](crate::WebhookEvent) extractor.
+#[derive(Debug, Clone)]
+pub struct WebhookLayer {
+    hook: Arc<Webhook>,
+}
+
+impl WebhookLayer {
+    /// A layer running `hook`.
+    pub fn new(hook: Webhook) -> Self {
+        Self {
+            hook: Arc::new(hook),
+        }
+    }
+}
+
+impl<S> Layer<S> for WebhookLayer {
+    type Service = WebhookService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        WebhookService {
+            hook: Arc::clone(&self.hook),
+            inner,
+        }
+    }
+}
+
+/// The service [`WebhookLayer`] makes.
+#[derive(Debug, Clone)]
+pub struct WebhookService<S> {
+    hook: Arc<Webhook>,
+    inner: S,
+}
+
+impl<S> Service<Request<Body>> for WebhookService<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is checked on the clone that runs the request (`oneshot`).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let hook = Arc::clone(&self.hook);
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let response = hook
+                .handle(req, |req| async move {
+                    match inner.oneshot(req).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    }
+                })
+                .await;
+            Ok(response)
+        })
+    }
+}

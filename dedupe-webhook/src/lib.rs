@@ -1,0 +1,52 @@
+//! # dedupe-webhook
+//!
+//! Receiving webhooks exactly once with a dedupe store, in axum. Each request
+//! goes through one path:
+//!
+//! 1. the body is read, at most [`Webhook::body_limit`] bytes (413 past it);
+//! 2. its signature is verified, before anything is claimed ([`Verifier`]:
+//!    Standard Webhooks, Stripe, GitHub, Shopify; 401 when missing, bad or stale);
+//! 3. the idempotency key is derived from the provider's stable event id, never
+//!    a per-attempt delivery id, or from the SHA-256 of the raw body where there
+//!    is no id ([`KeyRule`]; 400 for a body that is not JSON);
+//! 4. the key is claimed, with the body's SHA-256 as fingerprint: a duplicate
+//!    is answered with the stored response and `Idempotent-Replay: true`, a
+//!    delivery still in flight elsewhere with 409 and `Retry-After`, the same key
+//!    with another payload with 422, an unreachable store with 503 and
+//!    `Retry-After` (nothing recorded);
+//! 5. the route's handler runs; a 2xx response is stored as the outcome and
+//!    returned, anything else releases the claim so the provider's retry runs it
+//!    again. A handler whose future is dropped (client gone, shutdown) releases
+//!    its claim too.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{routing::post, Json, Router};
+//! use dedupe_core::MemoryStore;
+//! use dedupe_webhook::{KeyRule, Scheme, Verifier, Webhook, WebhookEvent};
+//!
+//! async fn on_payment(event: WebhookEvent) -> Json<serde_json::Value> {
+//!     // Runs once per event id, however often Stripe delivers it.
+//!     Json(serde_json::json!({ "processed": event.key.to_string() }))
+//! }
+//!
+//! let stripe = Webhook::new(Arc::new(MemoryStore::new()), KeyRule::stripe())
+//!     .verifier(Verifier::new(Scheme::Stripe, ["whsec_test_secret"])?);
+//! let app: Router = Router::new().route("/hooks/stripe", post(on_payment).route_layer(stripe.layer()));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod key;
+mod layer;
+mod receiver;
+mod signature;
+
+pub use key::{delivery_id, DerivedKey, KeyError, KeyRule, KeySource, PER_ATTEMPT_HEADERS};
+pub use layer::{WebhookLayer, WebhookService};
+pub use receiver::{Answer, Completed, Webhook, WebhookEvent, REPLAY_HEADER};
+pub use signature::{Scheme, SecretError, SignatureError, Verifier};
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,539 @@
+//! Signature verification, done before anything is claimed, so a forged request
+//! can claim no real event id.
+//!
+//! | scheme | header | signed bytes | encoding | replay window |
+//! |---|---|---|---|---|
+//! | Standard Webhooks | `webhook-signature: v1,<b64> v1,<b64>` with `webhook-id`, `webhook-timestamp` | `{id}.{timestamp}.{body}` | base64; secret `whsec_<base64 key>` | yes |
+//! | Stripe | `Stripe-Signature: t=<ts>,v1=<hex>,v1=<hex>` | `{t}.{body}` | hex; the secret string is the key | yes |
+//! | GitHub | `X-Hub-Signature-256: sha256=<hex>` | the body | hex | none signed |
+//! | Shopify | `X-Shopify-Hmac-Sha256: <b64>` | the body | base64 | none signed |
+//!
+//! All are HMAC-SHA256, compared in constant time (`hmac`'s `verify_slice`).
+//! Several secrets may be configured at once, for rotation: a signature made
+//! with any of them is accepted. GitHub and Shopify sign no timestamp, so a
+//! captured request can be replayed; the idempotency key (their stable event
+//! id) turns such a replay into a duplicate.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use http::HeaderMap;
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Why a request's signature was refused. Every variant answers 401.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SignatureError {
+    /// A header the scheme needs is absent.
+    #[error("missing {0} header")]
+    Missing(&'static str),
+    /// A header is present but not in the scheme's format.
+    #[error("malformed {header} header: {reason}")]
+    Malformed {
+        /// Which header.
+        header: &'static str,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+    /// The signed timestamp is further from now than the tolerance.
+    #[error("timestamp is {skew_secs} s from now, outside the {tolerance_secs} s tolerance")]
+    Stale {
+        /// Distance from now, in seconds.
+        skew_secs: u64,
+        /// The configured tolerance, in seconds.
+        tolerance_secs: u64,
+    },
+    /// No signature in the request matches any configured secret.
+    #[error("no signature matches")]
+    NoMatch,
+}
+
+/// A configuration error: a secret that is not in its scheme's format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {scheme} secret: {reason}")]
+pub struct SecretError {
+    scheme: &'static str,
+    reason: &'static str,
+}
+
+/// A signature scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Scheme {
+    /// Standard Webhooks (Svix and others).
+    StandardWebhooks,
+    /// Stripe.
+    Stripe,
+    /// GitHub (`X-Hub-Signature-256`).
+    GitHub,
+    /// Shopify (`X-Shopify-Hmac-Sha256`).
+    Shopify,
+}
+
+impl Scheme {
+    /// The scheme's name, as in URLs and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheme::StandardWebhooks => "standard",
+            Scheme::Stripe => "stripe",
+            Scheme::GitHub => "github",
+            Scheme::Shopify => "shopify",
+        }
+    }
+}
+
+/// Checks requests against one scheme and one or more secrets.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use dedupe_webhook::{Scheme, Verifier};
+///
+/// let verifier = Verifier::new(Scheme::GitHub, ["It's a Secret to Everybody"])?;
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert(
+///     "x-hub-signature-256",
+///     "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17".parse()?,
+/// );
+/// verifier.verify(&headers, b"Hello, World!", SystemTime::now())?;
+/// assert!(verifier.verify(&headers, b"Hello, World?", SystemTime::now()).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Verifier {
+    scheme: Scheme,
+    keys: Vec<Vec<u8>>,
+    tolerance: Duration,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("scheme", &self.scheme)
+            .field("secrets", &self.keys.len())
+            .field("tolerance", &self.tolerance)
+            .finish()
+    }
+}
+
+impl Verifier {
+    /// Default distance allowed between a signed timestamp and now.
+    pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
+
+    /// A verifier accepting signatures made with any of `secrets` (more than one
+    /// while a secret is rotated). Standard Webhooks secrets are `whsec_` and the
+    /// base64 of the key; the other schemes use the secret string as the key.
+    pub fn new<S: AsRef<str>>(
+        scheme: Scheme,
+        secrets: impl IntoIterator<Item = S>,
+    ) -> Result<Self, SecretError> {
+        let bad = |reason| SecretError {
+            scheme: scheme.name(),
+            reason,
+        };
+        let mut keys = Vec::new();
+        for secret in secrets {
+            let secret = secret.as_ref();
+            if secret.is_empty() {
+                return Err(bad("empty"));
+            }
+            keys.push(match scheme {
+                Scheme::StandardWebhooks => {
+                    let b64 = secret.strip_prefix("whsec_").unwrap_or(secret);
+                    let key = STANDARD
+                        .decode(b64)
+                        .map_err(|_| bad("not whsec_<base64>"))?;
+                    if key.is_empty() {
+                        return Err(bad("empty key"));
+                    }
+                    key
+                }
+                _ => secret.as_bytes().to_vec(),
+            });
+        }
+        if keys.is_empty() {
+            return Err(bad("no secret given"));
+        }
+        Ok(Self {
+            scheme,
+            keys,
+            tolerance: Self::DEFAULT_TOLERANCE,
+        })
+    }
+
+    /// Sets the replay tolerance for the schemes that sign a timestamp.
+    pub fn with_tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self
+    }
+
+    /// The scheme checked.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// Checks the request's signature over `body` at time `now`.
+    pub fn verify(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<(), SignatureError> {
+        match self.scheme {
+            Scheme::StandardWebhooks => self.verify_standard(headers, body, now),
+            Scheme::Stripe => self.verify_stripe(headers, body, now),
+            Scheme::GitHub => {
+                let value = header(headers, "x-hub-signature-256")?;
+                let hex_sig = value
+                    .strip_prefix("sha256=")
+                    .ok_or(SignatureError::Malformed {
+                        header: "x-hub-signature-256",
+                        reason: "expected sha256=<hex>",
+                    })?;
+                let sig = hex::decode(hex_sig).map_err(|_| SignatureError::Malformed {
+                    header: "x-hub-signature-256",
+                    reason: "not hex",
+                })?;
+                self.check(&[&sig], &[body])
+            }
+            Scheme::Shopify => {
+                let value = header(headers, "x-shopify-hmac-sha256")?;
+                let sig = STANDARD
+                    .decode(value.trim())
+                    .map_err(|_| SignatureError::Malformed {
+                        header: "x-shopify-hmac-sha256",
+                        reason: "not base64",
+                    })?;
+                self.check(&[&sig], &[body])
+            }
+        }
+    }
+
+    fn verify_standard(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<(), SignatureError> {
+        let id = header(headers, "webhook-id")?;
+        let ts_text = header(headers, "webhook-timestamp")?;
+        let ts = parse_timestamp(ts_text, "webhook-timestamp")?;
+        self.check_fresh(ts, now)?;
+        let value = header(headers, "webhook-signature")?;
+        let mut sigs = Vec::new();
+        for entry in value.split(' ').filter(|e| !e.is_empty()) {
+            let Some((version, b64)) = entry.split_once(',') else {
+                return Err(SignatureError::Malformed {
+                    header: "webhook-signature",
+                    reason: "expected v1,<base64> entries",
+                });
+            };
+            if version != "v1" {
+                continue; // other versions (v1a: asymmetric) are not ours to check
+            }
+            sigs.push(
+                STANDARD
+                    .decode(b64)
+                    .map_err(|_| SignatureError::Malformed {
+                        header: "webhook-signature",
+                        reason: "not base64",
+                    })?,
+            );
+        }
+        let sigs: Vec<&[u8]> = sigs.iter().map(Vec::as_slice).collect();
+        self.check(
+            &sigs,
+            &[id.as_bytes(), b".", ts_text.as_bytes(), b".", body],
+        )
+    }
+
+    fn verify_stripe(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<(), SignatureError> {
+        const NAME: &str = "stripe-signature";
+        let value = header(headers, NAME)?;
+        let mut ts_text = None;
+        let mut sigs = Vec::new();
+        for part in value.split(',') {
+            let Some((k, v)) = part.trim().split_once('=') else {
+                return Err(SignatureError::Malformed {
+                    header: NAME,
+                    reason: "expected t=<ts>,v1=<hex>",
+                });
+            };
+            match k {
+                "t" => ts_text = Some(v),
+                "v1" => sigs.push(hex::decode(v).map_err(|_| SignatureError::Malformed {
+                    header: NAME,
+                    reason: "v1 is not hex",
+                })?),
+                _ => {} // v0 (test mode, SHA-1) and future schemes are ignored
+            }
+        }
+        let ts_text = ts_text.ok_or(SignatureError::Malformed {
+            header: NAME,
+            reason: "no t= timestamp",
+        })?;
+        let ts = parse_timestamp(ts_text, NAME)?;
+        self.check_fresh(ts, now)?;
+        let sigs: Vec<&[u8]> = sigs.iter().map(Vec::as_slice).collect();
+        self.check(&sigs, &[ts_text.as_bytes(), b".", body])
+    }
+
+    fn check_fresh(&self, ts: u64, now: SystemTime) -> Result<(), SignatureError> {
+        let now = now
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let skew = now.abs_diff(ts);
+        if skew > self.tolerance.as_secs() {
+            return Err(SignatureError::Stale {
+                skew_secs: skew,
+                tolerance_secs: self.tolerance.as_secs(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether any of `sigs` is the HMAC of the concatenated `parts` under any key,
+    /// each comparison in constant time.
+    fn check(&self, sigs: &[&[u8]], parts: &[&[u8]]) -> Result<(), SignatureError> {
+        for key in &self.keys {
+            let mut mac = HmacSha256::new_from_slice(key).map_err(|_| SignatureError::NoMatch)?;
+            for part in parts {
+                mac.update(part);
+            }
+            for sig in sigs {
+                if mac.clone().verify_slice(sig).is_ok() {
+                    return Ok(());
+                }
+            }
+        }
+        Err(SignatureError::NoMatch)
+    }
+
+    /// Signs `body` as the scheme's sender would, with the first secret, at `at`
+    /// (seconds since the epoch; ignored by GitHub and Shopify). Answers the
+    /// headers to send: for tests and for tools that replay events.
+    pub fn sign(&self, id: &str, at: u64, body: &[u8]) -> Vec<(&'static str, String)> {
+        let mac = |parts: &[&[u8]]| {
+            // A key of any length is accepted by HMAC.
+            let mut mac = HmacSha256::new_from_slice(&self.keys[0]).expect("hmac takes any key");
+            for part in parts {
+                mac.update(part);
+            }
+            mac.finalize().into_bytes().to_vec()
+        };
+        let ts = at.to_string();
+        match self.scheme {
+            Scheme::StandardWebhooks => {
+                let sig = mac(&[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
+                vec![
+                    ("webhook-id", id.to_string()),
+                    ("webhook-timestamp", ts),
+                    ("webhook-signature", format!("v1,{}", STANDARD.encode(sig))),
+                ]
+            }
+            Scheme::Stripe => {
+                let sig = mac(&[ts.as_bytes(), b".", body]);
+                vec![(
+                    "stripe-signature",
+                    format!("t={ts},v1={}", hex::encode(sig)),
+                )]
+            }
+            Scheme::GitHub => vec![(
+                "x-hub-signature-256",
+                format!("sha256={}", hex::encode(mac(&[body]))),
+            )],
+            Scheme::Shopify => vec![("x-shopify-hmac-sha256", STANDARD.encode(mac(&[body])))],
+        }
+    }
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, SignatureError> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next().ok_or(SignatureError::Missing(name))?;
+    if values.next().is_some() {
+        return Err(SignatureError::Malformed {
+            header: name,
+            reason: "sent more than once",
+        });
+    }
+    value.to_str().map_err(|_| SignatureError::Malformed {
+        header: name,
+        reason: "not visible ASCII",
+    })
+}
+
+fn parse_timestamp(text: &str, header: &'static str) -> Result<u64, SignatureError> {
+    if text.is_empty() || text.len() > 12 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SignatureError::Malformed {
+            header,
+            reason: "timestamp is not whole seconds",
+        });
+    }
+    text.parse().map_err(|_| SignatureError::Malformed {
+        header,
+        reason: "timestamp is not whole seconds",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, String)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, v.parse().expect("header value"));
+        }
+        h
+    }
+
+    fn now_secs() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs()
+    }
+
+    #[test]
+    fn github_documented_example() {
+        // The example of GitHub's documentation on validating deliveries.
+        let v = Verifier::new(Scheme::GitHub, ["It's a Secret to Everybody"]).expect("secret");
+        let h = headers(&[(
+            "x-hub-signature-256",
+            "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17".into(),
+        )]);
+        assert_eq!(v.verify(&h, b"Hello, World!", SystemTime::now()), Ok(()));
+        assert_eq!(
+            v.verify(&h, b"Hello, World", SystemTime::now()),
+            Err(SignatureError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn standard_webhooks_known_vector() {
+        // The test vector of the Standard Webhooks reference libraries.
+        let v = Verifier::new(
+            Scheme::StandardWebhooks,
+            ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+        )
+        .expect("secret")
+        .with_tolerance(Duration::from_secs(u64::MAX / 4));
+        let h = headers(&[
+            ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek".into()),
+            ("webhook-timestamp", "1614265330".into()),
+            (
+                "webhook-signature",
+                "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=".into(),
+            ),
+        ]);
+        assert_eq!(
+            v.verify(&h, br#"{"test": 2432232314}"#, SystemTime::now()),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn every_scheme_round_trips_and_refuses_a_changed_body() {
+        for scheme in [
+            Scheme::StandardWebhooks,
+            Scheme::Stripe,
+            Scheme::GitHub,
+            Scheme::Shopify,
+        ] {
+            let secret = match scheme {
+                Scheme::StandardWebhooks => "whsec_c2VjcmV0LWtleS1ieXRlcw==",
+                _ => "whsec_plain_string_secret",
+            };
+            let v = Verifier::new(scheme, [secret]).expect("secret");
+            let h = headers(&v.sign("evt_1", now_secs(), b"{\"id\":\"evt_1\"}"));
+            assert_eq!(
+                v.verify(&h, b"{\"id\":\"evt_1\"}", SystemTime::now()),
+                Ok(()),
+                "{scheme:?}"
+            );
+            assert_eq!(
+                v.verify(&h, b"{\"id\":\"evt_2\"}", SystemTime::now()),
+                Err(SignatureError::NoMatch),
+                "{scheme:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn rotation_accepts_either_secret_and_several_signatures() {
+        let old = Verifier::new(Scheme::Stripe, ["whsec_old"]).expect("secret");
+        let new = Verifier::new(Scheme::Stripe, ["whsec_new"]).expect("secret");
+        let both = Verifier::new(Scheme::Stripe, ["whsec_new", "whsec_old"]).expect("secrets");
+        let at = now_secs();
+        let body = b"{}";
+        assert_eq!(
+            both.verify(&headers(&old.sign("", at, body)), body, SystemTime::now()),
+            Ok(())
+        );
+        // One header carrying two v1 signatures (Stripe during its own rotation).
+        let a = &old.sign("", at, body)[0].1;
+        let b = &new.sign("", at, body)[0].1;
+        let v1b = b.split(',').nth(1).expect("v1");
+        let h = headers(&[("stripe-signature", format!("{a},{v1b}"))]);
+        assert_eq!(new.verify(&h, body, SystemTime::now()), Ok(()));
+        assert_eq!(old.verify(&h, body, SystemTime::now()), Ok(()));
+        let other = Verifier::new(Scheme::Stripe, ["whsec_other"]).expect("secret");
+        assert_eq!(
+            other.verify(&h, body, SystemTime::now()),
+            Err(SignatureError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn stale_and_future_timestamps_are_refused() {
+        for scheme in [Scheme::StandardWebhooks, Scheme::Stripe] {
+            let v = Verifier::new(scheme, ["whsec_c2VjcmV0"]).expect("secret");
+            for at in [now_secs() - 301, now_secs() + 301] {
+                let h = headers(&v.sign("evt", at, b"{}"));
+                assert!(
+                    matches!(
+                        v.verify(&h, b"{}", SystemTime::now()),
+                        Err(SignatureError::Stale { .. })
+                    ),
+                    "{scheme:?} at {at}"
+                );
+            }
+            let h = headers(&v.sign("evt", now_secs() - 299, b"{}"));
+            assert_eq!(v.verify(&h, b"{}", SystemTime::now()), Ok(()));
+        }
+    }
+
+    #[test]
+    fn malformed_headers_are_typed_errors() {
+        let v = Verifier::new(Scheme::Stripe, ["whsec_x"]).expect("secret");
+        for value in ["", "t=", "t=abc,v1=00", "v1=zz,t=1", "garbage", "t=1"] {
+            let h = headers(&[("stripe-signature", value.to_string())]);
+            let e = v.verify(&h, b"{}", SystemTime::now()).expect_err(value);
+            assert!(
+                matches!(
+                    e,
+                    SignatureError::Malformed { .. }
+                        | SignatureError::Stale { .. }
+                        | SignatureError::NoMatch
+                ),
+                "{value}: {e:?}"
+            );
+        }
+        assert_eq!(
+            v.verify(&HeaderMap::new(), b"{}", SystemTime::now()),
+            Err(SignatureError::Missing("stripe-signature"))
+        );
+        assert!(Verifier::new(Scheme::StandardWebhooks, ["whsec_!!"]).is_err());
+        assert!(Verifier::new(Scheme::GitHub, [""]).is_err());
+        assert!(Verifier::new::<&str>(Scheme::GitHub, []).is_err());
+    }
+}
