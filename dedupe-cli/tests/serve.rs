@@ -392,3 +392,53 @@ async fn serve_on_dynamodb() {
     whole_path(&serve, 5).await;
     store_stopped(&serve, |down| if down { proxy.cut() } else { proxy.heal() }).await;
 }
+
+/// SIGTERM while a delivery is being processed: the server stops accepting,
+/// the in-flight delivery finishes (200, its row committed), and a receiver
+/// started again on the same file replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_in_flight_deliveries() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("hooks.db").display());
+    let serve = Serve::start(&url, 1500);
+    let http = client();
+    let hooks = format!("{}/hooks", serve.base);
+    let body = r#"{"id":"evt_shutdown"}"#;
+    let in_flight = {
+        let (http, hooks) = (http.clone(), hooks.clone());
+        tokio::spawn(async move { deliver(&http, &hooks, body, "del_1", &[]).await })
+    };
+    // Wait until the delivery holds its claim (`dedupe inspect` finds the record).
+    let mut held = false;
+    for _ in 0..200 {
+        let inspect = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+            .args(["inspect", "--store", &url, "hooks", "evt_shutdown"])
+            .output()
+            .expect("dedupe inspect");
+        if inspect.status.success() {
+            held = String::from_utf8_lossy(&inspect.stdout).contains("in_flight");
+            assert!(held, "{}", String::from_utf8_lossy(&inspect.stdout));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(held, "the first delivery never held its claim");
+    let pid = serve.child.id().to_string();
+    let term = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(term.is_ok_and(|s| s.success()), "kill -TERM failed");
+    let (status, headers, text) = in_flight.await.expect("delivery task");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(headers.get("idempotent-replay").is_none());
+    let mut serve = serve;
+    let exited = serve.child.wait().expect("wait");
+    assert!(exited.success(), "dedupe serve exited with {exited}");
+
+    let again = Serve::start(&url, 0);
+    let (status, headers, _) =
+        deliver(&http, &format!("{}/hooks", again.base), body, "del_2", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replay"], "true");
+    let ledger = rows(&http, &again.base, Some("hooks:evt_shutdown")).await;
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0]["delivery_id"], "del_1");
+}
