@@ -34,6 +34,8 @@ impl Serve {
                 &work_ms.to_string(),
                 "--secret",
                 &format!("stripe={STRIPE_SECRET}"),
+                "--unsigned",
+                "hooks",
                 "--fail-on-header",
                 "x-test-fail",
                 "--body-limit",
@@ -255,6 +257,20 @@ async fn whole_path(serve: &Serve, rounds: usize) {
         rows(&http, base, Some(&format!("stripe:{id}"))).await.len(),
         1
     );
+
+    // Routes with no secret while others have one are not served, nor are
+    // unknown sources: nothing unsigned gets in by a side door.
+    for route in ["github", "shopify", "nowhere"] {
+        let (status, _, text) = deliver(
+            &http,
+            &format!("{base}/hooks/{route}"),
+            r#"{"id":"evt_side_door"}"#,
+            "x1",
+            &[("x-github-delivery", "gh-1".into())],
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{route}: {text}");
+    }
 
     // A failing business step: 500, claim released, the retry processes it.
     let id = unique("fails");

@@ -83,24 +83,38 @@ impl KeyRule {
         Self::new("standard", vec![KeySource::Header("webhook-id".into())])
     }
 
-    /// GitHub: `X-GitHub-Delivery` (kept on redelivery), else the body hash.
+    /// GitHub: `X-GitHub-Delivery` (kept on redelivery); a delivery without it
+    /// is refused rather than keyed by its body.
+    ///
+    /// GitHub signs the body only, not this header: whoever captured a signed
+    /// delivery can send it again under another delivery id, and it is then a
+    /// new key. The payload fingerprint does not help there; keep the secret
+    /// and the transport (TLS) tight.
     pub fn github() -> Self {
         Self::new(
             "github",
-            vec![
-                KeySource::Header("x-github-delivery".into()),
-                KeySource::BodyHash,
-            ],
+            vec![KeySource::Header("x-github-delivery".into())],
         )
     }
 
-    /// Shopify: `X-Shopify-Webhook-Id` (the same on every retry), else the body
-    /// hash.
+    /// Shopify: `X-Shopify-Webhook-Id` (the same on every retry); a delivery
+    /// without it is refused. The header is not signed (see [`KeyRule::github`]).
     pub fn shopify() -> Self {
         Self::new(
             "shopify",
+            vec![KeySource::Header("x-shopify-webhook-id".into())],
+        )
+    }
+
+    /// The generic rule of a Standard Webhooks sender or any JSON body: the
+    /// `webhook-id` header (signed by Standard Webhooks), else the body's
+    /// top-level `id`, else the body hash.
+    pub fn generic(namespace: impl Into<String>) -> Self {
+        Self::new(
+            namespace,
             vec![
-                KeySource::Header("x-shopify-webhook-id".into()),
+                KeySource::Header("webhook-id".into()),
+                KeySource::JsonPointer("/id".into()),
                 KeySource::BodyHash,
             ],
         )
@@ -156,7 +170,11 @@ impl KeyRule {
                     match json.as_ref().and_then(|j| j.pointer(pointer)) {
                         None | Some(serde_json::Value::Null) => None,
                         Some(serde_json::Value::String(s)) => Some(s.clone()),
-                        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+                        // Integers only: a float (or an integer past 64 bits,
+                        // which JSON parsers read as one) is not an exact id.
+                        Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => {
+                            Some(n.to_string())
+                        }
                         Some(_) => {
                             return Err(KeyError::BadId(format!(
                                 "{pointer} is not a string or number"
@@ -181,6 +199,9 @@ impl KeyRule {
             if let Some(id) = id {
                 if id.is_empty() {
                     return Err(KeyError::BadId("empty event id".into()));
+                }
+                if id.chars().any(char::is_control) {
+                    return Err(KeyError::BadId("event id holds control characters".into()));
                 }
                 let key = Key::new(self.namespace.as_str(), id.as_str())
                     .map_err(|e| KeyError::BadId(e.to_string()))?;
@@ -290,10 +311,24 @@ mod tests {
             rule.derive(&HeaderMap::new(), long.as_bytes()),
             Err(KeyError::BadId(_))
         ));
-        // Numbers are ids too.
+        // Integers are ids too; floats and integers past 64 bits are not exact.
         let k = rule
             .derive(&HeaderMap::new(), br#"{"id":12345}"#)
             .expect("key");
         assert_eq!(k.key.id(), "12345");
+        for body in [&br#"{"id":1.5}"#[..], br#"{"id":18446744073709551616}"#] {
+            assert!(matches!(
+                rule.derive(&HeaderMap::new(), body),
+                Err(KeyError::BadId(_))
+            ));
+        }
+        assert!(matches!(
+            rule.derive(&HeaderMap::new(), b"{\"id\":\"evt\\n1\"}"),
+            Err(KeyError::BadId(_))
+        ));
+        assert!(matches!(
+            KeyRule::github().derive(&HeaderMap::new(), b"{}"),
+            Err(KeyError::NoId(_))
+        ));
     }
 }

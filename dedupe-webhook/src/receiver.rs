@@ -35,6 +35,8 @@ pub enum Answer {
     TooLarge,
     /// The body is not JSON, or holds no usable id (400).
     BadRequest,
+    /// The body did not arrive in time (408).
+    TimedOut,
     /// Missing, bad or stale signature (401).
     Unauthorized,
     /// The store could not be reached (503); nothing was recorded.
@@ -56,6 +58,7 @@ impl Answer {
             Answer::Mismatch => "mismatch",
             Answer::TooLarge => "too_large",
             Answer::BadRequest => "bad_request",
+            Answer::TimedOut => "timed_out",
             Answer::Unauthorized => "unauthorized",
             Answer::Unavailable => "unavailable",
             Answer::Failed => "failed",
@@ -218,6 +221,7 @@ pub struct Webhook {
     lease: Duration,
     retention: Duration,
     require_json: bool,
+    read_timeout: Duration,
 }
 
 impl std::fmt::Debug for Webhook {
@@ -251,7 +255,11 @@ fn retry_after(response: &mut Response, secs: u64) {
 impl Webhook {
     /// Default largest body accepted.
     pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
-    /// Default lease: longer than a provider waits for an answer.
+    /// Default bound on reading a body.
+    pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+    /// Default lease: longer than a provider waits for an answer. A running
+    /// handler's lease is extended every third of it, so this bounds how long a
+    /// crashed receiver holds an event, not how long a handler may run.
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
     /// Default retention: longer than providers redeliver (Stripe resends for up
     /// to 30 days by hand).
@@ -267,7 +275,15 @@ impl Webhook {
             lease: Self::DEFAULT_LEASE,
             retention: Self::DEFAULT_RETENTION,
             require_json: true,
+            read_timeout: Self::DEFAULT_READ_TIMEOUT,
         }
+    }
+
+    /// How long the whole body may take to arrive (default 30 s); a slower one
+    /// answers 408.
+    pub fn read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
+        self
     }
 
     /// Checks every request's signature before anything else is done with it.
@@ -346,7 +362,15 @@ impl Webhook {
         if declared.is_some_and(|n| n > DRAIN_LIMIT.max(self.body_limit) as u64) {
             return self.too_large(); // not worth reading to answer politely
         }
-        let body = match read_body(body, self.body_limit).await {
+        let read = tokio::time::timeout(self.read_timeout, read_body(body, self.body_limit)).await;
+        let Ok(read) = read else {
+            return json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                Answer::TimedOut,
+                format!("the body did not arrive within {:?}", self.read_timeout),
+            );
+        };
+        let body = match read {
             Ok(body) => body,
             Err(BodyError::TooLarge) => return self.too_large(),
             Err(BodyError::Broken(e)) => {
@@ -447,7 +471,23 @@ impl Webhook {
             body: body.clone(),
             retention: self.retention,
         });
-        let response = handler(Request::from_parts(parts, Body::from(body))).await;
+        // The handler runs while the lease is extended every third of its length,
+        // so a slow handler keeps its claim instead of losing it to a retry.
+        let run = handler(Request::from_parts(parts, Body::from(body)));
+        tokio::pin!(run);
+        let mut current = lease.clone();
+        let beat = (self.lease / 3).max(Duration::from_millis(1));
+        let response = loop {
+            tokio::select! {
+                response = &mut run => break response,
+                () = tokio::time::sleep(beat) => {
+                    match self.store.extend(&current, self.lease).await {
+                        Ok(extended) => current = extended,
+                        Err(e) => tracing::warn!(error = %e, "could not extend the lease of a running handler"),
+                    }
+                }
+            }
+        };
 
         if response.extensions().get::<Completed>().is_some() {
             guard.lease = None;
@@ -456,47 +496,69 @@ impl Webhook {
             return response;
         }
         if !response.status().is_success() {
+            // Released by a task of its own, so the release happens even if this
+            // request is dropped while waiting for it.
             guard.lease = None;
-            if let Err(e) = self.store.release(&lease).await {
-                tracing::warn!(error = %e, "could not release after a failed handler; the claim frees itself when its lease passes");
+            let store = Arc::clone(&self.store);
+            let released = tokio::spawn(async move { store.release(&current).await }).await;
+            match released {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "could not release after a failed handler; the claim frees itself when its lease passes")
+                }
+                Err(e) => tracing::warn!(error = %e, "the release task failed"),
             }
             let mut response = response;
             response.extensions_mut().insert(Answer::Failed);
             return response;
         }
-        let (mut head, body) = response.into_parts();
-        let max = self.store.capabilities().max_outcome_bytes;
-        let body = match axum::body::to_bytes(body, usize::MAX).await {
-            Ok(body) => body,
-            Err(e) => {
-                guard.lease = None;
-                let _ = self.store.release(&lease).await;
-                return json_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    Answer::Failed,
-                    format!("the handler's response body failed: {e}"),
-                );
-            }
-        };
-        let content_type = head
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok());
-        let mut outcome = WebhookEvent::outcome_for(head.status, content_type, &body);
-        if outcome.len() > max {
-            tracing::warn!(
-                bytes = body.len(),
-                "response too large to store; duplicates get its status and an empty body"
-            );
-            outcome = WebhookEvent::outcome_for(head.status, None, b"");
-        }
+        // The work is done: from here on nothing may release the claim. Reading
+        // the response and storing it run in a task of their own, so they finish
+        // even if this request is dropped.
         guard.lease = None;
-        if let Err(e) = self.complete(&lease, &outcome).await {
-            // The work is done; answering an error would make the provider retry it.
-            tracing::error!(error = %e, "the handler succeeded but its completion was not stored");
+        let this = self.clone();
+        let finished = tokio::spawn(async move {
+            let (head, body) = response.into_parts();
+            let max = this.store.capabilities().max_outcome_bytes;
+            let body = axum::body::to_bytes(body, RESPONSE_LIMIT).await;
+            let content_type = head
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok());
+            let mut outcome = match &body {
+                Ok(bytes) => WebhookEvent::outcome_for(head.status, content_type, bytes),
+                Err(_) => WebhookEvent::outcome_for(head.status, None, b""),
+            };
+            if outcome.len() > max {
+                tracing::warn!(
+                    bytes = outcome.len(),
+                    "response too large to store; duplicates get its status and an empty body"
+                );
+                outcome = WebhookEvent::outcome_for(head.status, None, b"");
+            }
+            match this.complete(&current, &outcome).await {
+                Ok(()) => {}
+                Err(e @ Error::LeaseLost { .. }) => tracing::error!(
+                    error = %e,
+                    "the handler finished after its lease was taken over: the event may have been processed twice"
+                ),
+                // Answering an error would make the provider retry work that is done.
+                Err(e) => tracing::error!(error = %e, "the handler succeeded but its completion was not stored"),
+            }
+            (head, body.unwrap_or_default())
+        })
+        .await;
+        match finished {
+            Ok((mut head, body)) => {
+                head.extensions.insert(Answer::Processed);
+                Response::from_parts(head, Body::from(body))
+            }
+            Err(e) => json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Answer::Error,
+                format!("storing the response failed: {e}"),
+            ),
         }
-        head.extensions.insert(Answer::Processed);
-        Response::from_parts(head, Body::from(body))
     }
 
     /// Completes, retrying a store that is briefly unavailable within the lease.
@@ -531,6 +593,10 @@ enum BodyError {
 /// 413, so that the client, still sending, reads the answer instead of a reset
 /// connection. Past it the connection is simply closed.
 const DRAIN_LIMIT: usize = 8 * 1024 * 1024;
+
+/// Largest handler response read (and returned); a larger one is cut, and
+/// duplicates get its status with an empty body.
+const RESPONSE_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Reads the body, at most `limit` bytes; an oversized one is drained up to
 /// [`DRAIN_LIMIT`] (for at most two seconds) and refused.

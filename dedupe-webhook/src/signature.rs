@@ -234,14 +234,10 @@ impl Verifier {
             if version != "v1" {
                 continue; // other versions (v1a: asymmetric) are not ours to check
             }
-            sigs.push(
-                STANDARD
-                    .decode(b64)
-                    .map_err(|_| SignatureError::Malformed {
-                        header: "webhook-signature",
-                        reason: "not base64",
-                    })?,
-            );
+            // An entry that does not decode cannot match; the others still may.
+            if let Ok(sig) = STANDARD.decode(b64) {
+                sigs.push(sig);
+            }
         }
         let sigs: Vec<&[u8]> = sigs.iter().map(Vec::as_slice).collect();
         self.check(
@@ -269,10 +265,8 @@ impl Verifier {
             };
             match k {
                 "t" => ts_text = Some(v),
-                "v1" => sigs.push(hex::decode(v).map_err(|_| SignatureError::Malformed {
-                    header: NAME,
-                    reason: "v1 is not hex",
-                })?),
+                // A v1 that does not decode cannot match; the others still may.
+                "v1" => sigs.extend(hex::decode(v).ok()),
                 _ => {} // v0 (test mode, SHA-1) and future schemes are ignored
             }
         }
@@ -490,6 +484,22 @@ mod tests {
         assert_eq!(
             other.verify(&h, body, SystemTime::now()),
             Err(SignatureError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn an_undecodable_entry_does_not_hide_a_good_one() {
+        let v = Verifier::new(Scheme::Stripe, ["whsec_x"]).expect("secret");
+        let good = &v.sign("", now_secs(), b"{}")[0].1;
+        let h = headers(&[("stripe-signature", format!("{good},v1=zz-not-hex"))]);
+        assert_eq!(v.verify(&h, b"{}", SystemTime::now()), Ok(()));
+        let sw = Verifier::new(Scheme::StandardWebhooks, ["whsec_c2VjcmV0"]).expect("secret");
+        let signed = sw.sign("msg", now_secs(), b"{}");
+        let mut pairs = signed.clone();
+        pairs[2].1 = format!("v1,!!notbase64!! {}", signed[2].1);
+        assert_eq!(
+            sw.verify(&headers(&pairs), b"{}", SystemTime::now()),
+            Ok(())
         );
     }
 

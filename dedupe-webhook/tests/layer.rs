@@ -315,3 +315,37 @@ async fn a_check_then_write_store_is_caught() {
     };
     assert!(message.contains("round"), "failed elsewhere: {message}");
 }
+
+/// A handler slower than its lease keeps the claim (the lease is extended while
+/// it runs): copies arriving meanwhile are told to come back, none runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_keeps_its_claim() {
+    let counts = Counts::default();
+    counts.delay_ms.store(1200, Ordering::SeqCst);
+    let store: Arc<dyn DedupeStore> = Arc::new(MemoryStore::new());
+    let hook = Webhook::new(store, KeyRule::body_id("hooks")).lease(Duration::from_millis(300));
+    let app = Router::new()
+        .route("/hooks", post(handler).route_layer(hook.layer()))
+        .with_state(counts.clone());
+    let body = r#"{"id":"evt_slow"}"#;
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, post_json(body, "del_1")).await }
+    });
+    let mut copies = Vec::new();
+    for i in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        copies.push(
+            send(&app, post_json(body, &format!("del_copy_{i}")))
+                .await
+                .0,
+        );
+    }
+    let (status, _, _) = first.await.expect("first");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(counts.runs.load(Ordering::SeqCst), 1, "copies: {copies:?}");
+    assert!(
+        copies.iter().all(|s| *s == StatusCode::CONFLICT),
+        "{copies:?}"
+    );
+}

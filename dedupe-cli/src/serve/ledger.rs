@@ -219,19 +219,18 @@ impl Ledger {
                     .await
             }
             Ledger::InProcess { store, rows } => {
-                let seq = {
-                    let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
-                    rows.push(row.clone());
-                    rows.len() - 1
+                // The row is added once the completion is known to have landed:
+                // when the answer was lost (a timeout), the record says.
+                let done = match store.complete(lease, outcome, event.retention).await {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.is_retryable() => match store.get(&event.key).await {
+                        Ok(Some(record)) if completed_by(&record, lease) => Ok(()),
+                        _ => Err(e),
+                    },
+                    Err(e) => Err(e),
                 };
-                let done = store.complete(lease, outcome, event.retention).await;
-                if done.is_err() {
-                    let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
-                    if rows.get(seq) == Some(&row) {
-                        rows.remove(seq);
-                    } else if let Some(i) = rows.iter().position(|r| r == &row) {
-                        rows.remove(i);
-                    }
+                if done.is_ok() {
+                    rows.lock().unwrap_or_else(|e| e.into_inner()).push(row);
                 }
                 done
             }
@@ -325,6 +324,11 @@ impl Ledger {
     }
 }
 
+/// Whether `record` is the completion of `lease` (done, by its claim).
+fn completed_by(record: &dedupe_core::Record, lease: &dedupe_core::Lease) -> bool {
+    matches!(record.state, dedupe_core::RecordState::Done { .. }) && record.token == lease.token
+}
+
 fn sqlite_conn(path: &std::path::Path) -> Result<dedupe_sqlite::rusqlite::Connection, Error> {
     let conn = dedupe_sqlite::rusqlite::Connection::open(path).map_err(sqlite_err)?;
     conn.busy_timeout(Duration::from_secs(5))
@@ -377,5 +381,22 @@ async fn create_dynamo_ledger(
         .send()
         .await
         .map_err(dynamo_err)?;
-    Ok(())
+    // A new table takes writes once it is ACTIVE.
+    for _ in 0..300 {
+        let status = client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .ok()
+            .and_then(|t| t.table().and_then(|t| t.table_status().cloned()));
+        if status == Some(dedupe_dynamo::aws_sdk_dynamodb::types::TableStatus::Active) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(Error::unavailable(
+        format!("ledger table {table} did not become ACTIVE within 30 s"),
+        None,
+    ))
 }

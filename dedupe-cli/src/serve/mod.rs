@@ -44,6 +44,11 @@ pub struct ServeArgs {
     /// Replay tolerance of signed timestamps, in seconds.
     #[arg(long, default_value_t = 300)]
     tolerance_secs: u64,
+    /// Serve this route without a signature check even though other routes
+    /// have secrets: `hooks` (for /hooks and /hooks/standard), `stripe`,
+    /// `github` or `shopify`. Without any --secret every route is unsigned.
+    #[arg(long = "unsigned", value_name = "ROUTE")]
+    unsigned: Vec<String>,
     /// Test hook: a request carrying this header fails in its business step
     /// (500), as a crashing handler would.
     #[arg(long, value_name = "HEADER")]
@@ -52,8 +57,11 @@ pub struct ServeArgs {
 
 struct App {
     ledger: Ledger,
-    generic: Webhook,
-    providers: Vec<(&'static str, Webhook)>,
+    /// `/hooks` and `/hooks/standard`; `None` when secrets are given but none
+    /// for Standard Webhooks (the route is then not served).
+    generic: Option<Webhook>,
+    /// `/hooks/{source}` for the other providers, likewise.
+    providers: Vec<(&'static str, Option<Webhook>)>,
     work: Duration,
     fail_on: Option<http::HeaderName>,
     metrics: metrics::Metrics,
@@ -109,27 +117,43 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         .url()
         .retention()
         .unwrap_or(Webhook::DEFAULT_RETENTION);
-    let hook = |rule: KeyRule, scheme: Scheme| {
-        let mut hook = Webhook::new(Arc::clone(&store), rule)
+    // With no secret at all every route is open (a local demo); once secrets
+    // are given, a route whose scheme has none is not served, so no route
+    // silently accepts unsigned requests.
+    let open = verifiers.is_empty();
+    if open {
+        eprintln!("warning: no --secret given: signatures are not checked on any route");
+    }
+    const ROUTES: [&str; 4] = ["hooks", "stripe", "github", "shopify"];
+    if let Some(bad) = args.unsigned.iter().find(|r| !ROUTES.contains(&r.as_str())) {
+        return Err(Error::config(format!(
+            "--unsigned {bad}: routes are {}",
+            ROUTES.join(", ")
+        )));
+    }
+    let hook = |route: &str, rule: KeyRule, scheme: Scheme| -> Option<Webhook> {
+        let hook = Webhook::new(Arc::clone(&store), rule)
             .body_limit(args.body_limit)
             .lease(lease)
             .retention(retention);
-        if let Some(v) = verifier_for(scheme) {
-            hook = hook.verifier(v);
+        match verifier_for(scheme) {
+            Some(v) => Some(hook.verifier(v)),
+            None if open || args.unsigned.iter().any(|r| r == route) => Some(hook),
+            None => None,
         }
-        hook
     };
     let app = Arc::new(App {
         ledger,
-        generic: hook(KeyRule::body_id("hooks"), Scheme::StandardWebhooks),
+        // One namespace for /hooks and /hooks/standard, so a signed message
+        // replayed on the other route is the same key.
+        generic: hook("hooks", KeyRule::generic("hooks"), Scheme::StandardWebhooks),
         providers: vec![
+            ("stripe", hook("stripe", KeyRule::stripe(), Scheme::Stripe)),
+            ("github", hook("github", KeyRule::github(), Scheme::GitHub)),
             (
-                "standard",
-                hook(KeyRule::standard_webhooks(), Scheme::StandardWebhooks),
+                "shopify",
+                hook("shopify", KeyRule::shopify(), Scheme::Shopify),
             ),
-            ("stripe", hook(KeyRule::stripe(), Scheme::Stripe)),
-            ("github", hook(KeyRule::github(), Scheme::GitHub)),
-            ("shopify", hook(KeyRule::shopify(), Scheme::Shopify)),
         ],
         work: Duration::from_millis(args.work_ms),
         fail_on: match &args.fail_on_header {
@@ -189,11 +213,23 @@ async fn shutdown_signal() {
     }
 }
 
+fn not_served(what: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({
+            "error": "not_served",
+            "message": format!("{what} is not served: unknown source, or no --secret for its scheme"),
+        })),
+    )
+        .into_response()
+}
+
 async fn receive(State(app): State<Arc<App>>, req: Request) -> Response {
     let a = Arc::clone(&app);
-    app.generic
-        .handle(req, move |req| business_step(a, req))
-        .await
+    match &app.generic {
+        Some(hook) => hook.handle(req, move |req| business_step(a, req)).await,
+        None => not_served("/hooks"),
+    }
 }
 
 async fn receive_from(
@@ -202,16 +238,17 @@ async fn receive_from(
     req: Request,
 ) -> Response {
     let a = Arc::clone(&app);
-    match app.providers.iter().find(|(name, _)| *name == source) {
-        Some((_, hook)) => hook.handle(req, move |req| business_step(a, req)).await,
-        // Any other source: the generic rule in a namespace of its own.
-        None => {
-            app.generic
-                .handle_with_rule(&KeyRule::body_id(source), req, move |req| {
-                    business_step(a, req)
-                })
-                .await
-        }
+    let hook = if source == "standard" {
+        app.generic.as_ref()
+    } else {
+        app.providers
+            .iter()
+            .find(|(name, _)| *name == source)
+            .and_then(|(_, hook)| hook.as_ref())
+    };
+    match hook {
+        Some(hook) => hook.handle(req, move |req| business_step(a, req)).await,
+        None => not_served(&format!("/hooks/{source}")),
     }
 }
 
