@@ -41,11 +41,33 @@ pub(crate) struct Ops<'a> {
     pub(crate) sql: &'a Statements,
     pub(crate) busy_timeout: Duration,
     pub(crate) caps: Capabilities,
+    /// The process-wide turn for writers to this file (the store's own
+    /// connections only; a caller's transaction does not take it).
+    pub(crate) writer: Option<&'a parking_lot::Mutex<()>>,
 }
 
 impl Ops<'_> {
     fn err(&self, e: rusqlite::Error) -> Error {
         crate::error::map(e, self.busy_timeout)
+    }
+
+    /// Waits for this process's turn to write to the file, at most until the
+    /// running job's deadline. Connections of one process then queue here in
+    /// order instead of polling SQLite's lock with sleeps; other processes
+    /// still meet them at SQLite's own lock.
+    pub(crate) fn turn(&self) -> Result<Option<parking_lot::MutexGuard<'_, ()>>> {
+        let Some(writer) = self.writer else {
+            return Ok(None);
+        };
+        let deadline = crate::workers::busy_deadline()
+            .unwrap_or_else(|| std::time::Instant::now() + self.busy_timeout);
+        writer
+            .try_lock_until(deadline)
+            .map(Some)
+            .ok_or(Error::Timeout {
+                after: self.busy_timeout,
+                source: None,
+            })
     }
 
     /// The claim: one upsert decides; when it leaves a live record alone, that

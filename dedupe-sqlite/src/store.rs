@@ -68,6 +68,7 @@ impl SqliteBuilder {
         }
         let settings = Arc::new(Settings {
             sql,
+            writer: crate::workers::writer_for(&self.path),
             path: self.path,
             busy_timeout: self.busy_timeout,
             caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
@@ -86,6 +87,8 @@ impl SqliteBuilder {
 #[derive(Debug)]
 pub(crate) struct Settings {
     pub(crate) sql: Statements,
+    /// This process's turn for writers to the file, shared by its handles.
+    pub(crate) writer: Arc<parking_lot::Mutex<()>>,
     pub(crate) path: PathBuf,
     pub(crate) busy_timeout: Duration,
     pub(crate) caps: Capabilities,
@@ -97,6 +100,7 @@ impl Settings {
             sql: &self.sql,
             busy_timeout: self.busy_timeout,
             caps: self.caps,
+            writer: Some(&self.writer),
         }
     }
 }
@@ -207,14 +211,20 @@ impl SqliteStore {
     /// it is safe to call again.
     pub async fn migrate(&self) -> Result<()> {
         self.with_conn(|ops, conn| {
+            let _turn = ops.turn()?;
             conn.execute_batch(&ops.sql.create)
                 .map_err(|e| crate::error::map(e, ops.busy_timeout))
         })
         .await
     }
 
+    /// The statements for a caller's own transaction (no process turn: the
+    /// caller's transaction already holds SQLite's write lock or waits for it).
     fn ops(&self) -> Ops<'_> {
-        self.inner.settings.ops()
+        Ops {
+            writer: None,
+            ..self.inner.settings.ops()
+        }
     }
 
     /// Claims `key` inside the caller's transaction, so the claim, the caller's own
@@ -271,6 +281,7 @@ fn write_tx<T>(
     conn: &mut Connection,
     f: impl FnOnce(&Ops<'_>, &Connection) -> Result<T>,
 ) -> Result<T> {
+    let _turn = ops.turn()?;
     let map = |e| crate::error::map(e, ops.busy_timeout);
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -300,20 +311,29 @@ impl DedupeStore for SqliteStore {
         check_ttl("retention", retention)?;
         self.inner.settings.caps.check_outcome(outcome)?;
         let (lease, outcome) = (lease.clone(), outcome.to_vec());
-        self.with_conn(move |ops, conn| ops.complete(conn, &lease, &outcome, retention))
-            .await
+        self.with_conn(move |ops, conn| {
+            let _turn = ops.turn()?;
+            ops.complete(conn, &lease, &outcome, retention)
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let lease = lease.clone();
-        self.with_conn(move |ops, conn| ops.release(conn, &lease))
-            .await
+        self.with_conn(move |ops, conn| {
+            let _turn = ops.turn()?;
+            ops.release(conn, &lease)
+        })
+        .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         let lease = lease.clone();
-        self.with_conn(move |ops, conn| ops.extend(conn, &lease, ttl))
-            .await
+        self.with_conn(move |ops, conn| {
+            let _turn = ops.turn()?;
+            ops.extend(conn, &lease, ttl)
+        })
+        .await
     }
 
     async fn expire(&self) -> Result<u64> {
@@ -323,7 +343,10 @@ impl DedupeStore for SqliteStore {
             // One short transaction per batch, releasing the write lock between
             // batches so claims are never blocked for long.
             let n = self
-                .with_conn(move |ops, conn| ops.expire_batch(conn, now))
+                .with_conn(move |ops, conn| {
+                    let _turn = ops.turn()?;
+                    ops.expire_batch(conn, now)
+                })
                 .await?;
             removed += n;
             if n < EXPIRE_BATCH as u64 {
@@ -339,8 +362,11 @@ impl DedupeStore for SqliteStore {
 
     async fn forget(&self, key: &Key) -> Result<bool> {
         let key = key.clone();
-        self.with_conn(move |ops, conn| ops.forget(conn, &key))
-            .await
+        self.with_conn(move |ops, conn| {
+            let _turn = ops.turn()?;
+            ops.forget(conn, &key)
+        })
+        .await
     }
 
     /// All claims of the batch in one `BEGIN IMMEDIATE` transaction, in order.

@@ -128,6 +128,45 @@ impl Workers {
     }
 }
 
+/// The deadline of the job running on this thread, if any.
+pub(crate) fn busy_deadline() -> Option<Instant> {
+    BUSY_DEADLINE.with(Cell::get)
+}
+
+/// The writers' turn shared by every handle of this process on the file at
+/// `path` (by its canonical directory and name, so two spellings of one path
+/// share it).
+pub(crate) fn writer_for(path: &Path) -> Arc<parking_lot::Mutex<()>> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock, Weak};
+    static WRITERS: OnceLock<Mutex<HashMap<std::path::PathBuf, Weak<parking_lot::Mutex<()>>>>> =
+        OnceLock::new();
+    let canonical = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            dir.canonicalize()
+                .map(|d| d.join(name))
+                .unwrap_or_else(|_| path.to_path_buf())
+        }
+        _ => path.to_path_buf(),
+    };
+    let mut writers = WRITERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    writers.retain(|_, w| w.strong_count() > 0);
+    if let Some(writer) = writers.get(&canonical).and_then(Weak::upgrade) {
+        return writer;
+    }
+    let writer = Arc::new(parking_lot::Mutex::new(()));
+    writers.insert(canonical, Arc::downgrade(&writer));
+    writer
+}
+
 thread_local! {
     /// When the job running on this thread stops waiting for the write lock.
     static BUSY_DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
