@@ -57,7 +57,7 @@ if [ -z "${DYNAMO_ENDPOINT:-}" ]; then
   DYNAMO_ENDPOINT="http://127.0.0.1:$port"
 fi
 
-# memory last: its rows leave hundreds of millions of keys to free, which
+# memory last: its rows leave millions of keys to free, which
 # stalls whatever row runs next.
 cargo run --quiet --release -p dedupe-cli -- bench \
   --store sqlite: --store "$PG_URL" --store "$REDIS_URL" \
