@@ -383,3 +383,56 @@ async fn claims_can_wait_for_replicas() {
     let stored = two.get(&key("under-replicated")).await.expect("get");
     assert!(stored.is_some(), "the claim did not stand on the primary");
 }
+
+/// The server's count of changes since the last save (`INFO persistence`).
+fn dirty(port: u16) -> u64 {
+    redis_cli(port, &["INFO", "persistence"])
+        .lines()
+        .find_map(|l| l.strip_prefix("rdb_changes_since_last_save:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("rdb_changes_since_last_save")
+}
+
+/// A duplicate or in-flight claim changes nothing on the server: its `SET NX`
+/// fails and the script only reads, so Redis's own change counter stands still
+/// across rounds of them (and moves for a claim that wins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_change_nothing_on_the_server() {
+    let server = RedisServer::start();
+    let store = store(&server.url(), Duration::from_secs(2)).await;
+    let keys: Vec<Key> = (0..40).map(|i| key(&format!("dup{i}"))).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let lease = store.claim(k, &opts()).await.expect("claim");
+        let lease = lease.lease().cloned().expect("won");
+        if i.is_multiple_of(2) {
+            store
+                .complete(&lease, b"kept", Duration::from_secs(600))
+                .await
+                .expect("complete");
+        }
+    }
+    let before = dirty(server.port);
+    for _ in 0..5 {
+        for (i, k) in keys.iter().enumerate() {
+            match store.claim(k, &opts()).await.expect("claim") {
+                ClaimOutcome::Duplicate { outcome, .. } if i.is_multiple_of(2) => {
+                    assert_eq!(outcome, b"kept")
+                }
+                ClaimOutcome::InFlight { .. } if !i.is_multiple_of(2) => {}
+                other => panic!("key {i} answered {other:?}"),
+            }
+        }
+        let batch = store.claim_many(&keys, &opts()).await.expect("claim_many");
+        assert!(batch.iter().all(|a| a.lease().is_none()), "{batch:?}");
+    }
+    assert_eq!(
+        dirty(server.port),
+        before,
+        "duplicate claims changed the data set"
+    );
+    store.claim(&key("fresh"), &opts()).await.expect("claim");
+    assert!(
+        dirty(server.port) > before,
+        "the counter does not see a winning claim"
+    );
+}
