@@ -430,7 +430,8 @@ async fn duplicates_change_nothing_on_the_server() {
         before,
         "duplicate claims changed the data set"
     );
-    store.claim(&key("fresh"), &opts()).await.expect("claim");
+    let fresh = store.claim(&key("fresh"), &opts()).await.expect("claim");
+    assert!(fresh.lease().is_some());
     assert!(
         dirty(server.port) > before,
         "the counter does not see a winning claim"
