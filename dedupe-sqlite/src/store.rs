@@ -27,10 +27,9 @@ pub struct SqliteBuilder {
 }
 
 impl SqliteBuilder {
-    /// Connections this handle (and its clones) keeps open, at most (default 4).
-    /// SQLite lets one writer in at a time whatever the count; more connections let
-    /// reads run beside a write and keep callers waiting in async code rather than
-    /// on blocking threads.
+    /// Connections this handle (and its clones) keeps open, each on a thread of
+    /// its own (default 4). SQLite lets one writer in at a time whatever the
+    /// count; more connections let reads (duplicates) run beside a write.
     pub fn connections(mut self, connections: usize) -> Self {
         self.connections = connections;
         self
@@ -57,7 +56,8 @@ impl SqliteBuilder {
     }
 
     /// Opens (or creates) the database file, switches it to WAL, and creates the
-    /// table and index if they are missing. The work runs on a blocking thread.
+    /// table and index if they are missing. The work runs on the handle's own
+    /// connection threads, never on the async runtime's.
     pub async fn open(self) -> Result<SqliteStore> {
         let sql = Statements::new(&self.table)?;
         if self.busy_timeout.is_zero() {
