@@ -24,6 +24,7 @@
 
 pub mod checks;
 mod harness;
+pub mod history;
 pub mod processes;
 mod report;
 

@@ -1,0 +1,179 @@
+//! The history checker on real concurrent runs: a correct store passes, and
+//! stores broken each in one way are caught by the rule they break.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_conformance::history::{History, Recorder};
+use dedupe_core::{
+    async_trait, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, MemoryStore, Record,
+    Result,
+};
+
+/// Eight workers on twelve keys with 30 ms leases: most claims complete at
+/// once, some release, some sleep past their lease before completing (a
+/// stalled worker), so takeovers and lost leases happen.
+async fn run(store: Arc<dyn DedupeStore>) -> History {
+    let history = History::new(Duration::from_millis(5));
+    let tasks: Vec<_> = (0..8)
+        .map(|worker| {
+            let recorder = Recorder::new(Arc::clone(&store), history.clone(), worker);
+            tokio::spawn(async move {
+                let mut seed = 0x9e37_79b9_u64.wrapping_mul(worker as u64 + 1);
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let opts = ClaimOptions::new(Duration::from_millis(30));
+                for i in 0..60 {
+                    let key = Key::new("h", format!("k{}", next() % 12)).expect("key");
+                    let Ok(ClaimOutcome::Claimed(lease)) = recorder.claim(&key, &opts).await else {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        continue;
+                    };
+                    match next() % 6 {
+                        0 => {
+                            let _ = recorder.release(&lease).await;
+                        }
+                        1 => {
+                            tokio::time::sleep(Duration::from_millis(45)).await;
+                            let _ = recorder
+                                .complete(
+                                    &lease,
+                                    format!("w{worker}-{i}").as_bytes(),
+                                    Duration::from_secs(600),
+                                )
+                                .await;
+                        }
+                        _ => {
+                            let _ = recorder
+                                .complete(
+                                    &lease,
+                                    format!("w{worker}-{i}").as_bytes(),
+                                    Duration::from_secs(600),
+                                )
+                                .await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("worker");
+    }
+    history
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_correct_store_passes() {
+    let history = run(Arc::new(MemoryStore::new())).await;
+    let calls = history.calls();
+    assert!(calls.len() > 200, "too few calls: {}", calls.len());
+    if let Err(problems) = history.check() {
+        panic!("{} problems:\n{}", problems.len(), problems.join("\n"));
+    }
+}
+
+/// How a store is broken.
+#[derive(Debug, Clone, Copy)]
+enum Flaw {
+    /// A claim of a held or done key wins anyway.
+    EveryoneWins,
+    /// A duplicate carries an outcome nobody stored.
+    MadeUpOutcome,
+    /// A complete whose lease was lost succeeds anyway (by forgetting the
+    /// record and storing over it).
+    StaleCompletes,
+}
+
+#[derive(Debug)]
+struct Broken(MemoryStore, Flaw);
+
+#[async_trait]
+impl DedupeStore for Broken {
+    async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+        let answer = self.0.claim(key, opts).await?;
+        Ok(match (self.1, answer) {
+            (
+                Flaw::EveryoneWins,
+                ClaimOutcome::InFlight { .. } | ClaimOutcome::Duplicate { .. },
+            ) => {
+                self.0.forget(key).await?;
+                self.0.claim(key, opts).await?
+            }
+            (Flaw::MadeUpOutcome, ClaimOutcome::Duplicate { completed_at, .. }) => {
+                ClaimOutcome::Duplicate {
+                    outcome: b"made up".to_vec(),
+                    completed_at,
+                }
+            }
+            (_, answer) => answer,
+        })
+    }
+    async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+        match self.0.complete(lease, outcome, retention).await {
+            Err(Error::LeaseLost { .. }) if matches!(self.1, Flaw::StaleCompletes) => {
+                self.0.forget(&lease.key).await?;
+                let opts = ClaimOptions::new(Duration::from_secs(60));
+                if let ClaimOutcome::Claimed(mine) = self.0.claim(&lease.key, &opts).await? {
+                    self.0.complete(&mine, outcome, retention).await?;
+                }
+                Ok(())
+            }
+            other => other,
+        }
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.0.release(lease).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.0.extend(lease, ttl).await
+    }
+    async fn expire(&self) -> Result<u64> {
+        self.0.expire().await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        self.0.get(key).await
+    }
+    async fn forget(&self, key: &Key) -> Result<bool> {
+        self.0.forget(key).await
+    }
+}
+
+async fn caught(flaw: Flaw, rules: &[&str]) {
+    let history = run(Arc::new(Broken(MemoryStore::new(), flaw))).await;
+    match history.check() {
+        Ok(()) => panic!("{flaw:?} passed the history check"),
+        Err(problems) => assert!(
+            problems.iter().any(|p| rules.iter().any(|r| p.contains(r))),
+            "{flaw:?} was not caught by {rules:?}:\n{}",
+            problems.join("\n")
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everyone_wins_is_two_live_holders() {
+    caught(Flaw::EveryoneWins, &["two live holders"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_made_up_outcome_is_caught() {
+    caught(Flaw::MadeUpOutcome, &["an outcome no completion stored"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_completion_is_caught() {
+    caught(
+        Flaw::StaleCompletes,
+        &[
+            "completions succeeded",
+            "after its lease had passed",
+            "taken the key over",
+        ],
+    )
+    .await;
+}
