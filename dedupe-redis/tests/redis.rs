@@ -437,3 +437,91 @@ async fn duplicates_change_nothing_on_the_server() {
         "the counter does not see a winning claim"
     );
 }
+
+/// Eight workers claim, complete and release through a loopback proxy that
+/// cuts every connection every 150 ms for 2.5 s; every answer is recorded and
+/// the whole history is checked against the contract. Every failure is a
+/// retryable error (or a lease lost), and once healed the store answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cut_connections_under_load_keep_the_history_valid() {
+    use dedupe_conformance::history::{Answer, History, Recorder};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let server = RedisServer::start();
+    let (proxy, via) = dedupe_testkit::proxied(&server.url()).await.expect("proxy");
+    let store: Arc<dyn DedupeStore> = Arc::new(store(&via, Duration::from_secs(1)).await);
+    let history = History::new(Duration::from_millis(50));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..8)
+        .map(|worker| {
+            let recorder = Recorder::new(Arc::clone(&store), history.clone(), worker);
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                let opts = ClaimOptions::new(Duration::from_millis(300));
+                let mut errors = Vec::new();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let k = key(&format!("chaos{}", (i + worker as u64) / 3));
+                    match recorder.claim(&k, &opts).await {
+                        Ok(ClaimOutcome::Claimed(lease)) => {
+                            let result = if i.is_multiple_of(5) {
+                                recorder.release(&lease).await
+                            } else {
+                                let outcome = format!("w{worker}-{i}");
+                                recorder
+                                    .complete(&lease, outcome.as_bytes(), Duration::from_secs(600))
+                                    .await
+                            };
+                            if let Err(e) = result {
+                                errors.push(e);
+                            }
+                        }
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                        Err(e) => {
+                            errors.push(e);
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        proxy.heal();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut errors = Vec::new();
+    for w in workers {
+        errors.extend(w.await.expect("worker"));
+    }
+    for e in &errors {
+        assert!(
+            e.is_retryable() || matches!(e, Error::LeaseLost { .. }),
+            "a cut connection gave a non-retryable error: {e}"
+        );
+    }
+    if let Err(problems) = history.check() {
+        panic!("{} violations:\n{}", problems.len(), problems.join("\n"));
+    }
+    let won = history
+        .calls()
+        .iter()
+        .filter(|c| matches!(c.answer, Answer::Claimed { .. }))
+        .count();
+    eprintln!(
+        "{} calls, {won} claims won, {} errors, history valid",
+        history.calls().len(),
+        errors.len()
+    );
+    assert!(won > 20, "too little work got through: {won} claims won");
+    let healed = dedupe_testkit::eventually(Duration::from_secs(10), || {
+        let store = Arc::clone(&store);
+        async move { store.claim(&key("after-the-cuts"), &opts()).await.is_ok() }
+    })
+    .await;
+    assert!(healed, "the store did not answer again after the cuts");
+}
