@@ -351,3 +351,80 @@ impl Recorder {
         result
     }
 }
+
+impl History {
+    /// How many claims were answered `Claimed`.
+    pub fn claims_won(&self) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| matches!(c.answer, Answer::Claimed { .. }))
+            .count()
+    }
+}
+
+/// A contested load for fault runs, recorded into `history`: `workers` tasks
+/// walk one run of keys a few steps apart (every key is contested, new keys
+/// keep coming), claim each with `lease`, then complete it (four times in
+/// five) or release it, until `stop` is set. Answers every error the calls
+/// met, for the caller to judge.
+pub async fn contested_load(
+    store: Arc<dyn DedupeStore>,
+    history: &History,
+    workers: usize,
+    lease: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<Error> {
+    use std::sync::atomic::Ordering;
+    let tasks: Vec<_> = (0..workers)
+        .map(|worker| {
+            let recorder = Recorder::new(Arc::clone(&store), history.clone(), worker);
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                let opts = ClaimOptions::new(lease);
+                let mut errors = Vec::new();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let Ok(key) = Key::new("chaos", format!("k{}", (i + worker as u64) / 3)) else {
+                        break;
+                    };
+                    let result = match recorder.claim(&key, &opts).await {
+                        Ok(ClaimOutcome::Claimed(lease)) if i.is_multiple_of(5) => {
+                            recorder.release(&lease).await
+                        }
+                        Ok(ClaimOutcome::Claimed(lease)) => {
+                            let outcome = format!("w{worker}-{i}");
+                            recorder
+                                .complete(&lease, outcome.as_bytes(), Duration::from_secs(600))
+                                .await
+                        }
+                        Ok(_) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            Ok(())
+                        }
+                        Err(e) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            Err(e)
+                        }
+                    };
+                    if let Err(e) = result {
+                        errors.push(e);
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok(mine) => errors.extend(mine),
+            Err(e) => errors.push(Error::backend(
+                "a load worker panicked",
+                false,
+                Some(Box::new(e) as _),
+            )),
+        }
+    }
+    errors
+}

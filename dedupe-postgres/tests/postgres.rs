@@ -707,7 +707,7 @@ async fn live_duplicates_write_nothing() {
 /// and once the proxy heals the same store answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_connections_under_load_keep_the_history_valid() {
-    use dedupe_conformance::history::{History, Recorder};
+    use dedupe_conformance::history::{contested_load, History};
     let (_server, url) = support::postgres_server();
     let (proxy, via) = support::proxied(&url).await.expect("proxy");
     let store: Arc<dyn DedupeStore> = Arc::new(
@@ -720,41 +720,10 @@ async fn cut_connections_under_load_keep_the_history_valid() {
     );
     let history = History::new(Duration::from_millis(50));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let workers: Vec<_> = (0..8)
-        .map(|worker| {
-            let recorder = Recorder::new(Arc::clone(&store), history.clone(), worker);
-            let stop = Arc::clone(&stop);
-            tokio::spawn(async move {
-                let opts = ClaimOptions::new(Duration::from_millis(300));
-                let mut errors = Vec::new();
-                let mut i = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    i += 1;
-                    // Workers walk the same run of keys, a few steps apart, so
-                    // every key is contested and new keys keep coming.
-                    let k = key(&format!("chaos{}", (i + worker as u64) / 3));
-                    match recorder.claim(&k, &opts).await {
-                        Ok(ClaimOutcome::Claimed(lease)) => {
-                            let result = if i.is_multiple_of(5) {
-                                recorder.release(&lease).await
-                            } else {
-                                let outcome = format!("w{worker}-{i}");
-                                recorder
-                                    .complete(&lease, outcome.as_bytes(), Duration::from_secs(600))
-                                    .await
-                            };
-                            if let Err(e) = result {
-                                errors.push(e);
-                            }
-                        }
-                        Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-                        Err(e) => errors.push(e),
-                    }
-                }
-                errors
-            })
-        })
-        .collect();
+    let load = tokio::spawn({
+        let (store, history, stop) = (Arc::clone(&store), history.clone(), Arc::clone(&stop));
+        async move { contested_load(store, &history, 8, Duration::from_millis(300), stop).await }
+    });
     for _ in 0..16 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         proxy.cut();
@@ -762,10 +731,7 @@ async fn cut_connections_under_load_keep_the_history_valid() {
         proxy.heal();
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut errors = Vec::new();
-    for w in workers {
-        errors.extend(w.await.expect("worker"));
-    }
+    let errors = load.await.expect("load");
     assert!(!errors.is_empty(), "the cuts caused no error at all");
     for e in &errors {
         assert!(
@@ -776,16 +742,7 @@ async fn cut_connections_under_load_keep_the_history_valid() {
     if let Err(problems) = history.check() {
         panic!("{} violations:\n{}", problems.len(), problems.join("\n"));
     }
-    let won = history
-        .calls()
-        .iter()
-        .filter(|c| {
-            matches!(
-                c.answer,
-                dedupe_conformance::history::Answer::Claimed { .. }
-            )
-        })
-        .count();
+    let won = history.claims_won();
     eprintln!(
         "{} calls, {won} claims won, {} retryable errors, history valid",
         history.calls().len(),

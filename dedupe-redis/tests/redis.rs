@@ -444,60 +444,24 @@ async fn duplicates_change_nothing_on_the_server() {
 /// retryable error (or a lease lost), and once healed the store answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cut_connections_under_load_keep_the_history_valid() {
-    use dedupe_conformance::history::{Answer, History, Recorder};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use dedupe_conformance::history::{contested_load, History};
     let server = RedisServer::start();
     let (proxy, via) = dedupe_testkit::proxied(&server.url()).await.expect("proxy");
     let store: Arc<dyn DedupeStore> = Arc::new(store(&via, Duration::from_secs(1)).await);
     let history = History::new(Duration::from_millis(50));
-    let stop = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..8)
-        .map(|worker| {
-            let recorder = Recorder::new(Arc::clone(&store), history.clone(), worker);
-            let stop = Arc::clone(&stop);
-            tokio::spawn(async move {
-                let opts = ClaimOptions::new(Duration::from_millis(300));
-                let mut errors = Vec::new();
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let k = key(&format!("chaos{}", (i + worker as u64) / 3));
-                    match recorder.claim(&k, &opts).await {
-                        Ok(ClaimOutcome::Claimed(lease)) => {
-                            let result = if i.is_multiple_of(5) {
-                                recorder.release(&lease).await
-                            } else {
-                                let outcome = format!("w{worker}-{i}");
-                                recorder
-                                    .complete(&lease, outcome.as_bytes(), Duration::from_secs(600))
-                                    .await
-                            };
-                            if let Err(e) = result {
-                                errors.push(e);
-                            }
-                        }
-                        Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-                        Err(e) => {
-                            errors.push(e);
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                    }
-                }
-                errors
-            })
-        })
-        .collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (store, history, stop) = (Arc::clone(&store), history.clone(), Arc::clone(&stop));
+        async move { contested_load(store, &history, 8, Duration::from_millis(300), stop).await }
+    });
     for _ in 0..16 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         proxy.cut();
         tokio::time::sleep(Duration::from_millis(20)).await;
         proxy.heal();
     }
-    stop.store(true, Ordering::Relaxed);
-    let mut errors = Vec::new();
-    for w in workers {
-        errors.extend(w.await.expect("worker"));
-    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let errors = load.await.expect("load");
     for e in &errors {
         assert!(
             e.is_retryable() || matches!(e, Error::LeaseLost { .. }),
@@ -507,11 +471,7 @@ async fn cut_connections_under_load_keep_the_history_valid() {
     if let Err(problems) = history.check() {
         panic!("{} violations:\n{}", problems.len(), problems.join("\n"));
     }
-    let won = history
-        .calls()
-        .iter()
-        .filter(|c| matches!(c.answer, Answer::Claimed { .. }))
-        .count();
+    let won = history.claims_won();
     eprintln!(
         "{} calls, {won} claims won, {} errors, history valid",
         history.calls().len(),
