@@ -16,7 +16,14 @@
 //!    answered `Claimed`;
 //! 3. **one outcome**: per key, at most one `complete` succeeds, and every
 //!    `Duplicate` answer carries exactly that outcome (never one nobody stored,
-//!    never an answer before any completion was even asked).
+//!    never an answer before any completion was even asked);
+//! 4. **nothing lost**: no claim is won after a completion of the key had been
+//!    acknowledged (the record was done; winning it again means the store lost
+//!    it, as a server without durable writes does when it is killed).
+//!
+//! [`recheck_completed`] adds the last word after a fault: every completion
+//! that was acknowledged is claimed once more, recorded, and must answer its
+//! outcome.
 //!
 //! Retention must outlast the run (a key completed twice is counted as a
 //! violation). Errors are recorded too and never count as answers: a claim that failed
@@ -237,6 +244,15 @@ impl History {
                     _ => {}
                 }
             }
+            // 4. nothing lost.
+            for (b, b_token, _) in &wins {
+                if let Some((done, _)) = stored.iter().find(|(c, _)| c.answered < b.asked) {
+                    problems.push(format!(
+                        "{key}: worker {} won {b_token} after worker {}'s completion had been acknowledged (the done record was lost)",
+                        b.worker, done.worker
+                    ));
+                }
+            }
             if stored.len() > 1 {
                 problems.push(format!(
                     "{key}: {} completions succeeded (workers {:?})",
@@ -353,6 +369,27 @@ impl Recorder {
 }
 
 impl History {
+    /// The longest any call took, from asked to answered (zero with no calls).
+    pub fn slowest_call(&self) -> Duration {
+        self.calls()
+            .iter()
+            .map(|c| c.answered - c.asked)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Every completion the store acknowledged: key (as `namespace:id`) and
+    /// outcome.
+    pub fn acknowledged(&self) -> Vec<(String, Vec<u8>)> {
+        self.calls()
+            .into_iter()
+            .filter_map(|c| match c.answer {
+                Answer::Completed { outcome, .. } => Some((c.key, outcome)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// How many claims were answered `Claimed`.
     pub fn claims_won(&self) -> usize {
         self.calls()
@@ -427,4 +464,45 @@ pub async fn contested_load(
         }
     }
     errors
+}
+
+/// Claims every key whose completion `history` acknowledged once more, through
+/// a [`Recorder`] of worker `usize::MAX` (so [`History::check`] judges the
+/// answers with the rest), and answers the keys that did not come back as that
+/// duplicate: after a crash of a durable store, none. Keys are rebuilt from
+/// their `namespace:id` form; a call that fails is retried for up to `patience`.
+pub async fn recheck_completed(
+    store: Arc<dyn DedupeStore>,
+    history: &History,
+    patience: Duration,
+) -> Vec<String> {
+    let recorder = Recorder::new(store, history.clone(), usize::MAX);
+    let opts = ClaimOptions::new(Duration::from_secs(30));
+    let mut lost = Vec::new();
+    for (key, outcome) in history.acknowledged() {
+        let Some(parsed) = key
+            .split_once(':')
+            .and_then(|(ns, id)| Key::new(ns, id).ok())
+        else {
+            lost.push(format!("{key}: not a key this checker can rebuild"));
+            continue;
+        };
+        let give_up = Instant::now() + patience;
+        let answer = loop {
+            match recorder.claim(&parsed, &opts).await {
+                Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => break other,
+            }
+        };
+        match answer {
+            Ok(ClaimOutcome::Duplicate { outcome: o, .. }) if o == outcome => {}
+            other => lost.push(format!(
+                "{key}: completed with {:?}, now {other:?}",
+                String::from_utf8_lossy(&outcome)
+            )),
+        }
+    }
+    lost
 }

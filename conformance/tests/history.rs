@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_conformance::history::{History, Recorder};
+use dedupe_conformance::history::{recheck_completed, History, Recorder};
 use dedupe_core::{
     async_trait, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, MemoryStore, Record,
     Result,
@@ -87,6 +87,8 @@ enum Flaw {
     /// A complete whose lease was lost succeeds anyway (by forgetting the
     /// record and storing over it).
     StaleCompletes,
+    /// A done record is forgotten: its next claim wins it afresh.
+    ForgetsDone,
 }
 
 #[derive(Debug)]
@@ -101,6 +103,10 @@ impl DedupeStore for Broken {
                 Flaw::EveryoneWins,
                 ClaimOutcome::InFlight { .. } | ClaimOutcome::Duplicate { .. },
             ) => {
+                self.0.forget(key).await?;
+                self.0.claim(key, opts).await?
+            }
+            (Flaw::ForgetsDone, ClaimOutcome::Duplicate { .. }) => {
                 self.0.forget(key).await?;
                 self.0.claim(key, opts).await?
             }
@@ -176,4 +182,34 @@ async fn a_stale_completion_is_caught() {
         ],
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_done_record_is_caught() {
+    caught(Flaw::ForgetsDone, &["the done record was lost"]).await;
+}
+
+/// After a "crash" that loses everything (the run's store replaced by an empty
+/// one, as a server without durable writes comes back), rechecking the
+/// acknowledged completions finds every one of them lost and the history check
+/// fails; on the store that kept them, none is lost and the history holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recheck_finds_completions_a_crash_lost() {
+    let kept: Arc<dyn DedupeStore> = Arc::new(MemoryStore::new());
+    let history = run(Arc::clone(&kept)).await;
+    let acknowledged = history.acknowledged().len();
+    assert!(acknowledged > 5, "too few completions: {acknowledged}");
+    let lost = recheck_completed(kept, &history, Duration::from_secs(1)).await;
+    assert!(lost.is_empty(), "{lost:?}");
+    history.check().expect("a store that kept everything");
+
+    let history = run(Arc::new(MemoryStore::new())).await;
+    let amnesiac: Arc<dyn DedupeStore> = Arc::new(MemoryStore::new());
+    let lost = recheck_completed(amnesiac, &history, Duration::from_secs(1)).await;
+    assert_eq!(lost.len(), history.acknowledged().len(), "{lost:?}");
+    let problems = history.check().expect_err("lost records pass the check");
+    assert!(
+        problems.iter().any(|p| p.contains("the done record was lost")),
+        "{problems:?}"
+    );
 }

@@ -1,5 +1,6 @@
 //! A loopback TCP proxy that tests put between a client and its server, to cut,
-//! refuse or blackhole the connection while the server itself stays up.
+//! refuse, blackhole or stall the connection, or lose the server's answers,
+//! while the server itself stays up.
 
 use std::io;
 use std::net::SocketAddr;
@@ -13,6 +14,8 @@ use tokio::task::{AbortHandle, JoinHandle};
 const PASS: u8 = 0;
 const CUT: u8 = 1;
 const BLACKHOLE: u8 = 2;
+const STALL: u8 = 3;
+const LOSE_ANSWERS: u8 = 4;
 
 #[derive(Debug, Default)]
 struct State {
@@ -66,6 +69,21 @@ impl TcpProxy {
         self.state.mode.store(BLACKHOLE, Ordering::SeqCst);
     }
 
+    /// Holds every byte in both directions (nothing is lost) until
+    /// [`heal`](Self::heal), which delivers them late: a congested network or a
+    /// server that froze and woke up.
+    pub fn stall(&self) {
+        self.state.mode.store(STALL, Ordering::SeqCst);
+    }
+
+    /// Forwards requests to the server, but when the server's answer comes back
+    /// drops it and closes that connection, until [`heal`](Self::heal): the server
+    /// did the work and the client never learns it (a connection lost after the
+    /// commit, before the reply was read).
+    pub fn lose_answers(&self) {
+        self.state.mode.store(LOSE_ANSWERS, Ordering::SeqCst);
+    }
+
     /// Forwards again. Connections cut meanwhile stay closed; clients reconnect.
     pub fn heal(&self) {
         self.state.mode.store(PASS, Ordering::SeqCst);
@@ -111,8 +129,8 @@ async fn forward(client: TcpStream, upstream: SocketAddr, state: Arc<State>) {
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = pump(client_read, server_write, Arc::clone(&state));
-    let down = pump(server_read, client_write, state);
+    let up = pump(client_read, server_write, Arc::clone(&state), false);
+    let down = pump(server_read, client_write, state, true);
     // Either side closing ends the connection.
     tokio::select! {
         _ = up => {}
@@ -124,6 +142,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<State>,
+    answers: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -131,8 +150,14 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        match state.mode.load(Ordering::SeqCst) {
-            PASS => {
+        let mut mode = state.mode.load(Ordering::SeqCst);
+        while mode == STALL {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            mode = state.mode.load(Ordering::SeqCst);
+        }
+        match mode {
+            LOSE_ANSWERS if answers => return, // the answer is dropped, the connection closed
+            PASS | LOSE_ANSWERS => {
                 if to.write_all(&buf[..n]).await.is_err() {
                     return;
                 }
