@@ -209,7 +209,9 @@ async fn recheck_finds_completions_a_crash_lost() {
     assert_eq!(lost.len(), history.acknowledged().len(), "{lost:?}");
     let problems = history.check().expect_err("lost records pass the check");
     assert!(
-        problems.iter().any(|p| p.contains("the done record was lost")),
+        problems
+            .iter()
+            .any(|p| p.contains("the done record was lost")),
         "{problems:?}"
     );
 }

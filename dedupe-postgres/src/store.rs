@@ -16,6 +16,58 @@ use sqlx::{PgConnection, PgPool};
 use crate::ops::Ops;
 use crate::sql::{Statements, EXPIRE_BATCH};
 
+/// A connection checked out of the pool that goes back through a bounded
+/// check.
+///
+/// sqlx tests every connection as it goes back to the pool (a `Sync` round
+/// trip) and waits for that answer without any bound. A connection whose
+/// network went silent (a blackholed or half-open TCP connection; or one whose
+/// operation the store gave up on at its timeout) never answers, so its pool
+/// slot would stay taken until the kernel gives up on the socket, minutes
+/// later, and a pool of such connections answers nothing but acquire timeouts
+/// long after the network healed (seen under a blackholing proxy). Here the
+/// return runs in a task of its own, as sqlx's does, but bounded by the
+/// store's timeout: past it the connection is dropped (its socket closed, its
+/// slot freed) instead of returned.
+struct Checkout {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    bound: Duration,
+}
+
+impl std::ops::Deref for Checkout {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.conn.as_deref().expect("present until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Checkout {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn.as_deref_mut().expect("present until dropped")
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left: sqlx's own drop handles it
+        };
+        let back = conn.return_to_pool();
+        let bound = self.bound;
+        runtime.spawn(async move {
+            if tokio::time::timeout(bound, back).await.is_err() {
+                tracing::warn!(
+                    ?bound,
+                    "a Postgres connection did not answer its return check; dropped it"
+                );
+            }
+        });
+    }
+}
+
 /// Settings of a [`PgStore`]; start with [`PgStore::builder`].
 #[derive(Debug, Clone)]
 pub struct PgBuilder {
@@ -211,8 +263,12 @@ impl PgStore {
             }))
     }
 
-    async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>> {
-        self.pool.acquire().await.map_err(|e| self.err(e))
+    async fn acquire(&self) -> Result<Checkout> {
+        let conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        Ok(Checkout {
+            conn: Some(conn),
+            bound: self.timeout,
+        })
     }
 
     fn ops(&self) -> Ops<'_> {

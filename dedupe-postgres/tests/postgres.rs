@@ -756,3 +756,98 @@ async fn cut_connections_under_load_keep_the_history_valid() {
         .expect("the store works again");
     assert!(after.lease().is_some());
 }
+
+/// The bound on any one call in the fault runs below: the store's timeout, the
+/// client's backstop past it, and room for a loaded two-core machine.
+fn fault_bound(timeout: Duration) -> Duration {
+    timeout + PgStore::BACKSTOP + Duration::from_millis(1500)
+}
+
+/// The server is killed with SIGKILL (postmaster and backends, no checkpoint)
+/// under eight recorded workers, then started again (crash recovery from the
+/// WAL, fsync on): every error typed and retryable within the bound, the same
+/// store object works again, the history valid, and every completion
+/// acknowledged before the kill is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_server_under_load_loses_nothing() {
+    use support::faults::FaultRun;
+    let cluster = support::PgCluster::start();
+    let timeout = Duration::from_secs(1);
+    let store: Arc<dyn DedupeStore> = Arc::new(
+        store_on(
+            &cluster.url("postgres"),
+            &support::unique_schema("crash"),
+            timeout,
+        )
+        .await,
+    );
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    tokio::task::block_in_place(|| {
+        cluster.kill();
+        // Down for a moment while the load goes on, then crash recovery.
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.restart();
+    });
+    let verdict = run.finish().await;
+    verdict.assert_sound(fault_bound(timeout));
+    verdict.assert_nothing_lost(store).await;
+}
+
+/// Through a proxy, the network first swallows every byte (blackhole), then
+/// holds every byte and delivers it late (stall), each for longer than the
+/// timeout, under eight recorded workers: calls end in retryable timeouts
+/// within the bound instead of hanging, connections left out of step are not
+/// reused for a wrong answer, and the history stays valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blackholed_and_stalled_connections_time_out_and_recover() {
+    use support::faults::FaultRun;
+    let (_server, url) = support::postgres_server();
+    let (proxy, via) = support::proxied(&url).await.expect("proxy");
+    let timeout = Duration::from_millis(800);
+    let store: Arc<dyn DedupeStore> =
+        Arc::new(store_on(&via, &support::unique_schema("hole"), timeout).await);
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    proxy.blackhole();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.heal();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.stall();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.heal();
+    let verdict = run.finish().await;
+    assert!(
+        verdict
+            .errors
+            .iter()
+            .any(|e| matches!(e, Error::Timeout { .. })),
+        "no call timed out: {:?}",
+        verdict.errors.iter().take(5).collect::<Vec<_>>()
+    );
+    verdict.assert_sound(fault_bound(timeout));
+    verdict.assert_nothing_lost(store).await;
+}
+
+/// The server runs a claim and the connection dies before the client reads the
+/// answer: a retryable error, and the retry with the same claim id is Claimed.
+/// One connection in the pool, so the claim runs on the warmed connection
+/// (a new one would lose its handshake's answer, not the claim's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_answer_is_reclaimed_by_its_claim_id() {
+    let (_server, url) = support::postgres_server();
+    let (proxy, via) = support::proxied(&url).await.expect("proxy");
+    let timeout = Duration::from_secs(1);
+    let pool = PgStore::connect_pool(&via, 1, timeout).await.expect("pool");
+    let store = PgStore::builder(pool)
+        .schema(support::unique_schema("lost"))
+        .timeout(timeout)
+        .build()
+        .expect("store");
+    store.migrate().await.expect("migrate");
+    support::faults::lost_answer_is_reclaimed_by_its_claim_id(
+        &store,
+        &proxy,
+        &key("lost-answer"),
+        fault_bound(timeout),
+    )
+    .await;
+}

@@ -58,6 +58,9 @@ pub enum Emulator {
     Moto,
     /// DynamoDB Local, in memory.
     DynamoDbLocal,
+    /// DynamoDB Local keeping its tables in a file (`-dbPath`, `-sharedDb`):
+    /// what survives a kill -9 and [`DynamoServer::start_again`].
+    DynamoDbLocalOnDisk,
 }
 
 /// A private emulator, killed when dropped.
@@ -67,7 +70,7 @@ pub struct DynamoServer {
     pub emulator: Emulator,
     /// Its port.
     pub port: u16,
-    child: Child,
+    child: Option<Child>,
     dir: tempfile::TempDir,
 }
 
@@ -81,16 +84,32 @@ impl DynamoServer {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("free port");
-        let log = std::fs::File::create(dir.path().join("emulator.log")).expect("log");
+        let mut server = Self {
+            emulator,
+            port,
+            child: None,
+            dir,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let (emulator, port, dir) = (self.emulator, self.port, self.dir.path());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("emulator.log"))
+            .expect("log");
         let mut command = match emulator {
             Emulator::Moto => {
-                let script = dir.path().join("moto_serial.py");
+                let script = dir.join("moto_serial.py");
                 std::fs::write(&script, MOTO_LAUNCHER).expect("launcher");
                 let mut c = Command::new("python3");
                 c.arg(&script).arg(port.to_string());
                 c
             }
-            Emulator::DynamoDbLocal => {
+            Emulator::DynamoDbLocal | Emulator::DynamoDbLocalOnDisk => {
                 let home = dynamodb_local_dir();
                 let jar = home.join("DynamoDBLocal.jar");
                 assert!(
@@ -108,9 +127,13 @@ impl DynamoServer {
                         home.join("DynamoDBLocal_lib").display()
                     ))
                     .arg("-jar")
-                    .arg(&jar)
-                    .args(["-inMemory", "-port", &port.to_string()])
-                    .current_dir(dir.path());
+                    .arg(&jar);
+                if emulator == Emulator::DynamoDbLocalOnDisk {
+                    c.arg("-dbPath").arg(dir).arg("-sharedDb");
+                } else {
+                    c.arg("-inMemory");
+                }
+                c.args(["-port", &port.to_string()]).current_dir(dir);
                 c
             }
         };
@@ -121,20 +144,34 @@ impl DynamoServer {
             .unwrap_or_else(|e| {
                 panic!("starting {emulator:?}: {e} (run scripts/test to install it)")
             });
-        let mut server = Self {
-            emulator,
-            port,
-            child,
-            dir,
-        };
-        server.wait_ready();
-        server
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// Kills the emulator (`SIGKILL`) and waits until it is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again after [`kill`](Self::kill), on the same port (and, on
+    /// disk, the same tables).
+    pub fn start_again(&mut self) {
+        if self.child.is_none() {
+            self.spawn();
+        }
     }
 
     fn wait_ready(&mut self) {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(60) {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 let log = std::fs::read_to_string(self.dir.path().join("emulator.log"))
                     .unwrap_or_default();
                 panic!("{:?} exited ({status}):\n{log}", self.emulator);
@@ -158,8 +195,7 @@ impl DynamoServer {
 
 impl Drop for DynamoServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 

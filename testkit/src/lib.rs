@@ -5,6 +5,7 @@
 //! Not published; store crates and the CLI take it as a dev-dependency.
 
 pub mod dynamo;
+pub mod faults;
 pub mod postgres;
 pub mod proxy;
 pub mod redis;

@@ -61,6 +61,17 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
 /// A private PostgreSQL cluster, stopped when dropped.
 #[derive(Debug)]
 pub struct PgCluster {
@@ -184,6 +195,39 @@ impl PgCluster {
             .arg(self.data())
             .args(["-m", "fast", "-w", "stop"]);
         self.run(cmd, "pg_ctl stop");
+    }
+
+    /// Kills the server the hard way (`SIGKILL` to the postmaster and every
+    /// backend, no shutdown checkpoint): a machine losing power. [`restart`]
+    /// then runs crash recovery from the WAL, which with `fsync=on` keeps every
+    /// committed transaction.
+    ///
+    /// [`restart`]: Self::restart
+    pub fn kill(&self) {
+        let pid_file = self.data().join("postmaster.pid");
+        let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.lines().next().map(str::trim).map(str::to_string))
+        else {
+            panic!("no postmaster.pid: is the server running?");
+        };
+        // Stop the postmaster first (so it cannot fork more), then its children.
+        let _ = Command::new("kill").args(["-STOP", &pid]).status();
+        let _ = Command::new("pkill").args(["-KILL", "-P", &pid]).status();
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        let gone = (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            dead(&pid)
+                && Command::new("pgrep")
+                    .args(["-P", &pid])
+                    .output()
+                    .is_ok_and(|o| o.stdout.is_empty())
+        });
+        assert!(gone, "postmaster {pid} did not die");
+        // Its pid may linger as a zombie nobody reaps (no init in a
+        // container), which the next postmaster would take for a live one.
+        let _ = std::fs::remove_file(&pid_file);
+        let _ = std::fs::remove_file(self.dir.path().join(format!(".s.PGSQL.{}.lock", self.port)));
     }
 
     /// URL of a database on it.
