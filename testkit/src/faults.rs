@@ -179,7 +179,8 @@ pub async fn lost_answer_is_reclaimed_by_its_claim_id(
 ) {
     let plain = ClaimOptions::new(Duration::from_secs(60));
     let warm = Key::new(key.namespace(), format!("{}-warm", key.id())).expect("warm key");
-    store.claim(&warm, &plain).await.expect("warm-up claim");
+    let warmed = store.claim(&warm, &plain).await.expect("warm-up claim");
+    assert!(warmed.lease().is_some(), "{warmed:?}");
     // Drivers hand the connection back after the call, in a task of their own
     // (sqlx checks it with a round trip first): let that finish before the
     // answers start being lost, or the fault lands on that check instead. The
