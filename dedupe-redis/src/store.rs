@@ -2,6 +2,7 @@
 //! `DedupeStore` implementation, each operation one script, one round trip.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -59,6 +60,70 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connection every call clones, and how to replace it.
+///
+/// A multiplexed connection whose call timed out may be half-open (a network
+/// that swallows packets, a server that froze): redis-rs reconnects on
+/// dropped connections but not on timeouts, so such a connection would time
+/// out every call until the kernel gave up on the socket, minutes later (seen
+/// under a blackholing proxy), and replies arriving late are out of step with
+/// the calls still waiting. After a timeout the store swaps in a fresh,
+/// lazily connecting `ConnectionManager` for a server it connected itself;
+/// calls already holding the old one finish on it, and it closes when the last
+/// of them lets go.
+#[derive(Clone)]
+struct Link {
+    current: Arc<std::sync::RwLock<(u64, Conn)>>,
+    rebuild: Option<Arc<(redis::Client, ConnectionManagerConfig)>>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (generation, conn) = self.get();
+        f.debug_struct("Link")
+            .field("conn", &conn)
+            .field("generation", &generation)
+            .field("replaceable", &self.rebuild.is_some())
+            .finish()
+    }
+}
+
+impl Link {
+    fn new(conn: Conn, rebuild: Option<(redis::Client, ConnectionManagerConfig)>) -> Self {
+        Self {
+            current: Arc::new(std::sync::RwLock::new((0, conn))),
+            rebuild: rebuild.map(Arc::new),
+        }
+    }
+
+    /// The current connection and its generation.
+    fn get(&self) -> (u64, Conn) {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces connection `generation` after one of its calls timed out,
+    /// unless another call already did.
+    fn replace(&self, generation: u64) {
+        let Some(rebuild) = &self.rebuild else {
+            return;
+        };
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        if current.0 != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(rebuild.0.clone(), rebuild.1.clone()) {
+            Ok(fresh) => {
+                *current = (generation + 1, Conn::Single(fresh));
+                tracing::warn!("a Redis call timed out; the connection was replaced");
+            }
+            Err(e) => tracing::warn!(error = %e, "could not replace a timed-out Redis connection"),
         }
     }
 }
@@ -220,8 +285,8 @@ impl RedisBuilder {
         crate::install_crypto_provider();
         let timeout = self.timeout;
         let map = |e| crate::error::map(e, timeout, None);
-        let conn = match self.target {
-            Target::Conn(conn) => conn,
+        let link = match self.target {
+            Target::Conn(conn) => Link::new(conn, None),
             Target::Url(url) => {
                 let bad_url =
                     |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
@@ -243,6 +308,7 @@ impl RedisBuilder {
                     .set_max_delay(Duration::from_millis(200))
                     .set_response_timeout(Some(timeout))
                     .set_connection_timeout(Some(timeout));
+                let rebuild = (client.clone(), config.clone());
                 let manager = tokio::time::timeout(
                     timeout * 2,
                     ConnectionManager::new_with_config(client, config),
@@ -253,7 +319,7 @@ impl RedisBuilder {
                     source: None,
                 })?
                 .map_err(map)?;
-                Conn::Single(manager)
+                Link::new(Conn::Single(manager), Some(rebuild))
             }
             Target::Cluster(urls) => {
                 let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
@@ -278,11 +344,11 @@ impl RedisBuilder {
                         source: None,
                     })?
                     .map_err(map)?;
-                Conn::Cluster(conn)
+                Link::new(Conn::Cluster(conn), None)
             }
         };
         Ok(RedisStore {
-            conn,
+            link,
             prefix: self.prefix,
             timeout,
             grace_ms: duration_millis(self.grace),
@@ -329,7 +395,7 @@ impl RedisBuilder {
 /// ```
 #[derive(Debug, Clone)]
 pub struct RedisStore {
-    conn: Conn,
+    link: Link,
     prefix: String,
     timeout: Duration,
     grace_ms: i64,
@@ -434,14 +500,24 @@ impl RedisStore {
     }
 
     async fn run(&self, invocation: redis::ScriptInvocation<'_>, key: &Key) -> Result<Value> {
-        let mut conn = self.conn.clone();
-        self.bounded(async {
-            invocation
-                .invoke_async::<Value>(&mut conn)
-                .await
-                .map_err(|e| self.err(e, Some(key)))
-        })
-        .await
+        let (generation, mut conn) = self.link.get();
+        let result = self
+            .bounded(async {
+                invocation
+                    .invoke_async::<Value>(&mut conn)
+                    .await
+                    .map_err(|e| self.err(e, Some(key)))
+            })
+            .await;
+        self.after(generation, &result);
+        result
+    }
+
+    /// Replaces the connection a timed-out call ran on (see [`Link`]).
+    fn after<T>(&self, generation: u64, result: &Result<T>) {
+        if matches!(result, Err(Error::Timeout { .. })) {
+            self.link.replace(generation);
+        }
     }
 
     fn unexpected(key: &Key, what: &str) -> Error {
@@ -489,17 +565,19 @@ impl RedisStore {
         if !answers.iter().any(|a| a.lease().is_some()) {
             return Ok(());
         }
-        let mut conn = self.conn.clone();
-        let acked: i64 = self
+        let (generation, mut conn) = self.link.get();
+        let acked = self
             .bounded(async {
                 redis::cmd("WAIT")
                     .arg(replicas)
                     .arg(duration_millis(timeout))
-                    .query_async(&mut conn)
+                    .query_async::<i64>(&mut conn)
                     .await
                     .map_err(|e| self.err(e, None))
             })
-            .await?;
+            .await;
+        self.after(generation, &acked);
+        let acked = acked?;
         if acked < i64::from(replicas) {
             return Err(Error::unavailable(
                 format!(
@@ -516,7 +594,7 @@ impl RedisStore {
     /// (`CONFIG GET appendonly appendfsync`; `Unknown` where `CONFIG` is
     /// refused, as on managed services).
     pub async fn durability(&self) -> Durability {
-        let mut conn = self.conn.clone();
+        let (_, mut conn) = self.link.get();
         let read = async {
             let pairs: Vec<String> = redis::cmd("CONFIG")
                 .arg("GET")
@@ -552,7 +630,7 @@ impl RedisStore {
 
     /// Whether this store talks to a Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
+        matches!(self.link.get().1, Conn::Cluster(_))
     }
 }
 

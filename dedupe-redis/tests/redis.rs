@@ -485,3 +485,103 @@ async fn cut_connections_under_load_keep_the_history_valid() {
     .await;
     assert!(healed, "the store did not answer again after the cuts");
 }
+
+/// The bound on any one call in the fault runs below: the store's own bound
+/// (twice its timeout) and room for a loaded two-core machine.
+fn fault_bound(timeout: Duration) -> Duration {
+    timeout * 2 + Duration::from_millis(1500)
+}
+
+/// Killed with SIGKILL under eight recorded workers and started again on its
+/// append-only file (`appendfsync always`): every error typed and retryable
+/// within the bound, the same store object works again, the history valid, and
+/// every completion acknowledged before the kill is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_aof_server_under_load_loses_nothing() {
+    use dedupe_testkit::faults::FaultRun;
+    let mut server = RedisServer::start_with(RedisOptions {
+        aof: true,
+        ..RedisOptions::default()
+    });
+    let timeout = Duration::from_secs(1);
+    let store: Arc<dyn DedupeStore> = Arc::new(store(&server.url(), timeout).await);
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    tokio::task::block_in_place(|| {
+        server.kill();
+        std::thread::sleep(Duration::from_millis(300));
+        server.start_again();
+    });
+    let verdict = run.finish().await;
+    verdict.assert_sound(fault_bound(timeout));
+    verdict.assert_nothing_lost(store).await;
+}
+
+/// The same kill on a server that keeps nothing on disk: the fault checks
+/// must see the loss. Rechecking the completions acknowledged before the kill
+/// finds them claimable again, and the history check calls it a lost record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_server_without_aof_is_caught_losing_records() {
+    use dedupe_conformance::history::recheck_completed;
+    use dedupe_testkit::faults::FaultRun;
+    let mut server = RedisServer::start();
+    let store: Arc<dyn DedupeStore> = Arc::new(store(&server.url(), Duration::from_secs(1)).await);
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    tokio::task::block_in_place(|| {
+        server.kill();
+        server.start_again();
+    });
+    let verdict = run.finish().await;
+    let lost = recheck_completed(store, &verdict.history, Duration::from_secs(30)).await;
+    assert!(!lost.is_empty(), "a server without AOF lost nothing?");
+    let problems = verdict
+        .history
+        .check()
+        .expect_err("lost records passed the history check");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("the done record was lost")),
+        "{problems:?}"
+    );
+}
+
+/// Through a proxy, the network swallows every byte (blackhole), then holds
+/// every byte and delivers it late (stall), each for longer than the timeout,
+/// under eight recorded workers: calls end in retryable errors within the
+/// bound, no answer is matched to the wrong command, and the history is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blackholed_and_stalled_connections_time_out_and_recover() {
+    use dedupe_testkit::faults::FaultRun;
+    let server = RedisServer::start();
+    let (proxy, via) = dedupe_testkit::proxied(&server.url()).await.expect("proxy");
+    let timeout = Duration::from_millis(800);
+    let store: Arc<dyn DedupeStore> = Arc::new(store(&via, timeout).await);
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    proxy.blackhole();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.heal();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.stall();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.heal();
+    let verdict = run.finish().await;
+    verdict.assert_sound(fault_bound(timeout));
+    verdict.assert_nothing_lost(store).await;
+}
+
+/// The server runs a claim and the connection dies before the client reads the
+/// answer: a retryable error, and the retry with the same claim id is Claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_answer_is_reclaimed_by_its_claim_id() {
+    let server = RedisServer::start();
+    let (proxy, via) = dedupe_testkit::proxied(&server.url()).await.expect("proxy");
+    let timeout = Duration::from_secs(1);
+    let store = store(&via, timeout).await;
+    dedupe_testkit::faults::lost_answer_is_reclaimed_by_its_claim_id(
+        &store,
+        &proxy,
+        &key("lost-answer"),
+        fault_bound(timeout),
+    )
+    .await;
+}
