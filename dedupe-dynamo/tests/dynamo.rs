@@ -583,3 +583,94 @@ async fn a_client_from_the_aws_chain_works() {
         ClaimOutcome::InFlight { .. }
     ));
 }
+
+/// The bound on any one call in the fault runs below: the client's operation
+/// timeout (retries included) and room for a loaded two-core machine.
+fn fault_bound(timeout: Duration) -> Duration {
+    timeout + Duration::from_millis(1500)
+}
+
+/// A store on `endpoint` whose client gives up after `timeout`, its table made.
+async fn fault_store(endpoint: &str, timeout: Duration) -> Arc<dyn DedupeStore> {
+    let store = DynamoStore::builder(client_for_endpoint(endpoint, REGION, timeout))
+        .table(unique_table("faults"))
+        .build()
+        .expect("store");
+    store.create_table_if_missing().await.expect("table");
+    Arc::new(store)
+}
+
+/// DynamoDB Local keeping its tables on disk is killed with SIGKILL under
+/// eight recorded workers and started again on the same files: every error
+/// typed and retryable within the bound, the same store object works again,
+/// the history valid, and every completion acknowledged is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_emulator_under_load_loses_nothing() {
+    use dedupe_testkit::faults::FaultRun;
+    let mut server =
+        tokio::task::spawn_blocking(|| DynamoServer::start(Emulator::DynamoDbLocalOnDisk))
+            .await
+            .expect("emulator");
+    let timeout = Duration::from_secs(2);
+    let store = fault_store(&server.endpoint(), timeout).await;
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.kill();
+        server.start_again();
+        server
+    })
+    .await
+    .expect("restart");
+    let verdict = run.finish().await;
+    verdict.assert_sound(fault_bound(timeout));
+    verdict.assert_nothing_lost(store).await;
+    drop(server);
+}
+
+/// Through a proxy, the network swallows every byte (blackhole), then holds
+/// every byte and delivers it late (stall), each for longer than the client's
+/// timeout, under eight recorded workers: calls end in retryable errors within
+/// the bound, and the history is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blackholed_and_stalled_connections_time_out_and_recover() {
+    use dedupe_testkit::faults::FaultRun;
+    let (_server, endpoint) =
+        tokio::task::spawn_blocking(|| dynamo_server(Emulator::DynamoDbLocal))
+            .await
+            .expect("emulator");
+    let (proxy, via) = dedupe_testkit::proxied(&endpoint).await.expect("proxy");
+    let timeout = Duration::from_millis(800);
+    let store = fault_store(&via, timeout).await;
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    proxy.blackhole();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.heal();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.stall();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.heal();
+    let verdict = run.finish().await;
+    verdict.assert_sound(fault_bound(timeout));
+    verdict.assert_nothing_lost(store).await;
+}
+
+/// DynamoDB Local runs a claim and the connection dies before the client reads
+/// the answer (every retry the same): a retryable error, and the retry with
+/// the same claim id is Claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_answer_is_reclaimed_by_its_claim_id() {
+    let (_server, endpoint) =
+        tokio::task::spawn_blocking(|| dynamo_server(Emulator::DynamoDbLocal))
+            .await
+            .expect("emulator");
+    let (proxy, via) = dedupe_testkit::proxied(&endpoint).await.expect("proxy");
+    let timeout = Duration::from_secs(2);
+    let store = fault_store(&via, timeout).await;
+    dedupe_testkit::faults::lost_answer_is_reclaimed_by_its_claim_id(
+        store.as_ref(),
+        &proxy,
+        &key("lost-answer"),
+        fault_bound(timeout),
+    )
+    .await;
+}
