@@ -23,6 +23,7 @@
 //! ```
 
 pub mod checks;
+pub mod crashes;
 mod harness;
 pub mod history;
 pub mod processes;

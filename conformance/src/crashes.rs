@@ -1,0 +1,578 @@
+//! Worker processes killed with `SIGKILL` at random moments, most of them
+//! between a claim and its completion, while a pool of them works through a
+//! stream of events on one store; the store's own tests run it, like
+//! [`processes`](crate::processes).
+//!
+//! The parent test calls [`crash_workers`]: it starts copies of the test binary,
+//! each running one ignored child test that opens a store and calls
+//! [`run_crash_worker`]. A worker walks every event: claims it, writes a line
+//! to its own log, works a while, completes with its lease token as the
+//! outcome, writes another line; every few claims it stalls past its lease
+//! first. The parent kills workers (preferring one that
+//! holds a claim) and starts fresh ones; killed workers' leases are taken over
+//! once they pass. When a worker has seen every event done it reads each record
+//! and exits. The parent then judges every log line together:
+//!
+//! - every event ends done, with one outcome;
+//! - at most one completion of an event succeeded, and that is the stored
+//!   outcome (a stale worker whose lease was taken over never overwrote a newer
+//!   holder's result: its completion was refused as a lost lease);
+//! - an outcome whose completion no surviving log shows belongs to a worker
+//!   killed right after asking for it;
+//! - every takeover was counted in the record's attempts;
+//! - at least one kill landed between a claim and its completion, and at least
+//!   one stalled worker's completion was refused.
+//!
+//! ```no_run
+//! // tests/crashes.rs of a store crate
+//! use std::sync::Arc;
+//! use dedupe_conformance::crashes::{crash_workers, run_crash_worker, CrashPlan};
+//! use dedupe_core::{DedupeStore, MemoryStore};
+//!
+//! #[test]
+//! fn killed_workers_lose_nothing() {
+//!     let env = [("MY_STORE_URL", "...".to_string())];
+//!     let report = crash_workers("crash_worker", &CrashPlan::default(), &env)
+//!         .unwrap_or_else(|f| panic!("{f}"));
+//!     eprintln!("{report}");
+//! }
+//!
+//! #[tokio::test]
+//! #[ignore = "run by killed_workers_lose_nothing in a child process"]
+//! async fn crash_worker() {
+//!     let store: Arc<dyn DedupeStore> = Arc::new(MemoryStore::new()); // open MY_STORE_URL
+//!     run_crash_worker(store).await;
+//! }
+//! # fn main() {}
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, RecordState};
+
+use crate::harness::Failure;
+
+const DIR_VAR: &str = "DEDUPE_CRASH_DIR";
+const INDEX_VAR: &str = "DEDUPE_CRASH_INDEX";
+const EVENTS_VAR: &str = "DEDUPE_CRASH_EVENTS";
+const LEASE_VAR: &str = "DEDUPE_CRASH_LEASE_MS";
+const WORK_VAR: &str = "DEDUPE_CRASH_WORK_MS";
+const STALL_VAR: &str = "DEDUPE_CRASH_STALL_EVERY";
+const NAMESPACE: &str = "crash";
+
+/// How a crash run goes.
+#[derive(Debug, Clone)]
+pub struct CrashPlan {
+    /// Events to process, each exactly once.
+    pub events: usize,
+    /// Workers alive at once.
+    pub workers: usize,
+    /// Workers to kill over the run.
+    pub kills: usize,
+    /// The lease each claim takes (a killed holder's event waits this long).
+    pub lease: Duration,
+    /// How long each worker works between claim and complete.
+    pub work: Duration,
+    /// Every this many claims a worker stalls past its lease before it
+    /// completes (a GC pause, a slow call): its lease is taken over and its
+    /// completion must be refused. 0: never.
+    pub stall_every: usize,
+    /// How long the whole run may take before it fails.
+    pub deadline: Duration,
+}
+
+impl Default for CrashPlan {
+    /// 40 events, 3 workers, 8 kills, 400 ms leases, 120 ms of work, a stall
+    /// past the lease every 5th claim.
+    fn default() -> Self {
+        Self {
+            events: 40,
+            workers: 3,
+            kills: 8,
+            lease: Duration::from_millis(400),
+            work: Duration::from_millis(120),
+            stall_every: 5,
+            deadline: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What a crash run showed.
+#[derive(Debug, Clone, Default)]
+pub struct CrashReport {
+    /// Events, every one done exactly once.
+    pub events: usize,
+    /// Workers killed.
+    pub kills: usize,
+    /// Claims whose worker was killed before it asked to complete.
+    pub orphaned_claims: usize,
+    /// Events claimed more than once (takeovers after a lease passed).
+    pub taken_over: usize,
+    /// Completions refused because the lease had been taken over.
+    pub stale_refused: usize,
+    /// Errors workers met (and retried).
+    pub errors: usize,
+}
+
+impl fmt::Display for CrashReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} events done exactly once; {} workers killed, {} claims orphaned by a kill, \
+             {} events taken over, {} stale completions refused, {} errors retried",
+            self.events,
+            self.kills,
+            self.orphaned_claims,
+            self.taken_over,
+            self.stale_refused,
+            self.errors
+        )
+    }
+}
+
+/// The parent's side: runs `plan` with workers that are copies of the current
+/// test binary running the ignored test `child_test` with `env` set (where the
+/// shared store is, which must be empty of `crash:` keys), kills them, and
+/// judges every worker's log (see the module docs).
+pub fn crash_workers(
+    child_test: &str,
+    plan: &CrashPlan,
+    env: &[(&str, String)],
+) -> Result<CrashReport, Failure> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("dedupe-crash-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(format!("crash dir: {e}")))?;
+    let result = Pool::new(&dir, child_test, plan, env, nanos as u64).and_then(|mut pool| {
+        let killed = pool.run()?;
+        judge(&dir, plan, &killed)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+struct Pool<'a> {
+    dir: &'a Path,
+    child_test: &'a str,
+    plan: &'a CrashPlan,
+    env: &'a [(&'a str, String)],
+    exe: PathBuf,
+    next_index: usize,
+    live: Vec<(usize, Child)>,
+    seed: u64,
+}
+
+impl<'a> Pool<'a> {
+    fn new(
+        dir: &'a Path,
+        child_test: &'a str,
+        plan: &'a CrashPlan,
+        env: &'a [(&'a str, String)],
+        seed: u64,
+    ) -> Result<Self, Failure> {
+        let exe = std::env::current_exe().map_err(|e| Failure::new(format!("test binary: {e}")))?;
+        Ok(Self {
+            dir,
+            child_test,
+            plan,
+            env,
+            exe,
+            next_index: 0,
+            live: Vec::new(),
+            seed: seed | 1,
+        })
+    }
+
+    fn random(&mut self) -> u64 {
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        self.seed
+    }
+
+    fn spawn(&mut self) -> Result<(), Failure> {
+        let index = self.next_index;
+        self.next_index += 1;
+        let mut cmd = Command::new(&self.exe);
+        cmd.args([
+            "--ignored",
+            "--exact",
+            self.child_test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DIR_VAR, self.dir)
+        .env(INDEX_VAR, index.to_string())
+        .env(EVENTS_VAR, self.plan.events.to_string())
+        .env(LEASE_VAR, self.plan.lease.as_millis().to_string())
+        .env(WORK_VAR, self.plan.work.as_millis().to_string())
+        .env(STALL_VAR, self.plan.stall_every.to_string())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::File::create(self.dir.join(format!("stderr-{index}")))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        );
+        for (k, v) in self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| Failure::new(format!("spawn worker {index}: {e}")))?;
+        self.live.push((index, child));
+        Ok(())
+    }
+
+    /// Whether worker `index` holds a claim it has not yet asked to complete.
+    fn holding(&self, index: usize) -> bool {
+        std::fs::read_to_string(log_path(self.dir, index))
+            .ok()
+            .and_then(|log| log.lines().last().map(|l| l.starts_with("CLAIMED ")))
+            .unwrap_or(false)
+    }
+
+    /// Runs the plan; answers the indexes of the workers it killed.
+    fn run(&mut self) -> Result<HashSet<usize>, Failure> {
+        let started = Instant::now();
+        for _ in 0..self.plan.workers {
+            self.spawn()?;
+        }
+        let mut killed = HashSet::new();
+        while killed.len() < self.plan.kills {
+            if started.elapsed() > self.plan.deadline {
+                return Err(Failure::new(
+                    "the crash run passed its deadline while killing",
+                ));
+            }
+            // Wait a random while, then kill a worker that holds a claim if one
+            // does within 300 ms, else any.
+            let pause = 100 + self.random() % 300;
+            std::thread::sleep(Duration::from_millis(pause));
+            self.reap()?;
+            let look_until = Instant::now() + Duration::from_millis(300);
+            let victim = loop {
+                let holder = self.live.iter().position(|(i, _)| self.holding(*i));
+                if holder.is_some() || Instant::now() > look_until {
+                    break holder;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            let Some(at) = victim.or_else(|| {
+                (!self.live.is_empty()).then(|| (self.random() as usize) % self.live.len())
+            }) else {
+                break; // every worker finished before the kills ran out
+            };
+            let (index, mut child) = self.live.swap_remove(at);
+            let _ = child.kill(); // SIGKILL
+            let _ = child.wait();
+            killed.insert(index);
+            self.spawn()?;
+        }
+        // Let the survivors finish.
+        while !self.live.is_empty() {
+            if started.elapsed() > self.plan.deadline {
+                for (_, child) in &mut self.live {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return Err(Failure::new(format!(
+                    "workers did not finish within {:?}",
+                    self.plan.deadline
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            self.reap()?;
+        }
+        Ok(killed)
+    }
+
+    /// Collects workers that exited; a worker that failed fails the run.
+    fn reap(&mut self) -> Result<(), Failure> {
+        let mut still = Vec::with_capacity(self.live.len());
+        for (index, mut child) in self.live.drain(..) {
+            match child.try_wait() {
+                Ok(None) => still.push((index, child)),
+                Ok(Some(status)) if status.success() => {}
+                Ok(Some(status)) => {
+                    let stderr = std::fs::read_to_string(self.dir.join(format!("stderr-{index}")))
+                        .unwrap_or_default();
+                    return Err(Failure::new(format!(
+                        "worker {index} failed ({status}):\n{stderr}"
+                    )));
+                }
+                Err(e) => return Err(Failure::new(format!("worker {index}: {e}"))),
+            }
+        }
+        self.live = still;
+        Ok(())
+    }
+}
+
+fn log_path(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("worker-{index}.log"))
+}
+
+fn event_key(event: usize) -> Key {
+    Key::new(NAMESPACE, format!("e{event}")).expect("a plain key")
+}
+
+/// One worker's log: each line written with one `write` call straight to the
+/// file, so a kill loses at most the line being written, never an earlier one.
+struct Log(std::fs::File);
+
+impl Log {
+    fn line(&mut self, line: String) {
+        let _ = self.0.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+/// The worker's side, called by the ignored child test with its store open:
+/// works through every event until it has seen each one done, logging every
+/// step, then logs each record as it stands and returns. Panics (failing the
+/// worker) only when it is not run by [`crash_workers`].
+pub async fn run_crash_worker(store: Arc<dyn DedupeStore>) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
+    };
+    let dir = PathBuf::from(var(DIR_VAR));
+    let index: usize = var(INDEX_VAR).parse().expect("index");
+    let events: usize = var(EVENTS_VAR).parse().expect("events");
+    let lease = Duration::from_millis(var(LEASE_VAR).parse().expect("lease"));
+    let work = Duration::from_millis(var(WORK_VAR).parse().expect("work"));
+    let stall_every: usize = var(STALL_VAR).parse().expect("stall");
+    let mut claims = 0usize;
+    let mut log = Log(std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path(&dir, index))
+        .expect("worker log"));
+    let opts = ClaimOptions::new(lease);
+    loop {
+        let mut all_done = true;
+        for step in 0..events {
+            let event = (step + index * 7) % events;
+            let key = event_key(event);
+            match store.claim(&key, &opts).await {
+                Ok(ClaimOutcome::Claimed(lease)) => {
+                    all_done = false;
+                    log.line(format!(
+                        "CLAIMED {event} {} {}",
+                        lease.token.as_str(),
+                        lease.attempt
+                    ));
+                    claims += 1;
+                    if stall_every > 0 && claims.is_multiple_of(stall_every) {
+                        tokio::time::sleep(opts.lease_ttl + Duration::from_millis(150)).await;
+                    } else {
+                        tokio::time::sleep(work).await;
+                    }
+                    log.line(format!("COMPLETING {event} {}", lease.token.as_str()));
+                    let outcome = lease.token.as_str().as_bytes().to_vec();
+                    match store
+                        .complete(&lease, &outcome, Duration::from_secs(3600))
+                        .await
+                    {
+                        Ok(()) => log.line(format!("COMPLETED {event} {}", lease.token.as_str())),
+                        Err(Error::LeaseLost { .. }) => {
+                            log.line(format!("LOST {event} {}", lease.token.as_str()))
+                        }
+                        Err(e) => log.line(format!("ERROR {event} {e}")),
+                    }
+                }
+                Ok(ClaimOutcome::Duplicate { .. }) => {}
+                Ok(_) => all_done = false,
+                Err(e) => {
+                    all_done = false;
+                    log.line(format!("ERROR {event} {e}"));
+                }
+            }
+        }
+        if all_done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for event in 0..events {
+        match store.get(&event_key(event)).await {
+            Ok(Some(record)) => match &record.state {
+                RecordState::Done { outcome, .. } => log.line(format!(
+                    "FINAL {event} {} {}",
+                    String::from_utf8_lossy(outcome),
+                    record.attempts
+                )),
+                other => log.line(format!("FINAL {event} not-done {other:?}")),
+            },
+            Ok(None) => log.line(format!("FINAL {event} missing")),
+            Err(e) => log.line(format!("FINAL {event} error {e}")),
+        }
+    }
+    log.line("EXIT".to_string());
+}
+
+#[derive(Debug, Default)]
+struct Event {
+    claimed: Vec<(usize, String)>,
+    completing: Vec<(usize, String)>,
+    completed: Vec<String>,
+    lost: usize,
+    finals: Vec<(String, u32)>,
+    bad_finals: Vec<String>,
+}
+
+/// Judges every worker log in `dir` (see the module docs).
+fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashReport, Failure> {
+    let mut events: HashMap<usize, Event> = HashMap::new();
+    let mut report = CrashReport {
+        events: plan.events,
+        kills: killed.len(),
+        ..CrashReport::default()
+    };
+    let mut exited = 0;
+    let entries = std::fs::read_dir(dir).map_err(|e| Failure::new(format!("crash dir: {e}")))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(index) = name
+            .strip_prefix("worker-")
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let log = std::fs::read_to_string(entry.path())
+            .map_err(|e| Failure::new(format!("log {name}: {e}")))?;
+        let lines: Vec<&str> = log.lines().collect();
+        // A killed worker may have been cut off mid-line.
+        for (n, line) in lines.iter().enumerate() {
+            let parts: Vec<&str> = line.split(' ').collect();
+            let event = parts.get(1).and_then(|e| e.parse::<usize>().ok());
+            let token = parts.get(2).map(|t| t.to_string());
+            match (parts[0], event, token) {
+                ("CLAIMED", Some(ev), Some(t)) => {
+                    events.entry(ev).or_default().claimed.push((index, t))
+                }
+                ("COMPLETING", Some(ev), Some(t)) => {
+                    events.entry(ev).or_default().completing.push((index, t))
+                }
+                ("COMPLETED", Some(ev), Some(t)) => events.entry(ev).or_default().completed.push(t),
+                ("LOST", Some(ev), Some(_)) => events.entry(ev).or_default().lost += 1,
+                ("ERROR", _, _) => report.errors += 1,
+                ("FINAL", Some(ev), Some(t)) => {
+                    let attempts = parts.get(3).and_then(|a| a.parse::<u32>().ok());
+                    match attempts {
+                        Some(a) if parts.len() == 4 => {
+                            events.entry(ev).or_default().finals.push((t, a))
+                        }
+                        _ => events
+                            .entry(ev)
+                            .or_default()
+                            .bad_finals
+                            .push(line.to_string()),
+                    }
+                }
+                ("EXIT", _, _) => exited += 1,
+                _ if killed.contains(&index) && n + 1 == lines.len() => {} // cut off by the kill
+                _ => {
+                    return Err(Failure::new(format!(
+                        "worker {index}: unreadable log line {line:?}"
+                    )))
+                }
+            }
+        }
+        if killed.contains(&index) {
+            // Claims this worker never asked to complete: orphaned by the kill.
+            let asked: HashSet<&str> = lines
+                .iter()
+                .filter_map(|l| l.strip_prefix("COMPLETING "))
+                .filter_map(|rest| rest.split(' ').nth(1))
+                .collect();
+            report.orphaned_claims += lines
+                .iter()
+                .filter_map(|l| l.strip_prefix("CLAIMED "))
+                .filter_map(|rest| rest.split(' ').nth(1))
+                .filter(|token| !asked.contains(token))
+                .count();
+        }
+    }
+    if exited == 0 {
+        return Err(Failure::new("no worker finished"));
+    }
+    for event in 0..plan.events {
+        let Some(e) = events.get(&event) else {
+            return Err(Failure::new(format!("event {event}: never claimed")));
+        };
+        if let Some(bad) = e.bad_finals.first() {
+            return Err(Failure::new(format!(
+                "event {event}: not done at the end: {bad}"
+            )));
+        }
+        let Some((outcome, attempts)) = e.finals.first().cloned() else {
+            return Err(Failure::new(format!(
+                "event {event}: no finished worker read it"
+            )));
+        };
+        if let Some(other) = e.finals.iter().find(|(o, _)| *o != outcome) {
+            return Err(Failure::new(format!(
+                "event {event}: workers read two outcomes, {outcome} and {}",
+                other.0
+            )));
+        }
+        if e.completed.len() > 1 {
+            return Err(Failure::new(format!(
+                "event {event}: {} completions succeeded: {:?}",
+                e.completed.len(),
+                e.completed
+            )));
+        }
+        match e.completed.first() {
+            Some(token) if *token != outcome => {
+                return Err(Failure::new(format!(
+                    "event {event}: {token} completed, but the stored outcome is {outcome}: \
+                     a completion was overwritten"
+                )))
+            }
+            Some(_) => {}
+            None => {
+                // Killed right after asking to complete, before logging it.
+                let by_killed = e
+                    .completing
+                    .iter()
+                    .any(|(i, t)| *t == outcome && killed.contains(i));
+                if !by_killed {
+                    return Err(Failure::new(format!(
+                        "event {event}: the stored outcome {outcome} is no completion any worker asked for"
+                    )));
+                }
+            }
+        }
+        let claims: HashSet<&str> = e.claimed.iter().map(|(_, t)| t.as_str()).collect();
+        if (attempts as usize) < claims.len() {
+            return Err(Failure::new(format!(
+                "event {event}: won {} times but the record counts {attempts} attempts",
+                claims.len()
+            )));
+        }
+        if claims.len() > 1 {
+            report.taken_over += 1;
+        }
+        report.stale_refused += e.lost;
+    }
+    if plan.stall_every > 0 && report.stale_refused == 0 {
+        return Err(Failure::new(
+            "no stalled worker's completion was refused: the run never tried a stale completion",
+        ));
+    }
+    if report.orphaned_claims == 0 {
+        return Err(Failure::new(
+            "no kill landed between a claim and its completion: the run proved nothing",
+        ));
+    }
+    Ok(report)
+}
