@@ -50,7 +50,7 @@ impl Scale {
     /// Distinct keys of the big-batch check.
     pub fn distinct_keys(self) -> usize {
         match self {
-            Scale::Full => 10_000,
+            Scale::Full => dedupe_core::MAX_BATCH_KEYS,
             Scale::Reduced => 1_000,
         }
     }

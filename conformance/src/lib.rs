@@ -75,6 +75,7 @@ macro_rules! __with_check_names {
             bad_input_rejected_nothing_written,
             forget_removes_any_state,
             ten_thousand_distinct_keys,
+            oversized_batches_are_refused,
             errors_are_not_answers,
             single_winner_race,
             single_winner_takeover_race,

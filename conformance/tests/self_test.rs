@@ -63,6 +63,8 @@ enum Flaw {
     ForgetAnswersFalse,
     /// Advertises a 1 KiB outcome limit and does not enforce it.
     NoOutcomeLimit,
+    /// `claim_many` takes a batch of any size.
+    UnboundedBatches,
     /// Keys are bucketed by a short hash, so distinct keys collide.
     HashCollisions,
     /// Every lease lasts an hour, whatever TTL was asked.
@@ -262,6 +264,9 @@ impl DedupeStore for Broken {
     }
 
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+        if self.flaw != Flaw::UnboundedBatches {
+            dedupe_core::backend::check_batch(keys)?;
+        }
         let mut seen: HashMap<&Key, ClaimOutcome> = HashMap::new();
         let mut answers = Vec::with_capacity(keys.len());
         for key in keys {
@@ -357,6 +362,7 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         &["bad_input_rejected_nothing_written"],
     ),
     (Flaw::HashCollisions, &["ten_thousand_distinct_keys"]),
+    (Flaw::UnboundedBatches, &["oversized_batches_are_refused"]),
     (Flaw::DeadlineIgnoresTtl, &["fresh_claim"]),
     (Flaw::InFlightAsDuplicate, &["in_flight_answer"]),
     (
@@ -407,6 +413,7 @@ broken_store_tests!(
     rejects_forget_answering_false => ForgetAnswersFalse,
     rejects_unenforced_outcome_limit => NoOutcomeLimit,
     rejects_hash_collisions => HashCollisions,
+    rejects_unbounded_batches => UnboundedBatches,
     rejects_deadline_ignoring_ttl => DeadlineIgnoresTtl,
     rejects_in_flight_as_duplicate => InFlightAsDuplicate,
     rejects_takeover_resetting_attempt => TakeoverResetsAttempt,

@@ -13,6 +13,31 @@ pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// stop being meaningful and arithmetic on them risks overflow.
 pub const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
+/// Most keys one `claim_many` call takes. A larger batch is refused with
+/// [`Error::BatchTooLarge`](crate::Error::BatchTooLarge) before anything is
+/// sent, so one call never holds a statement, a pipeline or a fan-out of
+/// unbounded size.
+pub const MAX_BATCH_KEYS: usize = 10_000;
+
+/// Refuses a `claim_many` batch over [`MAX_BATCH_KEYS`]; stores call it before
+/// anything reaches storage.
+///
+/// ```
+/// use dedupe_core::{backend::check_batch, Key, MAX_BATCH_KEYS};
+/// let keys = vec![Key::new("s", "k").unwrap(); MAX_BATCH_KEYS + 1];
+/// assert!(check_batch(&keys[..MAX_BATCH_KEYS]).is_ok());
+/// assert!(check_batch(&keys).is_err());
+/// ```
+pub fn check_batch(keys: &[crate::Key]) -> Result<()> {
+    if keys.len() > MAX_BATCH_KEYS {
+        return Err(crate::Error::BatchTooLarge {
+            size: keys.len(),
+            limit: MAX_BATCH_KEYS,
+        });
+    }
+    Ok(())
+}
+
 /// Checks a lease or retention duration against [`MIN_TTL`]..=[`MAX_TTL`].
 pub fn check_ttl(what: &str, ttl: Duration) -> Result<()> {
     if ttl < MIN_TTL || ttl > MAX_TTL {

@@ -46,6 +46,16 @@ pub enum Error {
         limit: usize,
     },
 
+    /// `claim_many` was given more keys than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS).
+    /// Nothing was claimed; split the batch.
+    #[error("batch of {size} keys is over the limit of {limit} keys")]
+    BatchTooLarge {
+        /// Keys given.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+
     /// The store could not be reached (connection refused or lost, server restarting,
     /// database locked). Retrying may help.
     #[error("store unavailable: {message}")]
@@ -106,6 +116,7 @@ impl Error {
             | Error::InvalidConfig { .. }
             | Error::LeaseLost { .. }
             | Error::OutcomeTooLarge { .. }
+            | Error::BatchTooLarge { .. }
             | Error::CorruptRecord { .. } => false,
         }
     }

@@ -42,7 +42,7 @@ mod store;
 mod traced;
 
 pub use capabilities::{Capabilities, DEFAULT_MAX_OUTCOME_BYTES};
-pub use claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken, MAX_TTL, MIN_TTL};
+pub use claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken, MAX_BATCH_KEYS, MAX_TTL, MIN_TTL};
 pub use deduper::{Deduper, HandleError, Handled, OnFailure};
 pub use error::{BoxError, Error, Result};
 pub use expire_task::{spawn_expire_task, ExpireTask};

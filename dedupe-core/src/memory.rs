@@ -224,6 +224,7 @@ impl DedupeStore for MemoryStore {
 
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
+        crate::backend::check_batch(keys)?;
         let now = SystemTime::now();
         let mut map = self.lock();
         Ok(keys

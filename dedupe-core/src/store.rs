@@ -146,6 +146,7 @@ pub trait DedupeStore: Debug + Send + Sync + 'static {
     ///
     /// [`claim`]: DedupeStore::claim
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+        crate::backend::check_batch(keys)?;
         let mut answers = Vec::with_capacity(keys.len());
         for key in keys {
             answers.push(self.claim(key, opts).await?);

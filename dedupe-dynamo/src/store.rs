@@ -971,6 +971,7 @@ impl DedupeStore for DynamoStore {
     /// `fan_out` at a time, with the same answers as claim-by-claim.
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
+        dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }

@@ -404,6 +404,7 @@ impl DedupeStore for PgStore {
     /// The whole batch in one statement (`unnest` of arrays), one round trip.
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
+        dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }

@@ -735,6 +735,7 @@ impl DedupeStore for RedisStore {
     /// with the same claim id to be handed them again).
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
+        dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }

@@ -372,6 +372,7 @@ impl DedupeStore for SqliteStore {
     /// All claims of the batch in one `BEGIN IMMEDIATE` transaction, in order.
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
+        dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }

@@ -877,8 +877,9 @@ pub async fn forget_removes_any_state(factory: &dyn StoreFactory) -> CheckResult
     Ok(Verdict::Passed)
 }
 
-/// Ten thousand distinct keys (a thousand at reduced scale) are all Claimed (no
-/// false duplicates), and all answer InFlight afterwards.
+/// Ten thousand distinct keys (a thousand at reduced scale), claimed in one
+/// `claim_many` call (the most a batch may hold), are all Claimed (no false
+/// duplicates), and all answer InFlight afterwards.
 pub async fn ten_thousand_distinct_keys(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let store = fixture.store();
@@ -886,7 +887,7 @@ pub async fn ten_thousand_distinct_keys(factory: &dyn StoreFactory) -> CheckResu
         .map(|i| key(&format!("many-{i:05}")))
         .collect::<Result<_, _>>()?;
     let mut tokens = HashSet::new();
-    for chunk in keys.chunks(500) {
+    for chunk in keys.chunks(dedupe_core::MAX_BATCH_KEYS) {
         for (k, answer) in chunk
             .iter()
             .zip(store.claim_many(chunk, &opts(LONG_TTL)).await?)
@@ -917,6 +918,45 @@ pub async fn ten_thousand_distinct_keys(factory: &dyn StoreFactory) -> CheckResu
                 "{k} answered {answer:?} on the second pass"
             );
         }
+    }
+    Ok(Verdict::Passed)
+}
+
+/// A `claim_many` batch over [`MAX_BATCH_KEYS`](dedupe_core::MAX_BATCH_KEYS)
+/// is refused with `BatchTooLarge` before anything is written: none of its
+/// keys is claimed afterwards.
+pub async fn oversized_batches_are_refused(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let store = fixture.store();
+    let limit = dedupe_core::MAX_BATCH_KEYS;
+    let keys: Vec<Key> = (0..=limit)
+        .map(|i| key(&format!("over-{i:05}")))
+        .collect::<Result<_, _>>()?;
+    match store.claim_many(&keys, &opts(LONG_TTL)).await {
+        Err(Error::BatchTooLarge { size, limit: l }) => ensure!(
+            size == limit + 1 && l == limit,
+            "BatchTooLarge reports size {size} limit {l}, expected {} and {limit}",
+            limit + 1
+        ),
+        Ok(answers) => {
+            return Err(Failure::new(format!(
+                "a batch of {} keys was claimed ({} answers), expected BatchTooLarge",
+                keys.len(),
+                answers.len()
+            )))
+        }
+        Err(other) => {
+            return Err(Failure::new(format!(
+                "a batch of {} keys failed with {other:?}, expected BatchTooLarge",
+                keys.len()
+            )))
+        }
+    }
+    for k in [&keys[0], &keys[limit / 2], &keys[limit]] {
+        ensure!(
+            store.get(k).await?.is_none(),
+            "{k} of a refused batch was written"
+        );
     }
     Ok(Verdict::Passed)
 }

@@ -862,6 +862,7 @@ impl DedupeStore for FlawedStore {
 
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
+        dedupe_core::backend::check_batch(keys)?;
         let now_sys = SystemTime::now();
         if self.is_broken() {
             if self.has(AFlaw::FailOpenClaim) {

@@ -46,7 +46,7 @@ mod stored;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use crate::claim::check_ttl;
+pub use crate::claim::{check_batch, check_ttl};
 pub use batch::BatchKeys;
 pub use stored::{check_identifier, StoredRecord};
 
