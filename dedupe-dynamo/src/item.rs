@@ -250,4 +250,53 @@ mod tests {
             Err(Error::CorruptRecord { .. })
         ));
     }
+
+    /// Any value an attribute may hold, from the right kind to the wrong one.
+    fn any_value() -> impl proptest::strategy::Strategy<Value = AttributeValue> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<i64>().prop_map(n),
+            "\\PC{0,12}".prop_map(AttributeValue::N),
+            "\\PC{0,12}".prop_map(AttributeValue::S),
+            proptest::collection::vec(any::<u8>(), 0..16)
+                .prop_map(|b| AttributeValue::B(Blob::new(b))),
+            any::<bool>().prop_map(AttributeValue::Null),
+            any::<bool>().prop_map(AttributeValue::Bool),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// An item with any of its attributes missing or holding anything
+        /// decodes to a record or to `CorruptRecord`; never a panic, never
+        /// another error.
+        #[test]
+        fn any_item_decodes_or_is_corrupt(
+            values in proptest::collection::vec(proptest::option::of(any_value()), 10),
+            right_key in proptest::prelude::any::<bool>(),
+        ) {
+            let names = AttributeNames::default();
+            let key = Key::new("ns", "a").expect("key");
+            let mut item = Item::new();
+            let attrs = [
+                &names.state, &names.token, &names.claim_id, &names.fingerprint, &names.deadline,
+                &names.completed, &names.outcome, &names.attempts, &names.first_seen,
+            ];
+            for (name, value) in attrs.iter().zip(&values) {
+                if let Some(v) = value {
+                    item.insert((*name).clone(), v.clone());
+                }
+            }
+            if right_key {
+                item.insert(names.partition_key.clone(), partition_key(&key));
+            } else if let Some(v) = &values[9] {
+                item.insert(names.partition_key.clone(), v.clone());
+            }
+            match decode(&names, &key, &item) {
+                Ok(_) | Err(Error::CorruptRecord { .. }) => {}
+                Err(other) => proptest::prop_assert!(false, "{other:?}"),
+            }
+        }
+    }
 }

@@ -163,4 +163,56 @@ mod tests {
             );
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Any bytes at a record's key decode to a record or to
+        /// `CorruptRecord`; never a panic, never another error.
+        #[test]
+        fn any_value_decodes_or_is_corrupt(value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120)) {
+            match decode(&key(), &value) {
+                Ok(_) | Err(Error::CorruptRecord { .. }) => {}
+                Err(other) => proptest::prop_assert!(false, "{other:?}"),
+            }
+        }
+
+        /// A real record with one byte changed, cut short or extended decodes
+        /// to a record or to `CorruptRecord`, and a record that still decodes
+        /// after a cut or an extension is refused (the length prefixes and the
+        /// end of the value must agree).
+        #[test]
+        fn mangled_records_are_corrupt_or_still_records(
+            at in 0usize..200,
+            byte in proptest::prelude::any::<u8>(),
+            outcome in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ) {
+            let good = encode(&StoredRecord {
+                state: StoredRecord::DONE,
+                token: "tok-1".into(),
+                claim_id: Some("c".into()),
+                fingerprint: Some(vec![7; 32]),
+                expires_ms: 2_000_000_000_000,
+                completed_ms: Some(1_900_000_000_000),
+                outcome: Some(outcome.clone()),
+                attempts: 2,
+                first_seen_ms: 1_800_000_000_000,
+            });
+            proptest::prop_assert!(decode(&key(), &good).is_ok());
+            let at = at % good.len();
+            let mut changed = good.clone();
+            changed[at] = byte;
+            match decode(&key(), &changed) {
+                Ok(_) | Err(Error::CorruptRecord { .. }) => {}
+                Err(other) => proptest::prop_assert!(false, "{other:?}"),
+            }
+            let short = &good[..at];
+            let cut = matches!(decode(&key(), short), Err(Error::CorruptRecord { .. }));
+            proptest::prop_assert!(cut, "a record cut at {} decoded", at);
+            let mut long = good.clone();
+            long.push(byte);
+            let extended = matches!(decode(&key(), &long), Err(Error::CorruptRecord { .. }));
+            proptest::prop_assert!(extended, "a record with a byte more decoded");
+        }
+    }
 }
