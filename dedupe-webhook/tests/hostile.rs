@@ -8,6 +8,9 @@ use dedupe_webhook::{KeyError, KeyRule, KeySource, Scheme, SignatureError, Verif
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
 
+#[path = "support/parse_anything.rs"]
+mod parse_anything;
+
 const HEADERS: &[&str] = &[
     "webhook-id",
     "webhook-timestamp",
@@ -65,6 +68,29 @@ fn now() -> u64 {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The fuzz target's body on proptest's bytes (the same function
+    /// `fuzz/fuzz_targets/webhook_parse.rs` runs under libFuzzer): arbitrary
+    /// pieces split at 0xFF into headers, a JSON pointer and a body.
+    #[test]
+    fn the_fuzz_target_body_holds_on_arbitrary_bytes(
+        data in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..400),
+            proptest::collection::vec(
+                prop_oneof![
+                    "[ -~]{0,30}".prop_map(String::into_bytes),
+                    "\\{\"id\":\"[a-z0-9_]{0,20}\"\\}".prop_map(String::into_bytes),
+                    Just(vec![0xFF]),
+                ],
+                0..16,
+            )
+            .prop_map(|parts| parts.concat()),
+        ],
+    ) {
+        if let Err(problem) = parse_anything::parse_anything(&data) {
+            prop_assert!(false, "{}", problem);
+        }
+    }
 
     #[test]
     fn verification_never_panics_and_refuses_with_a_type(
