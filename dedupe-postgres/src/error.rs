@@ -22,9 +22,10 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => {
-            Error::unavailable("postgres connection failed", Some(Box::new(e)))
-        }
+        | sqlx::Error::Protocol(_) => Error::unavailable(
+            format!("postgres connection failed: {e}"),
+            Some(Box::new(e)),
+        ),
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             match code.as_str() {

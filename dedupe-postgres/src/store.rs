@@ -224,6 +224,18 @@ impl PgStore {
             "statement_timeout",
             format!("{}ms", duration_millis(timeout)),
         )]);
+        // One direct connection first: the pool retries a refused or failing
+        // connection until its acquire timeout and then reports only that it
+        // timed out, hiding why (refused, unknown host, bad password, no such
+        // database). This one fails with the reason.
+        let probe = tokio::time::timeout(timeout, sqlx::ConnectOptions::connect(&options))
+            .await
+            .map_err(|_| Error::Timeout {
+                after: timeout,
+                source: None,
+            })?
+            .map_err(|e| crate::error::map(e, timeout))?;
+        let _ = sqlx::Connection::close(probe).await;
         PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(timeout)

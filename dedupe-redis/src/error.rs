@@ -44,7 +44,7 @@ pub(crate) fn map(e: RedisError, timeout: Duration, key: Option<&Key>) -> Error 
             )
         )
     {
-        return Error::unavailable("redis unavailable", Some(Box::new(e)));
+        return Error::unavailable(format!("redis unavailable: {e}"), Some(Box::new(e)));
     }
     if e.code() == Some("WRONGTYPE") {
         if let Some(key) = key {

@@ -91,3 +91,87 @@ async fn dynamodb() {
     handles_share_records_and_namespaces_go(&format!("dynamodb://events?endpoint={endpoint}"))
         .await;
 }
+
+/// A port nothing listens on.
+fn refused_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A listener that accepts connections and never says a word (a server hung
+/// in its accept loop, or a firewall that swallows packets), kept open while
+/// the returned guard lives.
+async fn silent_port() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listener");
+    let port = listener.local_addr().expect("addr").port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (port, task)
+}
+
+/// Opens `url` and makes one claim: the error that ends it, and how long it took.
+async fn first_error(url: &str) -> (String, bool, Duration) {
+    let started = std::time::Instant::now();
+    let result = match open_store(url).await {
+        Err(e) => Err(e.to_string()),
+        Ok(store) => store
+            .claim(
+                &Key::new("cfg", "k").expect("key"),
+                &ClaimOptions::default(),
+            )
+            .await
+            .map_err(|e| {
+                assert!(e.is_retryable(), "{url}: {e:?} is not retryable");
+                e.to_string()
+            }),
+    };
+    let took = started.elapsed();
+    match result {
+        Err(message) => (message, true, took),
+        Ok(answer) => (format!("{answer:?}"), false, took),
+    }
+}
+
+/// An unreachable server fails fast with a message that says so, and a server
+/// that accepts but never answers fails at the URL's timeout, for every
+/// server-backed store; never a hang, never a panic, never an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_and_silent_servers_fail_fast_and_say_so() {
+    let (silent, _guard) = silent_port().await;
+    let refused = refused_port();
+    for port_of in [refused, silent] {
+        for url in [
+            format!("postgres://app@127.0.0.1:{port_of}/db?timeout=1s"),
+            format!("redis://127.0.0.1:{port_of}?timeout=1s"),
+            format!("dynamodb://events?endpoint=http://127.0.0.1:{port_of}&timeout=1s"),
+        ] {
+            let (message, failed, took) = first_error(&url).await;
+            eprintln!("{url}: {took:?}: {message}");
+            assert!(failed, "{url} answered {message}");
+            assert!(took < Duration::from_millis(4500), "{url} took {took:?}");
+            // DynamoDB's SDK retries a refused connection until its operation
+            // timeout and then reports the timeout.
+            let says = if port_of == refused && !url.starts_with("dynamodb") {
+                ["refused"]
+                    .iter()
+                    .any(|w| message.to_lowercase().contains(w))
+            } else {
+                ["timed out", "timeout"]
+                    .iter()
+                    .any(|w| message.to_lowercase().contains(w))
+            };
+            assert!(
+                says,
+                "{url}: the message does not say what happened: {message}"
+            );
+        }
+    }
+}
