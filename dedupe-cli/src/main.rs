@@ -12,6 +12,7 @@ mod conformance;
 mod race;
 mod records;
 mod serve;
+mod soak;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -45,6 +46,11 @@ enum Command {
     /// business step that appends a ledger row, complete (POST /hooks,
     /// POST /hooks/{source}, GET /hooks, GET /healthz, GET /metrics).
     Serve(serve::ServeArgs),
+    /// Minutes of mixed claims, duplicates, completions, releases, expiring and
+    /// stalled leases on one store, memory and sockets sampled every second,
+    /// every answer checked against the contract; exit 1 on any double win or
+    /// lost completion (a soak run, outside the test suite).
+    Soak(soak::SoakArgs),
     /// Print a key's live record as JSON (exit 1 when there is none).
     Inspect(records::KeyArgs),
     /// Remove every expired record and print how many (for cron).
@@ -83,6 +89,7 @@ async fn main() -> ExitCode {
         Command::Race(args) => race::race(args).await,
         Command::Conformance(args) => conformance::conformance(args).await,
         Command::Serve(args) => serve::serve(args).await,
+        Command::Soak(args) => soak::soak(args).await,
         Command::Inspect(args) => records::inspect(args).await,
         Command::Purge(args) => records::purge(args).await,
         Command::Forget(args) => records::forget(args).await,

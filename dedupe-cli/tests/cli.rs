@@ -419,3 +419,30 @@ fn bench_on_every_server() {
         assert_eq!(row["raw_errors"], 0, "{row}");
     }
 }
+
+/// The soak command runs, judges its epochs and reports (the real soak is a
+/// command run outside the test suite, for minutes: README).
+#[test]
+fn a_short_soak_on_sqlite_reports_no_violation() {
+    let (ok, out) = dedupe(&[
+        "soak",
+        "--store",
+        "sqlite:",
+        "--seconds",
+        "3",
+        "--epoch-seconds",
+        "1",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("0 contract violations, 0 acknowledged completions lost"),
+        "{out}"
+    );
+    let judged: u64 = out
+        .split(" epochs judged")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(judged >= 2, "{out}");
+}
