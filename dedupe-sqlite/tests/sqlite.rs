@@ -575,8 +575,18 @@ fn the_crash_judge_catches_a_store_that_lets_stale_workers_complete() {
     )
     .expect_err("a store that overwrites newer results passed the crash run");
     let message = failure.to_string();
+    // Which rule trips first depends on the interleaving: two completions
+    // acknowledged, a completion overwritten, two outcomes read, or (where no
+    // stall happened to be taken over) no stale completion refused at all.
     assert!(
-        message.contains("completions succeeded") || message.contains("overwritten"),
+        [
+            "completions succeeded",
+            "overwritten",
+            "two outcomes",
+            "no stalled worker's completion was refused",
+        ]
+        .iter()
+        .any(|rule| message.contains(rule)),
         "{message}"
     );
 }
