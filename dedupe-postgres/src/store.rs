@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dedupe_core::backend::{check_ttl, duration_millis};
@@ -16,22 +16,58 @@ use sqlx::{PgConnection, PgPool};
 use crate::ops::Ops;
 use crate::sql::{Statements, EXPIRE_BATCH};
 
-/// A connection checked out of the pool that goes back through a bounded
-/// check.
+type PooledConn = sqlx::pool::PoolConnection<sqlx::Postgres>;
+
+/// Connections the store keeps checked out between its calls, with when each
+/// was first taken from the pool.
 ///
-/// sqlx tests every connection as it goes back to the pool (a `Sync` round
-/// trip) and waits for that answer without any bound. A connection whose
-/// network went silent (a blackholed or half-open TCP connection; or one whose
-/// operation the store gave up on at its timeout) never answers, so its pool
-/// slot would stay taken until the kernel gives up on the socket, minutes
-/// later, and a pool of such connections answers nothing but acquire timeouts
-/// long after the network healed (seen under a blackholing proxy). Here the
-/// return runs in a task of its own, as sqlx's does, but bounded by the
-/// store's timeout: past it the connection is dropped (its socket closed, its
-/// slot freed) instead of returned.
+/// sqlx tests every connection as it goes back to its pool with a round trip
+/// (`Sync`, unconditionally in 0.9) before the next caller may have it: with
+/// one connection per worker, every call waited for a second round trip. A
+/// connection whose call went well is kept here instead and handed to the next
+/// call as it is (a connection that broke while idle fails that call with a
+/// retryable error and is not kept). At most `keep` of them
+/// ([`PgBuilder::hold_connections`]); each goes back to the pool after
+/// [`PgStore::MAX_CONNECTION_LIFETIME`], and all of them when the last clone
+/// of the store is dropped.
+#[derive(Debug)]
+struct Held {
+    idle: parking_lot::Mutex<Vec<(PooledConn, Instant)>>,
+    keep: usize,
+}
+
+/// A connection for one call: taken from [`Held`] or the pool, and given back
+/// by [`settle`](Checkout::settle) and drop.
+///
+/// A connection whose call failed in a way that may have left it out of step
+/// (a lost connection, a timeout, a call dropped half way) goes back to the
+/// pool through sqlx's return check, in a task of its own bounded by the
+/// store's timeout: a connection whose network went silent (blackholed,
+/// half-open) never answers that check, and unbounded it would hold its pool
+/// slot until the kernel gave up on the socket, minutes later, leaving a pool
+/// that answers nothing but acquire timeouts long after the network healed
+/// (seen under a blackholing proxy). Past the bound it is dropped instead.
 struct Checkout {
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    conn: Option<PooledConn>,
+    since: Instant,
     bound: Duration,
+    held: Arc<Held>,
+    clean: bool,
+}
+
+impl Checkout {
+    /// Records whether the call left the connection clean: it answered, or the
+    /// server refused the statement's effect (a lost lease, a corrupt row)
+    /// with the connection ready for the next one.
+    fn settle<T>(&mut self, result: &Result<T>) {
+        self.clean = match result {
+            Ok(_) => true,
+            Err(e) => matches!(
+                e,
+                Error::LeaseLost { .. } | Error::CorruptRecord { .. } | Error::InvalidKey(_)
+            ),
+        };
+    }
 }
 
 impl std::ops::Deref for Checkout {
@@ -52,6 +88,13 @@ impl Drop for Checkout {
         let Some(mut conn) = self.conn.take() else {
             return;
         };
+        if self.clean && self.since.elapsed() < PgStore::MAX_CONNECTION_LIFETIME {
+            let mut idle = self.held.idle.lock();
+            if idle.len() < self.held.keep {
+                idle.push((conn, self.since));
+                return;
+            }
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime left: sqlx's own drop handles it
         };
@@ -76,6 +119,7 @@ pub struct PgBuilder {
     table: String,
     timeout: Duration,
     max_outcome_bytes: usize,
+    hold: usize,
 }
 
 impl PgBuilder {
@@ -111,6 +155,20 @@ impl PgBuilder {
         self
     }
 
+    /// Keeps up to `n` connections checked out of the pool between calls
+    /// (default 0 on a pool you bring; [`PgStore::connect`] holds all of its
+    /// own). sqlx tests each connection with a round trip as it goes back to
+    /// the pool, before anyone may take it again; a held connection skips that
+    /// and goes to the next call directly, which makes a call one round trip
+    /// instead of two (measured by `dedupe bench`). Held connections are not
+    /// available to other users of the pool: hold only what the pool can
+    /// spare, all of them on a pool the store has to itself. A connection
+    /// whose call failed is never held.
+    pub fn hold_connections(mut self, n: usize) -> Self {
+        self.hold = n;
+        self
+    }
+
     /// Validates the names and builds the store. No I/O: call
     /// [`PgStore::migrate`] to create the table.
     pub fn build(self) -> Result<PgStore> {
@@ -119,6 +177,10 @@ impl PgBuilder {
             return Err(Error::config("timeout must be above zero"));
         }
         Ok(PgStore {
+            held: Arc::new(Held {
+                idle: parking_lot::Mutex::new(Vec::new()),
+                keep: self.hold,
+            }),
             pool: self.pool,
             sql: Arc::new(sql),
             timeout: self.timeout,
@@ -162,6 +224,7 @@ impl PgBuilder {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    held: Arc<Held>,
     sql: Arc<Statements>,
     timeout: Duration,
     caps: Capabilities,
@@ -189,6 +252,7 @@ impl PgStore {
             table: Self::DEFAULT_TABLE.to_string(),
             timeout: Self::DEFAULT_TIMEOUT,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            hold: 0,
         }
     }
 
@@ -200,7 +264,9 @@ impl PgStore {
     /// Connects a pool to `url` (with a server-side `statement_timeout` equal to the
     /// default operation timeout) and builds a store with default settings on it.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::builder(Self::connect_pool(url, 10, Self::DEFAULT_TIMEOUT).await?).build()
+        Self::builder(Self::connect_pool(url, 10, Self::DEFAULT_TIMEOUT).await?)
+            .hold_connections(10)
+            .build()
     }
 
     /// Connects a pool suited to this store: at most `max_connections`, acquiring a
@@ -276,10 +342,20 @@ impl PgStore {
     }
 
     async fn acquire(&self) -> Result<Checkout> {
-        let conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let kept = self.held.idle.lock().pop();
+        let (conn, since) = match kept {
+            Some(kept) => kept,
+            None => (
+                self.pool.acquire().await.map_err(|e| self.err(e))?,
+                Instant::now(),
+            ),
+        };
         Ok(Checkout {
             conn: Some(conn),
+            since,
             bound: self.timeout,
+            held: Arc::clone(&self.held),
+            clean: false,
         })
     }
 
@@ -297,7 +373,9 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<()> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops().migrate(&mut conn).await
+            let result = self.ops().migrate(&mut conn).await;
+            conn.settle(&result);
+            result
         })
         .await
     }
@@ -343,7 +421,9 @@ impl DedupeStore for PgStore {
         opts.validate()?;
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops().claim(&mut conn, key, opts).await
+            let result = self.ops().claim(&mut conn, key, opts).await;
+            conn.settle(&result);
+            result
         })
         .await
     }
@@ -353,9 +433,12 @@ impl DedupeStore for PgStore {
         self.caps.check_outcome(outcome)?;
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops()
+            let result = self
+                .ops()
                 .complete(&mut conn, lease, outcome, retention)
-                .await
+                .await;
+            conn.settle(&result);
+            result
         })
         .await
     }
@@ -363,7 +446,9 @@ impl DedupeStore for PgStore {
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops().release(&mut conn, lease).await
+            let result = self.ops().release(&mut conn, lease).await;
+            conn.settle(&result);
+            result
         })
         .await
     }
@@ -372,7 +457,9 @@ impl DedupeStore for PgStore {
         check_ttl("lease ttl", ttl)?;
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops().extend(&mut conn, lease, ttl).await
+            let result = self.ops().extend(&mut conn, lease, ttl).await;
+            conn.settle(&result);
+            result
         })
         .await
     }
@@ -387,7 +474,9 @@ impl DedupeStore for PgStore {
             let n = self
                 .bounded(async {
                     let mut conn = self.acquire().await?;
-                    self.ops().expire_batch(&mut conn).await
+                    let result = self.ops().expire_batch(&mut conn).await;
+                    conn.settle(&result);
+                    result
                 })
                 .await?;
             removed += n;
@@ -400,7 +489,9 @@ impl DedupeStore for PgStore {
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops().get(&mut conn, key).await
+            let result = self.ops().get(&mut conn, key).await;
+            conn.settle(&result);
+            result
         })
         .await
     }
@@ -408,7 +499,9 @@ impl DedupeStore for PgStore {
     async fn forget(&self, key: &Key) -> Result<bool> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops().forget(&mut conn, key).await
+            let result = self.ops().forget(&mut conn, key).await;
+            conn.settle(&result);
+            result
         })
         .await
     }
@@ -422,7 +515,9 @@ impl DedupeStore for PgStore {
         }
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            self.ops().claim_many(&mut conn, keys, opts).await
+            let result = self.ops().claim_many(&mut conn, keys, opts).await;
+            conn.settle(&result);
+            result
         })
         .await
     }

@@ -28,6 +28,7 @@ async fn store_on(url: &str, schema: &str, timeout: Duration) -> PgStore {
     let store = PgStore::builder(pool)
         .schema(schema)
         .timeout(timeout)
+        .hold_connections(4)
         .build()
         .expect("store");
     store.migrate().await.expect("migrate");

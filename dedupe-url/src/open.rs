@@ -90,7 +90,7 @@ impl Opener {
             ),
             #[cfg(feature = "postgres")]
             Target::Postgres { connections, .. } => {
-                Arc::new(self.postgres(connections.unwrap_or(4)).await?)
+                Arc::new(self.postgres_dedicated(connections.unwrap_or(4)).await?)
             }
             #[cfg(feature = "redis")]
             Target::Redis { .. } => Arc::new(self.redis().await?),
@@ -123,14 +123,38 @@ impl Opener {
         builder.open().await
     }
 
+    /// A Postgres store on a pool of `connections` that is its own: it holds
+    /// every connection between calls (no return check, one round trip a
+    /// call; see `PgBuilder::hold_connections`). Do not run queries of your
+    /// own on its pool; take [`postgres`](Self::postgres) for that.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres_dedicated(
+        &self,
+        connections: u32,
+    ) -> Result<dedupe_postgres::PgStore, Error> {
+        self.postgres_holding(connections, connections as usize)
+            .await
+    }
+
     /// A Postgres store with a pool of `connections`.
     #[cfg(feature = "postgres")]
     pub async fn postgres(&self, connections: u32) -> Result<dedupe_postgres::PgStore, Error> {
+        self.postgres_holding(connections, 0).await
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn postgres_holding(
+        &self,
+        connections: u32,
+        hold: usize,
+    ) -> Result<dedupe_postgres::PgStore, Error> {
         let Target::Postgres { url, schema, .. } = self.url.target() else {
             return Err(Error::config("not a postgres URL"));
         };
         let pool = dedupe_postgres::PgStore::connect_pool(url, connections, self.timeout()).await?;
-        let mut builder = dedupe_postgres::PgStore::builder(pool).timeout(self.timeout());
+        let mut builder = dedupe_postgres::PgStore::builder(pool)
+            .timeout(self.timeout())
+            .hold_connections(hold);
         if let Some(schema) = schema {
             builder = builder.schema(schema);
         }

@@ -347,7 +347,7 @@ pub(crate) async fn store_handle(opener: &Opener) -> Result<Arc<dyn DedupeStore>
         } => Ok(Arc::new(opener.sqlite(1).await?)),
         Target::Postgres {
             connections: None, ..
-        } => Ok(Arc::new(opener.postgres(1).await?)),
+        } => Ok(Arc::new(opener.postgres_dedicated(1).await?)),
         _ => opener.handle().await,
     }
 }
