@@ -19,7 +19,7 @@ pub(crate) struct Statements {
 
 /// Rows deleted per `expire()` transaction, so a large purge never holds the write
 /// lock for long.
-pub(crate) const EXPIRE_BATCH: i64 = 1000;
+pub(crate) const EXPIRE_BATCH: i64 = 250;
 
 /// The record columns every read returns, in the order `read_row` expects.
 pub(crate) const COLUMNS: &str =

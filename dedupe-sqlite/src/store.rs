@@ -341,11 +341,17 @@ impl DedupeStore for SqliteStore {
         let mut removed = 0;
         loop {
             // One short transaction per batch, releasing the write lock between
-            // batches so claims are never blocked for long.
+            // batches so claims are never blocked for long: handed fairly to
+            // a writer already waiting, so claims queued behind a batch run
+            // before the next batch.
             let n = self
                 .with_conn(move |ops, conn| {
-                    let _turn = ops.turn()?;
-                    ops.expire_batch(conn, now)
+                    let turn = ops.turn()?;
+                    let n = ops.expire_batch(conn, now);
+                    if let Some(turn) = turn {
+                        parking_lot::MutexGuard::unlock_fair(turn);
+                    }
+                    n
                 })
                 .await?;
             removed += n;
