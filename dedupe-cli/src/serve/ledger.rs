@@ -46,11 +46,44 @@ impl Row {
     }
 }
 
+/// The ledger's own SQLite connections, opened once and reused (an open and
+/// its pragmas per event cost more than the event's write).
+pub struct LedgerConns {
+    path: std::path::PathBuf,
+    idle: Mutex<Vec<dedupe_sqlite::rusqlite::Connection>>,
+}
+
+impl LedgerConns {
+    /// Most connections kept between uses.
+    const KEEP: usize = 4;
+
+    /// Runs `f` on a kept connection (or a new one), on the calling thread:
+    /// call it from a blocking task. The connection is kept afterwards, an
+    /// unfinished transaction having rolled back when `f` dropped it.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut dedupe_sqlite::rusqlite::Connection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let kept = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let mut conn = match kept {
+            Some(conn) => conn,
+            None => sqlite_conn(&self.path)?,
+        };
+        let result = f(&mut conn);
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < Self::KEEP && conn.is_autocommit() {
+                idle.push(conn);
+            }
+        }
+        result
+    }
+}
+
 /// Where rows go, per store.
 pub enum Ledger {
     Sqlite {
         store: dedupe_sqlite::SqliteStore,
-        path: std::path::PathBuf,
+        conns: Arc<LedgerConns>,
     },
     Postgres {
         store: dedupe_postgres::PgStore,
@@ -87,21 +120,25 @@ impl Ledger {
                 let store = opener
                     .sqlite(dedupe_sqlite::SqliteStore::DEFAULT_CONNECTIONS)
                     .await?;
-                let path = store.path().to_path_buf();
-                let p = path.clone();
+                let conns = Arc::new(LedgerConns {
+                    path: store.path().to_path_buf(),
+                    idle: Mutex::new(Vec::new()),
+                });
+                let c = Arc::clone(&conns);
                 tokio::task::spawn_blocking(move || {
-                    let conn = sqlite_conn(&p)?;
-                    conn.execute_batch(
-                        "CREATE TABLE IF NOT EXISTS dedupe_ledger (
+                    c.with(|conn| {
+                        conn.execute_batch(
+                            "CREATE TABLE IF NOT EXISTS dedupe_ledger (
                             seq INTEGER PRIMARY KEY AUTOINCREMENT,
                             key TEXT NOT NULL, event_id TEXT, delivery_id TEXT,
                             at_ms INTEGER NOT NULL)",
-                    )
-                    .map_err(sqlite_err)
+                        )
+                        .map_err(sqlite_err)
+                    })
                 })
                 .await
                 .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))??;
-                (Arc::new(store.clone()), Ledger::Sqlite { store, path })
+                (Arc::new(store.clone()), Ledger::Sqlite { store, conns })
             }
             Target::Postgres { connections, .. } => {
                 let store = opener.postgres(connections.unwrap_or(16)).await?;
@@ -154,17 +191,17 @@ impl Ledger {
         let row = Row::of(event);
         let lease = &event.lease;
         match self {
-            Ledger::Sqlite { store, path } => {
-                let (store, path, lease, outcome, retention) = (
+            Ledger::Sqlite { store, conns } => {
+                let (store, conns, lease, outcome, retention) = (
                     store.clone(),
-                    path.clone(),
+                    Arc::clone(conns),
                     lease.clone(),
                     outcome.to_vec(),
                     event.retention,
                 );
                 tokio::task::spawn_blocking(move || {
                     use dedupe_sqlite::rusqlite::TransactionBehavior;
-                    let mut conn = sqlite_conn(&path)?;
+                    conns.with(|conn| {
                     let tx = conn
                         .transaction_with_behavior(TransactionBehavior::Immediate)
                         .map_err(sqlite_err)?;
@@ -175,6 +212,7 @@ impl Ledger {
                     .map_err(sqlite_err)?;
                     store.complete_in(&tx, &lease, &outcome, retention)?;
                     tx.commit().map_err(sqlite_err)
+                    })
                 })
                 .await
                 .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))?
@@ -240,10 +278,10 @@ impl Ledger {
     /// Every row, oldest first.
     pub async fn rows(&self) -> Result<Vec<Row>, Error> {
         match self {
-            Ledger::Sqlite { path, .. } => {
-                let path = path.clone();
+            Ledger::Sqlite { conns, .. } => {
+                let conns = Arc::clone(conns);
                 tokio::task::spawn_blocking(move || {
-                    let conn = sqlite_conn(&path)?;
+                    conns.with(|conn| {
                     let mut stmt = conn
                         .prepare("SELECT key, event_id, delivery_id, at_ms FROM dedupe_ledger ORDER BY seq")
                         .map_err(sqlite_err)?;
@@ -258,6 +296,7 @@ impl Ledger {
                         })
                         .map_err(sqlite_err)?;
                     rows.collect::<Result<Vec<_>, _>>().map_err(sqlite_err)
+                    })
                 })
                 .await
                 .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))?
