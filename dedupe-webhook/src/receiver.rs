@@ -354,52 +354,10 @@ impl Webhook {
         Fut: Future<Output = Response>,
     {
         let (mut parts, body) = req.into_parts();
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > DRAIN_LIMIT.max(self.body_limit) as u64) {
-            return self.too_large(); // not worth reading to answer politely
-        }
-        let read = tokio::time::timeout(self.read_timeout, read_body(body, self.body_limit)).await;
-        let Ok(read) = read else {
-            return json_error(
-                StatusCode::REQUEST_TIMEOUT,
-                Answer::TimedOut,
-                format!("the body did not arrive within {:?}", self.read_timeout),
-            );
-        };
-        let body = match read {
+        let body = match self.accept_body(&parts.headers, body).await {
             Ok(body) => body,
-            Err(BodyError::TooLarge) => return self.too_large(),
-            Err(BodyError::Broken(e)) => {
-                return json_error(
-                    StatusCode::BAD_REQUEST,
-                    Answer::BadRequest,
-                    format!("could not read the body: {e}"),
-                )
-            }
+            Err(refused) => return refused,
         };
-        if let Some(verifier) = &self.verifier {
-            if let Err(e) = verifier.verify(&parts.headers, &body, SystemTime::now()) {
-                tracing::info!(error = %e, "signature refused");
-                return json_error(
-                    StatusCode::UNAUTHORIZED,
-                    Answer::Unauthorized,
-                    e.to_string(),
-                );
-            }
-        }
-        if self.require_json {
-            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
-                return json_error(
-                    StatusCode::BAD_REQUEST,
-                    Answer::BadRequest,
-                    format!("body is not JSON: {e}"),
-                );
-            }
-        }
         let DerivedKey {
             key,
             event_id,
@@ -415,48 +373,9 @@ impl Webhook {
         if let Some(d) = &delivery_id {
             span.record("delivery", d.as_str());
         }
-        let opts = ClaimOptions::new(self.lease).with_fingerprint(Fingerprint::sha256(&body));
-        let lease = match self.store.claim(&key, &opts).await {
-            Ok(ClaimOutcome::Claimed(lease)) => lease,
-            Ok(ClaimOutcome::Duplicate { outcome, .. }) => {
-                return match StoredResponse::decode(&outcome) {
-                    Some(stored) => stored.into_response(&key),
-                    None => {
-                        // Completed by something other than this receiver: the
-                        // event was processed, and that is all there is to say.
-                        let mut response = (
-                            StatusCode::OK,
-                            axum::Json(
-                                serde_json::json!({"duplicate": true, "key": key.to_string()}),
-                            ),
-                        )
-                            .into_response();
-                        mark_replay(&mut response, &key);
-                        response
-                    }
-                };
-            }
-            Ok(ClaimOutcome::InFlight { deadline, .. }) => {
-                let wait = deadline
-                    .duration_since(SystemTime::now())
-                    .map(|d| d.as_secs() + 1)
-                    .unwrap_or(1);
-                let mut response = json_error(
-                    StatusCode::CONFLICT,
-                    Answer::InFlight,
-                    format!("{key} is being processed by another delivery"),
-                );
-                retry_after(&mut response, wait);
-                return response;
-            }
-            Ok(ClaimOutcome::Mismatch { .. }) => {
-                return json_error(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Answer::Mismatch,
-                    format!("{key} was delivered before with a different payload"),
-                )
-            }
-            Err(e) => return store_error(&e),
+        let lease = match self.claim(&key, &body).await {
+            Ok(lease) => lease,
+            Err(answered) => return answered,
         };
 
         let mut guard = ReleaseOnDrop {
@@ -471,11 +390,142 @@ impl Webhook {
             body: body.clone(),
             retention: self.retention,
         });
-        // The handler runs while the lease is extended every third of its length,
-        // so a slow handler keeps its claim instead of losing it to a retry.
-        let run = handler(Request::from_parts(parts, Body::from(body)));
+        let (response, current) = self
+            .run_with_heartbeat(lease, handler(Request::from_parts(parts, Body::from(body))))
+            .await;
+
+        if response.extensions().get::<Completed>().is_some() {
+            guard.lease = None;
+            let mut response = response;
+            response.extensions_mut().insert(Answer::Processed);
+            return response;
+        }
+        // From here on the guard must not release: a failed handler is released
+        // below and a successful one is completed, each in a task of its own so
+        // it happens even if this request is dropped while waiting.
+        guard.lease = None;
+        if !response.status().is_success() {
+            self.release_after_failure(current).await;
+            let mut response = response;
+            response.extensions_mut().insert(Answer::Failed);
+            return response;
+        }
+        self.complete_with_response(current, response).await
+    }
+
+    /// Reads the body (bounded in size and time), checks the signature before
+    /// anything else, and the JSON when required; a refusal is the response to
+    /// send.
+    async fn accept_body(
+        &self,
+        headers: &http::HeaderMap,
+        body: Body,
+    ) -> Result<axum::body::Bytes, Response> {
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > DRAIN_LIMIT.max(self.body_limit) as u64) {
+            return Err(self.too_large()); // not worth reading to answer politely
+        }
+        let read = tokio::time::timeout(self.read_timeout, read_body(body, self.body_limit)).await;
+        let Ok(read) = read else {
+            return Err(json_error(
+                StatusCode::REQUEST_TIMEOUT,
+                Answer::TimedOut,
+                format!("the body did not arrive within {:?}", self.read_timeout),
+            ));
+        };
+        let body = match read {
+            Ok(body) => body,
+            Err(BodyError::TooLarge) => return Err(self.too_large()),
+            Err(BodyError::Broken(e)) => {
+                return Err(json_error(
+                    StatusCode::BAD_REQUEST,
+                    Answer::BadRequest,
+                    format!("could not read the body: {e}"),
+                ))
+            }
+        };
+        if let Some(verifier) = &self.verifier {
+            if let Err(e) = verifier.verify(headers, &body, SystemTime::now()) {
+                tracing::info!(error = %e, "signature refused");
+                return Err(json_error(
+                    StatusCode::UNAUTHORIZED,
+                    Answer::Unauthorized,
+                    e.to_string(),
+                ));
+            }
+        }
+        if self.require_json {
+            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+                return Err(json_error(
+                    StatusCode::BAD_REQUEST,
+                    Answer::BadRequest,
+                    format!("body is not JSON: {e}"),
+                ));
+            }
+        }
+        Ok(body)
+    }
+
+    /// Claims `key` with the body's SHA-256 as fingerprint: the lease, or the
+    /// response every other answer gets (a replay, 409 with `Retry-After`, 422,
+    /// or the store's error).
+    async fn claim(&self, key: &Key, body: &[u8]) -> Result<Lease, Response> {
+        let opts = ClaimOptions::new(self.lease).with_fingerprint(Fingerprint::sha256(body));
+        match self.store.claim(key, &opts).await {
+            Ok(ClaimOutcome::Claimed(lease)) => Ok(lease),
+            Ok(ClaimOutcome::Duplicate { outcome, .. }) => {
+                Err(match StoredResponse::decode(&outcome) {
+                    Some(stored) => stored.into_response(key),
+                    None => {
+                        // Completed by something other than this receiver: the event
+                        // was processed, and that is all there is to say.
+                        let mut response = (
+                            StatusCode::OK,
+                            axum::Json(
+                                serde_json::json!({"duplicate": true, "key": key.to_string()}),
+                            ),
+                        )
+                            .into_response();
+                        mark_replay(&mut response, key);
+                        response
+                    }
+                })
+            }
+            Ok(ClaimOutcome::InFlight { deadline, .. }) => {
+                let wait = deadline
+                    .duration_since(SystemTime::now())
+                    .map(|d| d.as_secs() + 1)
+                    .unwrap_or(1);
+                let mut response = json_error(
+                    StatusCode::CONFLICT,
+                    Answer::InFlight,
+                    format!("{key} is being processed by another delivery"),
+                );
+                retry_after(&mut response, wait);
+                Err(response)
+            }
+            Ok(ClaimOutcome::Mismatch { .. }) => Err(json_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Answer::Mismatch,
+                format!("{key} was delivered before with a different payload"),
+            )),
+            Err(e) => Err(store_error(&e)),
+        }
+    }
+
+    /// Runs the handler while the lease is extended every third of its length,
+    /// so a slow handler keeps its claim instead of losing it to a retry;
+    /// answers its response and the lease as last extended.
+    async fn run_with_heartbeat(
+        &self,
+        lease: Lease,
+        run: impl Future<Output = Response>,
+    ) -> (Response, Lease) {
         tokio::pin!(run);
-        let mut current = lease.clone();
+        let mut current = lease;
         let beat = (self.lease / 3).max(Duration::from_millis(1));
         let response = loop {
             tokio::select! {
@@ -488,34 +538,25 @@ impl Webhook {
                 }
             }
         };
+        (response, current)
+    }
 
-        if response.extensions().get::<Completed>().is_some() {
-            guard.lease = None;
-            let mut response = response;
-            response.extensions_mut().insert(Answer::Processed);
-            return response;
-        }
-        if !response.status().is_success() {
-            // Released by a task of its own, so the release happens even if this
-            // request is dropped while waiting for it.
-            guard.lease = None;
-            let store = Arc::clone(&self.store);
-            let released = tokio::spawn(async move { store.release(&current).await }).await;
-            match released {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "could not release after a failed handler; the claim frees itself when its lease passes")
-                }
-                Err(e) => tracing::warn!(error = %e, "the release task failed"),
+    /// Releases the claim of a handler that failed, in a task of its own.
+    async fn release_after_failure(&self, lease: Lease) {
+        let store = Arc::clone(&self.store);
+        match tokio::spawn(async move { store.release(&lease).await }).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not release after a failed handler; the claim frees itself when its lease passes")
             }
-            let mut response = response;
-            response.extensions_mut().insert(Answer::Failed);
-            return response;
+            Err(e) => tracing::warn!(error = %e, "the release task failed"),
         }
-        // The work is done: from here on nothing may release the claim. Reading
-        // the response and storing it run in a task of their own, so they finish
-        // even if this request is dropped.
-        guard.lease = None;
+    }
+
+    /// The work is done: reads the response and stores it as the outcome, in
+    /// a task of its own so it finishes even if this request is dropped; then
+    /// answers the response.
+    async fn complete_with_response(&self, lease: Lease, response: Response) -> Response {
         let this = self.clone();
         let finished = tokio::spawn(async move {
             let (head, body) = response.into_parts();
@@ -536,7 +577,7 @@ impl Webhook {
                 );
                 outcome = WebhookEvent::outcome_for(head.status, None, b"");
             }
-            match this.complete(&current, &outcome).await {
+            match this.complete(&lease, &outcome).await {
                 Ok(()) => {}
                 Err(e @ Error::LeaseLost { .. }) => tracing::error!(
                     error = %e,
