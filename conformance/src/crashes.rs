@@ -65,6 +65,19 @@ const LEASE_VAR: &str = "DEDUPE_CRASH_LEASE_MS";
 const WORK_VAR: &str = "DEDUPE_CRASH_WORK_MS";
 const STALL_VAR: &str = "DEDUPE_CRASH_STALL_EVERY";
 const NAMESPACE: &str = "crash";
+/// How far the workers' and the store's clocks (one machine) may disagree, and
+/// a log line may lag its answer, when the judge compares times.
+const CLOCK_TOLERANCE: Duration = Duration::from_millis(250);
+/// How far past its lease (and the tolerance) a stalled worker completes.
+const STALL_PAST: Duration = Duration::from_millis(150);
+
+/// Milliseconds since the epoch.
+fn wall_ms(at: SystemTime) -> i64 {
+    match at.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i64,
+        Err(e) => -(e.duration().as_millis() as i64),
+    }
+}
 
 /// How a crash run goes.
 #[derive(Debug, Clone)]
@@ -316,6 +329,17 @@ impl<'a> Pool<'a> {
     }
 }
 
+impl Drop for Pool<'_> {
+    /// A run that ends early (a deadline, a failed worker) leaves no worker
+    /// behind.
+    fn drop(&mut self) {
+        for (_, child) in &mut self.live {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 fn log_path(dir: &Path, index: usize) -> PathBuf {
     dir.join(format!("worker-{index}.log"))
 }
@@ -364,17 +388,26 @@ pub async fn run_crash_worker(store: Arc<dyn DedupeStore>) {
                 Ok(ClaimOutcome::Claimed(lease)) => {
                     all_done = false;
                     log.line(format!(
-                        "CLAIMED {event} {} {}",
+                        "CLAIMED {event} {} {} {} {}",
                         lease.token.as_str(),
-                        lease.attempt
+                        lease.attempt,
+                        wall_ms(SystemTime::now()),
+                        wall_ms(lease.deadline)
                     ));
                     claims += 1;
                     if stall_every > 0 && claims.is_multiple_of(stall_every) {
-                        tokio::time::sleep(opts.lease_ttl + Duration::from_millis(150)).await;
+                        // Not a holder the parent should prefer to kill: this
+                        // one is about to try a stale completion.
+                        log.line(format!("STALLING {event} {}", lease.token.as_str()));
+                        tokio::time::sleep(opts.lease_ttl + STALL_PAST + CLOCK_TOLERANCE).await;
                     } else {
                         tokio::time::sleep(work).await;
                     }
-                    log.line(format!("COMPLETING {event} {}", lease.token.as_str()));
+                    log.line(format!(
+                        "COMPLETING {event} {} {}",
+                        lease.token.as_str(),
+                        wall_ms(SystemTime::now())
+                    ));
                     let outcome = lease.token.as_str().as_bytes().to_vec();
                     match store
                         .complete(&lease, &outcome, Duration::from_secs(3600))
@@ -420,6 +453,11 @@ pub async fn run_crash_worker(store: Arc<dyn DedupeStore>) {
 #[derive(Debug, Default)]
 struct Event {
     claimed: Vec<(usize, String)>,
+    /// Token, when the claim was answered and its deadline (wall ms).
+    held: Vec<(String, i64, i64)>,
+    /// Token and when the completion was asked (wall ms).
+    asked: Vec<(String, i64)>,
+    lost_tokens: HashSet<String>,
     completing: Vec<(usize, String)>,
     completed: Vec<String>,
     lost: usize,
@@ -456,13 +494,30 @@ fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashR
             let token = parts.get(2).map(|t| t.to_string());
             match (parts[0], event, token) {
                 ("CLAIMED", Some(ev), Some(t)) => {
-                    events.entry(ev).or_default().claimed.push((index, t))
+                    let e = events.entry(ev).or_default();
+                    let times = (
+                        parts.get(4).and_then(|n| n.parse::<i64>().ok()),
+                        parts.get(5).and_then(|n| n.parse::<i64>().ok()),
+                    );
+                    if let (Some(at), Some(deadline)) = times {
+                        e.held.push((t.clone(), at, deadline));
+                    }
+                    e.claimed.push((index, t))
                 }
                 ("COMPLETING", Some(ev), Some(t)) => {
-                    events.entry(ev).or_default().completing.push((index, t))
+                    let e = events.entry(ev).or_default();
+                    if let Some(at) = parts.get(3).and_then(|n| n.parse::<i64>().ok()) {
+                        e.asked.push((t.clone(), at));
+                    }
+                    e.completing.push((index, t))
                 }
+                ("STALLING", Some(_), Some(_)) => {}
                 ("COMPLETED", Some(ev), Some(t)) => events.entry(ev).or_default().completed.push(t),
-                ("LOST", Some(ev), Some(_)) => events.entry(ev).or_default().lost += 1,
+                ("LOST", Some(ev), Some(t)) => {
+                    let e = events.entry(ev).or_default();
+                    e.lost += 1;
+                    e.lost_tokens.insert(t);
+                }
                 ("ERROR", _, _) => report.errors += 1,
                 ("FINAL", Some(ev), Some(t)) => {
                     let attempts = parts.get(3).and_then(|a| a.parse::<u32>().ok());
@@ -524,6 +579,32 @@ fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashR
                 other.0
             )));
         }
+        // Two holders at once: neither win can have come after the other's
+        // lease passed.
+        let tol = CLOCK_TOLERANCE.as_millis() as i64;
+        for (i, (ta, at_a, dl_a)) in e.held.iter().enumerate() {
+            for (tb, at_b, dl_b) in &e.held[i + 1..] {
+                if *at_b < dl_a - tol && *at_a < dl_b - tol {
+                    return Err(Failure::new(format!(
+                        "event {event}: two live holders: {ta} (deadline {dl_a}) and {tb} \
+                         (deadline {dl_b}) were both won while the other's lease ran"
+                    )));
+                }
+            }
+        }
+        // A completion asked after its lease had passed must be refused.
+        for token in &e.completed {
+            let deadline = e.held.iter().find(|(t, _, _)| t == token).map(|h| h.2);
+            let asked = e.asked.iter().find(|(t, _)| t == token).map(|a| a.1);
+            if let (Some(deadline), Some(asked)) = (deadline, asked) {
+                if asked > deadline + tol {
+                    return Err(Failure::new(format!(
+                        "event {event}: {token} completed, asked {} ms after its lease had passed",
+                        asked - deadline
+                    )));
+                }
+            }
+        }
         if e.completed.len() > 1 {
             return Err(Failure::new(format!(
                 "event {event}: {} completions succeeded: {:?}",
@@ -540,12 +621,13 @@ fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashR
             }
             Some(_) => {}
             None => {
-                // Killed right after asking to complete, before logging it.
-                let by_killed = e
+                // Asked, and its answer never logged: killed right after asking,
+                // or an error (a timeout) that still took effect.
+                let asked = e
                     .completing
                     .iter()
-                    .any(|(i, t)| *t == outcome && killed.contains(i));
-                if !by_killed {
+                    .any(|(_, t)| *t == outcome && !e.lost_tokens.contains(t));
+                if !asked {
                     return Err(Failure::new(format!(
                         "event {event}: the stored outcome {outcome} is no completion any worker asked for"
                     )));

@@ -182,21 +182,28 @@ impl History {
                     .map(|c| c.asked)
                     .min()
             };
-            // 1. one live holder.
-            for pair in wins.windows(2) {
-                let ((a, a_token, a_deadline), (b, b_token, _)) = (pair[0], pair[1]);
-                // The earliest moment A's hold could have ended.
-                let mut free_from = a_deadline.checked_sub(tol).unwrap_or(a_deadline);
-                if let Some(t) = let_go(a_token) {
-                    free_from = free_from.min(t);
+            // 1. one live holder. The earliest moment a hold could have ended.
+            let free_from = |token: &LeaseToken, deadline: Instant| {
+                let mut free = deadline.checked_sub(tol).unwrap_or(deadline);
+                if let Some(t) = let_go(token) {
+                    free = free.min(t);
                 }
-                // B took effect at the latest when it was answered.
-                if b.answered < free_from {
+                free
+            };
+            for pair in wins.windows(2) {
+                let ((a, a_token, a_deadline), (b, b_token, b_deadline)) = (pair[0], pair[1]);
+                let a_free = free_from(a_token, a_deadline);
+                let b_free = free_from(b_token, b_deadline);
+                // B took effect at the latest when it was answered: A before B
+                // is possible if A's hold could have ended by then, and B
+                // before A (A's answer delayed past B's) if B's could have
+                // ended by the time A was answered. Neither: two holders.
+                if b.answered < a_free && a.answered < b_free {
                     problems.push(format!(
                         "{key}: two live holders: worker {} won {a_token} and worker {} won {b_token} {:?} before that lease could have ended",
                         a.worker,
                         b.worker,
-                        free_from - b.answered
+                        a_free - b.answered
                     ));
                 }
             }
@@ -245,8 +252,15 @@ impl History {
                 }
             }
             // 4. nothing lost.
+            // A win answered after a completion of another token was asked:
+            // whichever took effect first, one of them was wrong (a done record
+            // won again, or a completion stored over a newer holder).
             for (b, b_token, _) in &wins {
-                if let Some((done, _)) = stored.iter().find(|(c, _)| c.answered < b.asked) {
+                let after = stored.iter().find(|(c, _)| {
+                    c.asked < b.answered
+                        && !matches!(&c.answer, Answer::Completed { token, .. } if token == *b_token)
+                });
+                if let Some((done, _)) = after {
                     problems.push(format!(
                         "{key}: worker {} won {b_token} after worker {}'s completion had been acknowledged (the done record was lost)",
                         b.worker, done.worker

@@ -162,15 +162,17 @@ pub async fn soak(args: SoakArgs) -> Result<bool, Error> {
                             // Abandoned: the lease expires and is taken over.
                             0 | 1 => Ok(()),
                             2 | 3 => recorder.release(&lease).await,
-                            // Stalled past the lease: the completion is refused
-                            // unless nobody took over meanwhile.
+                            // Stalled past the lease (and the history's clock
+                            // tolerance): the completion must be refused
+                            // (LeaseLost); a success is a stale completion the
+                            // history check reports.
                             4 => {
                                 tokio::time::sleep(
                                     lease
                                         .deadline
                                         .duration_since(std::time::SystemTime::now())
                                         .unwrap_or_default()
-                                        + Duration::from_millis(50),
+                                        + Duration::from_millis(300),
                                 )
                                 .await;
                                 match recorder

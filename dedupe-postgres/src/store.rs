@@ -32,8 +32,30 @@ type PooledConn = sqlx::pool::PoolConnection<sqlx::Postgres>;
 /// of the store is dropped.
 #[derive(Debug)]
 struct Held {
-    idle: parking_lot::Mutex<Vec<(PooledConn, Instant)>>,
+    /// Connections, when each was first taken from the pool, and when it was
+    /// parked here.
+    idle: parking_lot::Mutex<Vec<(PooledConn, Instant, Instant)>>,
     keep: usize,
+}
+
+impl Held {
+    /// A held connection idle longer than this goes back to the pool (whose
+    /// return check finds one a firewall or `idle_session_timeout` cut)
+    /// instead of to the next call.
+    const IDLE_FOR: Duration = Duration::from_secs(30);
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Outside a runtime sqlx cannot run its return task (it would panic):
+        // let the connections go without it (their sockets close, their pool
+        // slots free).
+        if tokio::runtime::Handle::try_current().is_err() {
+            for (conn, _, _) in self.idle.get_mut().drain(..) {
+                drop(conn.detach());
+            }
+        }
+    }
 }
 
 /// A connection for one call: taken from [`Held`] or the pool, and given back
@@ -91,12 +113,13 @@ impl Drop for Checkout {
         if self.clean && self.since.elapsed() < PgStore::MAX_CONNECTION_LIFETIME {
             let mut idle = self.held.idle.lock();
             if idle.len() < self.held.keep {
-                idle.push((conn, self.since));
+                idle.push((conn, self.since, Instant::now()));
                 return;
             }
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime left: sqlx's own drop handles it
+            drop(conn.detach()); // no runtime: let it go without sqlx's return task
+            return;
         };
         let back = conn.return_to_pool();
         let bound = self.bound;
@@ -156,8 +179,9 @@ impl PgBuilder {
     }
 
     /// Keeps up to `n` connections checked out of the pool between calls
-    /// (default 0 on a pool you bring; [`PgStore::connect`] holds all of its
-    /// own). sqlx tests each connection with a round trip as it goes back to
+    /// (default 0 on a pool you bring; [`PgStore::connect`] holds half of its
+    /// ten, leaving the rest to transactions on [`PgStore::pool`]). Drop the
+    /// store before closing its pool: `close()` waits for held connections. sqlx tests each connection with a round trip as it goes back to
     /// the pool, before anyone may take it again; a held connection skips that
     /// and goes to the next call directly, which makes a call one round trip
     /// instead of two (measured by `dedupe bench`). Held connections are not
@@ -265,7 +289,7 @@ impl PgStore {
     /// default operation timeout) and builds a store with default settings on it.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::builder(Self::connect_pool(url, 10, Self::DEFAULT_TIMEOUT).await?)
-            .hold_connections(10)
+            .hold_connections(5)
             .build()
     }
 
@@ -342,7 +366,26 @@ impl PgStore {
     }
 
     async fn acquire(&self) -> Result<Checkout> {
-        let kept = self.held.idle.lock().pop();
+        let kept = loop {
+            let Some((conn, since, parked)) = self.held.idle.lock().pop() else {
+                break None;
+            };
+            if parked.elapsed() < Held::IDLE_FOR
+                && since.elapsed() < Self::MAX_CONNECTION_LIFETIME
+                && !self.pool.is_closed()
+            {
+                break Some((conn, since));
+            }
+            // Idle too long, too old, or its pool closed: back to the pool
+            // through the bounded check.
+            drop(Checkout {
+                conn: Some(conn),
+                since,
+                bound: self.timeout,
+                held: Arc::clone(&self.held),
+                clean: false,
+            });
+        };
         let (conn, since) = match kept {
             Some(kept) => kept,
             None => (

@@ -543,7 +543,8 @@ async fn crash_worker() {
     let db = PathBuf::from(std::env::var("DEDUPE_CHILD_DB").expect("child job"));
     let store = SqliteStore::open(&db).await.expect("open");
     let store: Arc<dyn DedupeStore> = match std::env::var("DEDUPE_CHILD_BROKEN").as_deref() {
-        Ok("stale-completes") => Arc::new(StaleCompletes(store)),
+        Ok("stale-completes") => Arc::new(StaleCompletes(store, false)),
+        Ok("claims-over-live") => Arc::new(StaleCompletes(store, true)),
         _ => Arc::new(store),
     };
     dedupe_conformance::crashes::run_crash_worker(store).await;
@@ -587,6 +588,7 @@ fn the_crash_judge_catches_a_store_that_lets_stale_workers_complete() {
             "overwritten",
             "two outcomes",
             "no completion any worker asked for",
+            "after its lease had passed",
             "attempts",
             "no stalled worker's completion was refused",
         ]
@@ -599,12 +601,20 @@ fn the_crash_judge_catches_a_store_that_lets_stale_workers_complete() {
 /// A store whose `complete` with a lost lease forgets the record and completes
 /// a claim of its own instead (for the crash judge's self-test).
 #[derive(Debug)]
-struct StaleCompletes(SqliteStore);
+struct StaleCompletes(SqliteStore, bool);
 
 #[dedupe_core::async_trait]
 impl DedupeStore for StaleCompletes {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> dedupe_core::Result<ClaimOutcome> {
-        self.0.claim(key, opts).await
+        match self.0.claim(key, opts).await? {
+            // With the second flaw, a claim of a key in flight wins it anyway
+            // (a plain SET where SET NX belongs): two holders at once.
+            ClaimOutcome::InFlight { .. } if self.1 => {
+                self.0.forget(key).await?;
+                self.0.claim(key, opts).await
+            }
+            answer => Ok(answer),
+        }
     }
     async fn complete(
         &self,
@@ -643,4 +653,35 @@ impl DedupeStore for StaleCompletes {
     async fn forget(&self, key: &Key) -> dedupe_core::Result<bool> {
         self.0.forget(key).await
     }
+}
+
+/// The crash judge on a store whose claim takes a key another worker holds:
+/// two live holders, caught from the claim times and deadlines in the logs.
+#[test]
+fn the_crash_judge_catches_two_live_holders() {
+    use dedupe_conformance::crashes::{crash_workers, CrashPlan};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("overwrite.db");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime
+        .block_on(SqliteStore::open(&db))
+        .expect("create the file");
+    let plan = CrashPlan {
+        kills: 3,
+        stall_every: 0,
+        ..CrashPlan::default()
+    };
+    let failure = crash_workers(
+        "crash_worker",
+        &plan,
+        &[
+            ("DEDUPE_CHILD_DB", db.display().to_string()),
+            ("DEDUPE_CHILD_BROKEN", "claims-over-live".to_string()),
+        ],
+    )
+    .expect_err("a store that hands a held key to a second worker passed the crash run");
+    assert!(
+        failure.to_string().contains("two live holders"),
+        "{failure}"
+    );
 }

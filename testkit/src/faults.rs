@@ -99,7 +99,15 @@ impl FaultRun {
     pub async fn finish(self) -> Verdict {
         self.wait_for_wins(20).await;
         self.stop.store(true, Ordering::Relaxed);
-        let errors = self.load.await.expect("the load task");
+        // Every worker ends its current call and stops; a call that never
+        // answers is a hang the bound on single calls cannot see.
+        let errors = match tokio::time::timeout(FLOW_PATIENCE, self.load).await {
+            Ok(done) => done.expect("the load task"),
+            Err(_) => panic!(
+                "a call never answered: the load did not stop within {FLOW_PATIENCE:?} ({} calls recorded)",
+                self.history.calls().len()
+            ),
+        };
         drop(self.store);
         Verdict {
             history: self.history,
