@@ -197,8 +197,9 @@ impl PgBuilder {
     /// [`PgStore::migrate`] to create the table.
     pub fn build(self) -> Result<PgStore> {
         let sql = Statements::new(&self.schema, &self.table)?;
-        if self.timeout.is_zero() {
-            return Err(Error::config("timeout must be above zero"));
+        // statement_timeout is whole milliseconds, and 0 turns it off.
+        if self.timeout < Duration::from_millis(1) {
+            return Err(Error::config("timeout must be at least 1 ms"));
         }
         Ok(PgStore {
             held: Arc::new(Held {
@@ -307,6 +308,9 @@ impl PgStore {
         max_connections: u32,
         timeout: Duration,
     ) -> Result<PgPool> {
+        if timeout < Duration::from_millis(1) {
+            return Err(Error::config("timeout must be at least 1 ms"));
+        }
         let options: PgConnectOptions = url
             .parse()
             .map_err(|e| Error::config(format!("postgres URL: {e}")))?;

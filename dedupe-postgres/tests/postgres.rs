@@ -435,6 +435,18 @@ async fn schema_and_table_names_must_be_plain_identifiers() {
         Err(Error::InvalidConfig { .. }) => {}
         other => panic!("a bad URL answered {other:?}"),
     }
+    // statement_timeout is whole milliseconds and 0 turns it off: a timeout
+    // under 1 ms is refused, not rounded to "no timeout".
+    for timeout in [Duration::ZERO, Duration::from_micros(999)] {
+        match PgStore::builder(pool.clone()).timeout(timeout).build() {
+            Err(Error::InvalidConfig { reason }) => assert!(reason.contains("1 ms"), "{reason}"),
+            other => panic!("timeout {timeout:?} answered {other:?}"),
+        }
+        match PgStore::connect_pool(&url, 1, timeout).await {
+            Err(Error::InvalidConfig { .. }) => {}
+            other => panic!("connect_pool with {timeout:?} answered {other:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
