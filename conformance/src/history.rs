@@ -19,7 +19,11 @@
 //!    never an answer before any completion was even asked);
 //! 4. **nothing lost**: no claim is won after a completion of the key had been
 //!    acknowledged (the record was done; winning it again means the store lost
-//!    it, as a server without durable writes does when it is killed).
+//!    it, as a server without durable writes does when it is killed);
+//! 5. **a lost lease is no guess**: a `complete` answered `LeaseLost` was
+//!    answered after its lease could have passed, or after another claim of
+//!    the key was asked (a store that answers `LeaseLost` for a transport
+//!    error makes a caller drop work that may have been stored).
 //!
 //! [`recheck_completed`] adds the last word after a fault: every completion
 //! that was acknowledged is claimed once more, recorded, and must answer its
@@ -204,6 +208,37 @@ impl History {
                         a.worker,
                         b.worker,
                         a_free - b.answered
+                    ));
+                }
+            }
+            // 5. a lost lease is no guess.
+            for c in &calls {
+                let Answer::CompleteFailed {
+                    token,
+                    lease_lost: true,
+                    ..
+                } = &c.answer
+                else {
+                    continue;
+                };
+                let Some((won, _, deadline)) = wins.iter().find(|(_, t, _)| *t == token) else {
+                    continue;
+                };
+                let passed = c.answered + tol >= *deadline;
+                // Another claim that may have taken effect while this lease
+                // was held (answered Claimed, or failed and so unknown).
+                let contested = calls.iter().any(|o| {
+                    o.asked < c.answered
+                        && o.answered > won.asked
+                        && o.worker != c.worker
+                        && matches!(o.answer, Answer::Claimed { .. } | Answer::Failed(_))
+                });
+                let let_go_before = let_go(token).is_some_and(|t| t < c.asked);
+                if !passed && !contested && !let_go_before {
+                    problems.push(format!(
+                        "{key}: worker {} was told its lease {token} was lost {:?} before it passed, with no other claim of the key",
+                        c.worker,
+                        *deadline - c.answered
                     ));
                 }
             }

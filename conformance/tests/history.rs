@@ -89,6 +89,9 @@ enum Flaw {
     StaleCompletes,
     /// A done record is forgotten: its next claim wins it afresh.
     ForgetsDone,
+    /// About a third of `complete` calls answer `LeaseLost` without trying (a transport
+    /// error reported as a lost lease).
+    GuessesLeaseLost,
 }
 
 #[derive(Debug)]
@@ -120,6 +123,11 @@ impl DedupeStore for Broken {
         })
     }
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+        if matches!(self.1, Flaw::GuessesLeaseLost)
+            && lease.token.as_str().ends_with(['0', '1', '2', '3', '4'])
+        {
+            return Err(Error::lease_lost(&lease.key));
+        }
         match self.0.complete(lease, outcome, retention).await {
             Err(Error::LeaseLost { .. }) if matches!(self.1, Flaw::StaleCompletes) => {
                 self.0.forget(&lease.key).await?;
@@ -214,4 +222,9 @@ async fn recheck_finds_completions_a_crash_lost() {
             .any(|p| p.contains("the done record was lost")),
         "{problems:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guessed_lost_lease_is_caught() {
+    caught(Flaw::GuessesLeaseLost, &["was told its lease"]).await;
 }
