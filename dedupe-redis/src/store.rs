@@ -500,7 +500,17 @@ impl RedisStore {
     }
 
     async fn run(&self, invocation: redis::ScriptInvocation<'_>, key: &Key) -> Result<Value> {
-        let (generation, mut conn) = self.link.get();
+        self.run_on(self.link.get(), invocation, key).await
+    }
+
+    /// [`run`](Self::run) on a connection the caller took from the link (a
+    /// claim and its `WAIT` must use the same one).
+    async fn run_on(
+        &self,
+        (generation, mut conn): (u64, Conn),
+        invocation: redis::ScriptInvocation<'_>,
+        key: &Key,
+    ) -> Result<Value> {
         let result = self
             .bounded(async {
                 invocation
@@ -525,7 +535,12 @@ impl RedisStore {
     }
 
     /// One claim, without waiting for replicas (the caller does, once).
-    async fn claim_one(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+    async fn claim_one(
+        &self,
+        link: (u64, Conn),
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
         let token = backend::new_token();
         let mut invocation = SCRIPTS.claim.key(self.record_key(key));
         invocation
@@ -539,7 +554,7 @@ impl RedisStore {
             )
             .arg(duration_millis(opts.lease_ttl))
             .arg(self.grace_ms);
-        let answer = self.run(invocation, key).await?;
+        let answer = self.run_on(link, invocation, key).await?;
         let (code, value) = parts(answer).ok_or_else(|| Self::unexpected(key, "claim"))?;
         let value = value.ok_or_else(|| Self::unexpected(key, "claim"))?;
         let record = codec::decode(key, &value)?;
@@ -556,8 +571,10 @@ impl RedisStore {
     /// With [`RedisBuilder::wait_for_replicas`], waits until the replicas have
     /// every write made so far on this store's connection. `WAIT` holds the
     /// multiplexed connection while it waits: calls of the same store queue
-    /// behind it for at most the wait's timeout.
-    async fn wait_for_replicas(&self, answers: &[ClaimOutcome]) -> Result<()> {
+    /// behind it for at most the wait's timeout. `link` is the connection the
+    /// claims ran on: `WAIT` counts the writes of its own connection, so on a
+    /// connection swapped in since it would return at once.
+    async fn wait_for_replicas(&self, link: (u64, Conn), answers: &[ClaimOutcome]) -> Result<()> {
         let Some((replicas, timeout)) = self.wait_replicas else {
             return Ok(());
         };
@@ -565,7 +582,7 @@ impl RedisStore {
         if !answers.iter().any(|a| a.lease().is_some()) {
             return Ok(());
         }
-        let (generation, mut conn) = self.link.get();
+        let (generation, mut conn) = link;
         let acked = self
             .bounded(async {
                 redis::cmd("WAIT")
@@ -638,8 +655,9 @@ impl RedisStore {
 impl DedupeStore for RedisStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
-        let answer = self.claim_one(key, opts).await?;
-        self.wait_for_replicas(std::slice::from_ref(&answer))
+        let link = self.link.get();
+        let answer = self.claim_one(link.clone(), key, opts).await?;
+        self.wait_for_replicas(link, std::slice::from_ref(&answer))
             .await?;
         Ok(answer)
     }
@@ -740,11 +758,15 @@ impl DedupeStore for RedisStore {
             return Ok(Vec::new());
         }
         let batch = BatchKeys::new(keys);
+        let link = self.link.get();
         let answers = futures_util::future::try_join_all(
-            batch.distinct().iter().map(|key| self.claim_one(key, opts)),
+            batch
+                .distinct()
+                .iter()
+                .map(|key| self.claim_one(link.clone(), key, opts)),
         )
         .await?;
-        self.wait_for_replicas(&answers).await?;
+        self.wait_for_replicas(link, &answers).await?;
         batch.answers(answers, opts)
     }
 
