@@ -33,30 +33,19 @@ async fn run(store: Arc<dyn DedupeStore>) -> History {
                         tokio::time::sleep(Duration::from_millis(2)).await;
                         continue;
                     };
-                    match next() % 6 {
-                        0 => {
-                            let _ = recorder.release(&lease).await;
-                        }
-                        1 => {
-                            tokio::time::sleep(Duration::from_millis(45)).await;
-                            let _ = recorder
-                                .complete(
-                                    &lease,
-                                    format!("w{worker}-{i}").as_bytes(),
-                                    Duration::from_secs(600),
-                                )
-                                .await;
-                        }
-                        _ => {
-                            let _ = recorder
-                                .complete(
-                                    &lease,
-                                    format!("w{worker}-{i}").as_bytes(),
-                                    Duration::from_secs(600),
-                                )
-                                .await;
-                        }
+                    let choice = next() % 6;
+                    if choice == 0 {
+                        let _ = recorder.release(&lease).await;
+                        continue;
                     }
+                    if choice == 1 {
+                        // Stalled past the 30 ms lease.
+                        tokio::time::sleep(Duration::from_millis(45)).await;
+                    }
+                    let outcome = format!("w{worker}-{i}");
+                    let _ = recorder
+                        .complete(&lease, outcome.as_bytes(), Duration::from_secs(600))
+                        .await;
                 }
             })
         })

@@ -642,13 +642,7 @@ async fn blackholed_and_stalled_connections_time_out_and_recover() {
     let timeout = Duration::from_millis(800);
     let store = fault_store(&via, timeout).await;
     let run = FaultRun::start(Arc::clone(&store)).await;
-    proxy.blackhole();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    proxy.heal();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    proxy.stall();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    proxy.heal();
+    dedupe_testkit::faults::blackhole_then_stall(&proxy, Duration::from_millis(2500)).await;
     let verdict = run.finish().await;
     verdict.assert_sound(fault_bound(timeout));
     verdict.assert_nothing_lost(store).await;

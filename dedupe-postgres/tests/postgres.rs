@@ -720,47 +720,17 @@ async fn live_duplicates_write_nothing() {
 /// and once the proxy heals the same store answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_connections_under_load_keep_the_history_valid() {
-    use dedupe_conformance::history::{contested_load, History};
+    use support::faults::{cut_repeatedly, FaultRun};
     let (_server, url) = support::postgres_server();
     let (proxy, via) = support::proxied(&url).await.expect("proxy");
-    let store: Arc<dyn DedupeStore> = Arc::new(
-        store_on(
-            &via,
-            &support::unique_schema("chaos"),
-            Duration::from_secs(1),
-        )
-        .await,
-    );
-    let history = History::new(Duration::from_millis(50));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = tokio::spawn({
-        let (store, history, stop) = (Arc::clone(&store), history.clone(), Arc::clone(&stop));
-        async move { contested_load(store, &history, 8, Duration::from_millis(300), stop).await }
-    });
-    for _ in 0..16 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        proxy.cut();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        proxy.heal();
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let errors = load.await.expect("load");
-    assert!(!errors.is_empty(), "the cuts caused no error at all");
-    for e in &errors {
-        assert!(
-            e.is_retryable() || matches!(e, Error::LeaseLost { .. }),
-            "a cut connection gave a non-retryable error: {e}"
-        );
-    }
-    if let Err(problems) = history.check() {
-        panic!("{} violations:\n{}", problems.len(), problems.join("\n"));
-    }
-    let won = history.claims_won();
-    eprintln!(
-        "{} calls, {won} claims won, {} retryable errors, history valid",
-        history.calls().len(),
-        errors.len()
-    );
+    let timeout = Duration::from_secs(1);
+    let store: Arc<dyn DedupeStore> =
+        Arc::new(store_on(&via, &support::unique_schema("chaos"), timeout).await);
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    cut_repeatedly(&proxy, 16, Duration::from_millis(150)).await;
+    let verdict = run.finish().await;
+    verdict.assert_sound(fault_bound(timeout));
+    let won = verdict.history.claims_won();
     assert!(won > 20, "too little work got through: {won} claims won");
     // Healed: the same store object answers again.
     let after = store
@@ -820,13 +790,7 @@ async fn blackholed_and_stalled_connections_time_out_and_recover() {
     let store: Arc<dyn DedupeStore> =
         Arc::new(store_on(&via, &support::unique_schema("hole"), timeout).await);
     let run = FaultRun::start(Arc::clone(&store)).await;
-    proxy.blackhole();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    proxy.heal();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    proxy.stall();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    proxy.heal();
+    dedupe_testkit::faults::blackhole_then_stall(&proxy, Duration::from_millis(2500)).await;
     let verdict = run.finish().await;
     assert!(
         verdict

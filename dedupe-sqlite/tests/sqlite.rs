@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dedupe_conformance::crashes::CrashPlan;
 use dedupe_conformance::processes::{race_across_processes, run_race_child};
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
 use dedupe_sqlite::rusqlite::{Connection, TransactionBehavior};
@@ -521,20 +522,28 @@ async fn one_shared_handle_serves_many_tasks() {
 /// successful completion, takeovers counted, stale completions refused.
 #[test]
 fn killed_workers_complete_every_event_exactly_once() {
-    use dedupe_conformance::crashes::{crash_workers, CrashPlan};
+    let report =
+        crash_run(None, &CrashPlan::default()).unwrap_or_else(|failure| panic!("{failure}"));
+    eprintln!("{report}");
+}
+
+/// A crash run on a fresh file, its workers' store broken as `broken` names
+/// (see `crash_worker`), or not.
+fn crash_run(
+    broken: Option<&str>,
+    plan: &CrashPlan,
+) -> Result<dedupe_conformance::crashes::CrashReport, dedupe_conformance::Failure> {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("crash.db");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime
         .block_on(SqliteStore::open(&db))
         .expect("create the file");
-    let report = crash_workers(
-        "crash_worker",
-        &CrashPlan::default(),
-        &[("DEDUPE_CHILD_DB", db.display().to_string())],
-    )
-    .unwrap_or_else(|failure| panic!("{failure}"));
-    eprintln!("{report}");
+    let mut env = vec![("DEDUPE_CHILD_DB", db.display().to_string())];
+    if let Some(flaw) = broken {
+        env.push(("DEDUPE_CHILD_BROKEN", flaw.to_string()));
+    }
+    dedupe_conformance::crashes::crash_workers("crash_worker", plan, &env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -555,26 +564,12 @@ async fn crash_worker() {
 /// bug of a store that checks the token and writes in two steps): caught.
 #[test]
 fn the_crash_judge_catches_a_store_that_lets_stale_workers_complete() {
-    use dedupe_conformance::crashes::{crash_workers, CrashPlan};
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = dir.path().join("broken.db");
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime
-        .block_on(SqliteStore::open(&db))
-        .expect("create the file");
     let plan = CrashPlan {
         kills: 3,
         ..CrashPlan::default()
     };
-    let failure = crash_workers(
-        "crash_worker",
-        &plan,
-        &[
-            ("DEDUPE_CHILD_DB", db.display().to_string()),
-            ("DEDUPE_CHILD_BROKEN", "stale-completes".to_string()),
-        ],
-    )
-    .expect_err("a store that overwrites newer results passed the crash run");
+    let failure = crash_run(Some("stale-completes"), &plan)
+        .expect_err("a store that overwrites newer results passed the crash run");
     let message = failure.to_string();
     // Which of the judge's rules trips first depends on the interleaving: two
     // completions acknowledged, a completion overwritten, two outcomes read,
@@ -659,27 +654,13 @@ impl DedupeStore for StaleCompletes {
 /// two live holders, caught from the claim times and deadlines in the logs.
 #[test]
 fn the_crash_judge_catches_two_live_holders() {
-    use dedupe_conformance::crashes::{crash_workers, CrashPlan};
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = dir.path().join("overwrite.db");
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime
-        .block_on(SqliteStore::open(&db))
-        .expect("create the file");
     let plan = CrashPlan {
         kills: 3,
         stall_every: 0,
         ..CrashPlan::default()
     };
-    let failure = crash_workers(
-        "crash_worker",
-        &plan,
-        &[
-            ("DEDUPE_CHILD_DB", db.display().to_string()),
-            ("DEDUPE_CHILD_BROKEN", "claims-over-live".to_string()),
-        ],
-    )
-    .expect_err("a store that hands a held key to a second worker passed the crash run");
+    let failure = crash_run(Some("claims-over-live"), &plan)
+        .expect_err("a store that hands a held key to a second worker passed the crash run");
     assert!(
         failure.to_string().contains("two live holders"),
         "{failure}"

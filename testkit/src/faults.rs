@@ -47,16 +47,11 @@ impl FaultRun {
     /// [`contested_load`]) and returns once ten claims have been won, so the
     /// fault lands on work in progress.
     pub async fn start(store: Arc<dyn DedupeStore>) -> Self {
-        Self::start_with(store, 8, Duration::from_millis(300)).await
-    }
-
-    /// As [`start`](Self::start) with `workers` workers and `lease` leases.
-    pub async fn start_with(store: Arc<dyn DedupeStore>, workers: usize, lease: Duration) -> Self {
         let history = History::new(Duration::from_millis(50));
         let stop = Arc::new(AtomicBool::new(false));
         let load = tokio::spawn({
             let (store, history, stop) = (Arc::clone(&store), history.clone(), Arc::clone(&stop));
-            async move { contested_load(store, &history, workers, lease, stop).await }
+            async move { contested_load(store, &history, 8, Duration::from_millis(300), stop).await }
         });
         let run = Self {
             store,
@@ -87,11 +82,6 @@ impl FaultRun {
                 .take(5)
                 .collect::<Vec<_>>()
         );
-    }
-
-    /// The history so far (to look at it while the fault lasts).
-    pub fn history(&self) -> &History {
-        &self.history
     }
 
     /// Waits until twenty more claims have been won after the fault (the same
@@ -166,6 +156,31 @@ impl Verdict {
         if let Err(problems) = self.history.check() {
             panic!("{} violations:\n{}", problems.len(), problems.join("\n"));
         }
+    }
+}
+
+/// The network faults a run under load meets, through `proxy`: every byte
+/// swallowed for `hold` (a blackhole), half a second of flow, then every byte
+/// held for `hold` and delivered late (a stall). Choose `hold` longer than the
+/// store's timeout.
+pub async fn blackhole_then_stall(proxy: &TcpProxy, hold: Duration) {
+    proxy.blackhole();
+    tokio::time::sleep(hold).await;
+    proxy.heal();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.stall();
+    tokio::time::sleep(hold).await;
+    proxy.heal();
+}
+
+/// Cuts every connection through `proxy` `times` times, `every` apart, each
+/// cut lasting 20 ms (new connections refused meanwhile).
+pub async fn cut_repeatedly(proxy: &TcpProxy, times: usize, every: Duration) {
+    for _ in 0..times {
+        tokio::time::sleep(every).await;
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        proxy.heal();
     }
 }
 

@@ -9,7 +9,7 @@ use dedupe_webhook::{KeyError, KeyRule, KeySource, Scheme, SignatureError, Verif
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The headers the parsers read, in the order the input fills them.
-const HEADERS: &[&str] = &[
+pub const HEADERS: &[&str] = &[
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
