@@ -290,5 +290,23 @@ pub async fn claim_ids_compare_whole(factory: &dyn StoreFactory) -> CheckResult 
             shared + 1
         );
     }
+    // Claim ids are bytes, not words: one differing only by case is another
+    // delivery (a case-insensitive column would hand it the lease).
+    let k = key("claim-id-case")?;
+    let upper = ClaimId::new("Delivery-A").map_err(|e| Failure::new(e.to_string()))?;
+    let lower = ClaimId::new("delivery-a").map_err(|e| Failure::new(e.to_string()))?;
+    must_claim(&*store, &k, &opts(LONG_TTL).with_claim_id(upper)).await?;
+    match store
+        .claim(&k, &opts(LONG_TTL).with_claim_id(lower))
+        .await?
+    {
+        ClaimOutcome::InFlight { .. } => {}
+        other => {
+            return Err(Failure::new(format!(
+                "claim id \"delivery-a\" against the holder's \"Delivery-A\" answered {other:?}, \
+                 expected InFlight"
+            )))
+        }
+    }
     Ok(Verdict::Passed)
 }

@@ -108,11 +108,14 @@ pub async fn duplicate_returns_exact_outcome(factory: &dyn StoreFactory) -> Chec
     let big: Vec<u8> = (0..64 * 1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
-    let cases: [(&str, &[u8]); 4] = [
+    let cases: [(&str, &[u8]); 6] = [
         ("empty", b""),
         ("small", b"order 17 created"),
         ("bytes", &all_bytes),
         ("64k", &big),
+        // What a C string or a padded CHAR column would lose.
+        ("trailing-nul", b"ok\0\0"),
+        ("trailing-space", b"ok  "),
     ];
     for (id, outcome) in cases {
         let k = key(&format!("dup-{id}"))?;
