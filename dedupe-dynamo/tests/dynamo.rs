@@ -616,6 +616,9 @@ async fn a_killed_emulator_under_load_loses_nothing() {
     let run = FaultRun::start(Arc::clone(&store)).await;
     let server = tokio::task::spawn_blocking(move || {
         server.kill();
+        // Down for longer than the client's operation timeout, so its retries
+        // cannot bridge the outage and the fault is felt.
+        std::thread::sleep(timeout + Duration::from_millis(500));
         server.start_again();
         server
     })
