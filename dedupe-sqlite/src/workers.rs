@@ -3,8 +3,9 @@
 //! A store handle starts one thread per connection; the threads take jobs from
 //! one shared queue and answer each on a oneshot channel. Compared with a trip
 //! through Tokio's blocking pool per call, the connection never changes threads
-//! and a call costs one queue push and one wake-up each way, which is most of
-//! what a read-only claim (a duplicate) costs.
+//! and a call costs one queue push and one wake-up each way. (That is still most
+//! of what a read-only claim costs, so reads run on the caller's thread where
+//! the runtime allows it: see `SqliteStore::read_in_place` and [`open_reader`].)
 //!
 //! Every job carries a deadline, the store's busy timeout counted from the call:
 //! a job still queued at its deadline is answered with [`Error::Timeout`] without
@@ -198,6 +199,24 @@ fn wait_for_lock(attempt: i32) -> bool {
     let micros = 250 * u64::from(attempt.clamp(1, 8).unsigned_abs());
     std::thread::sleep(Duration::from_micros(micros));
     true
+}
+
+/// Opens a connection for the reads a store runs on its caller's thread (see
+/// `SqliteStore::read_in_place`). Such a thread never has a busy deadline, so the
+/// busy handler gives up at once: a read that meets a lock fails instead of
+/// waiting, and goes to a connection thread. `query_only`: it can never write.
+pub(crate) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection> {
+    let map = |e| crate::error::map(e, busy_timeout);
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(map)?;
+    conn.busy_handler(Some(wait_for_lock)).map_err(map)?;
+    conn.pragma_update(None, "query_only", true).map_err(map)?;
+    Ok(conn)
 }
 
 /// Opens a connection on this thread, waiting for locks at most `busy_timeout`.

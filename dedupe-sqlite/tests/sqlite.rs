@@ -395,6 +395,66 @@ async fn duplicates_are_answered_without_the_write_lock() {
         .is_some());
 }
 
+/// A duplicate is read on the caller's thread: it is answered while the handle's
+/// only connection thread is taken by a claim waiting for the write lock. Through
+/// that thread it would be answered only after that claim gave up (its busy
+/// timeout), and the first assertion shows the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_does_not_wait_for_a_connection_thread() {
+    use std::future::Future;
+    use std::task::Poll;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("inline.db");
+    let store = SqliteStore::builder(&db)
+        .connections(1)
+        .busy_timeout(Duration::from_secs(10))
+        .open()
+        .await
+        .expect("open");
+    let opts = ClaimOptions::default();
+    let (done, fresh) = (key("evt_done"), key("evt_fresh"));
+    let lease = store.claim(&done, &opts).await.expect("claim");
+    let lease = lease.lease().cloned().expect("won");
+    store
+        .complete(&lease, b"kept", Duration::from_secs(600))
+        .await
+        .expect("complete");
+
+    let mut blocker = Connection::open(&db).expect("open");
+    let tx = blocker
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .expect("take the write lock");
+    // Polled once, the fresh claim has queued its write on the only connection
+    // thread, where it waits for the lock held above.
+    let mut waiting = std::pin::pin!(store.claim(&fresh, &opts));
+    let first = std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx))).await;
+    assert!(
+        first.is_pending(),
+        "a fresh claim under a held write lock answered at once"
+    );
+
+    for _ in 0..20 {
+        match store.claim(&done, &opts).await {
+            Ok(ClaimOutcome::Duplicate { outcome, .. }) => assert_eq!(outcome, b"kept"),
+            other => panic!("a duplicate answered {other:?}"),
+        }
+        let record = store.get(&done).await.expect("get").expect("live record");
+        assert!(
+            matches!(&record.state, dedupe_core::RecordState::Done { outcome, .. } if outcome == b"kept"),
+            "{record:?}"
+        );
+    }
+    let still = std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx))).await;
+    assert!(
+        still.is_pending(),
+        "the duplicates were answered only after the waiting claim ended: {still:?}"
+    );
+
+    tx.rollback().expect("unlock");
+    assert!(waiting.await.expect("claim").lease().is_some());
+}
+
 #[tokio::test]
 async fn table_names_must_be_plain_identifiers() {
     let dir = tempfile::tempdir().expect("temp dir");
