@@ -46,26 +46,27 @@ end
 /// finds it). Answers `{1, record}` when this claim won, `{0, record}` with the
 /// live record that stopped it, `{-1, value}` for a value that does not decode.
 ///
-/// `SET NX PX` decides a fresh claim on its own; only when the key exists does
-/// the script read it, to answer or to take an expired record over (one more
-/// attempt when the expired record was in flight; a fresh start when it was
-/// done).
+/// The key is read first: a live record (a duplicate, a claim in flight) is
+/// answered as stored after reading only its header (the client decodes the
+/// whole value and refuses a malformed one), so a duplicate builds nothing and
+/// writes nothing. An absent key gets a fresh record (`SET ... PX`); an expired
+/// record is taken over (one more attempt when it was in flight; a fresh start
+/// when it was done). The script runs atomically: nothing can come between its
+/// read and its write.
 const CLAIM: &str = r#"
-local lease = tonumber(ARGV[4])
-local keep = lease + tonumber(ARGV[5])
-local fresh = encode('0', now + lease, '-', 1, now, ARGV[1], ARGV[2], ARGV[3], '')
-if redis.call('SET', KEYS[1], fresh, 'NX', 'PX', keep) then
-  return {1, fresh}
-end
 local old = redis.call('GET', KEYS[1])
-local r = decode(old)
-if not r then return {-1, old} end
-if r.expires > now then return {0, old} end
 local attempts, first = 1, now
-if r.state == '0' then attempts, first = r.attempts + 1, r.first end
-local taken = encode('0', now + lease, '-', attempts, first, ARGV[1], ARGV[2], ARGV[3], '')
-redis.call('SET', KEYS[1], taken, 'PX', keep)
-return {1, taken}
+if old then
+  local st, ex = string.match(old, '^d1:([01]):(%d+):')
+  if st and tonumber(ex) > now then return {0, old} end
+  local r = decode(old)
+  if not r then return {-1, old} end
+  if r.state == '0' then attempts, first = r.attempts + 1, r.first end
+end
+local lease = tonumber(ARGV[4])
+local record = encode('0', now + lease, '-', attempts, first, ARGV[1], ARGV[2], ARGV[3], '')
+redis.call('SET', KEYS[1], record, 'PX', lease + tonumber(ARGV[5]))
+return {1, record}
 "#;
 
 /// Whether the record `v` is held by token ARGV[1]: in flight, same token, its
