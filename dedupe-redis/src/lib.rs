@@ -1,10 +1,11 @@
 //! # dedupe-redis
 //!
 //! The Redis store of dedupe, on redis-rs (async, tokio), for one server or a
-//! Cluster. A claim is `SET key record NX PX ms`; every decision that needs to
-//! read and compare (a takeover, a re-entrant claim id, a payload mismatch, a
-//! duplicate answered with its outcome) runs in one Lua script in the same round
-//! trip, with Redis' own clock. See [`RedisStore`].
+//! Cluster. A claim is one Lua script with Redis' own clock: a live record
+//! answers (a duplicate with its outcome, a claim in flight, a payload
+//! mismatch, a re-entrant claim id) and nothing is written; an absent key is
+//! claimed with `SET key record NX PX ms`, an expired one taken over, in the
+//! same round trip. See [`RedisStore`].
 
 mod codec;
 mod error;

@@ -49,10 +49,11 @@ end
 /// The key is read first: a live record (a duplicate, a claim in flight) is
 /// answered as stored after reading only its header (the client decodes the
 /// whole value and refuses a malformed one), so a duplicate builds nothing and
-/// writes nothing. An absent key gets a fresh record (`SET ... PX`); an expired
-/// record is taken over (one more attempt when it was in flight; a fresh start
-/// when it was done). The script runs atomically: nothing can come between its
-/// read and its write.
+/// writes nothing. An absent key is claimed with `SET NX PX`; an expired record
+/// is taken over with `SET XX PX` (one more attempt when it was in flight; a
+/// fresh start when it was done). The script runs atomically, so nothing comes
+/// between its read and its write; should `SET NX` ever find the key anyway,
+/// the script fails with an error rather than answer a claim it did not make.
 const CLAIM: &str = r#"
 local old = redis.call('GET', KEYS[1])
 local attempts, first = 1, now
@@ -65,7 +66,11 @@ if old then
 end
 local lease = tonumber(ARGV[4])
 local record = encode('0', now + lease, '-', attempts, first, ARGV[1], ARGV[2], ARGV[3], '')
-redis.call('SET', KEYS[1], record, 'PX', lease + tonumber(ARGV[5]))
+if old then
+  redis.call('SET', KEYS[1], record, 'XX', 'PX', lease + tonumber(ARGV[5]))
+elseif not redis.call('SET', KEYS[1], record, 'NX', 'PX', lease + tonumber(ARGV[5])) then
+  return redis.error_reply('dedupe: the key appeared inside the claim script')
+end
 return {1, record}
 "#;
 

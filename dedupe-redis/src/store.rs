@@ -363,10 +363,10 @@ impl RedisBuilder {
 /// The Redis store: one string key per record, every decision made by one Lua
 /// script on the server with the server's clock.
 ///
-/// - **Atomic primitive**: a claim is `SET key record NX PX ms`, which decides a
-///   fresh claim on its own; only when the key exists does the same script read
-///   it, to answer (`InFlight`, `Duplicate`, `Mismatch`, a re-entrant `Claimed`)
-///   or to take an expired record over, in the same single round trip.
+/// - **Atomic primitive**: a claim is one script: it reads the key, a live record
+///   answers (`InFlight`, `Duplicate`, `Mismatch`, a re-entrant `Claimed`) with
+///   nothing written, an absent key is claimed with `SET key record NX PX ms`
+///   and an expired record taken over, in the same single round trip.
 ///   Complete, release and extend are one script each that checks the token, the
 ///   state and the deadline before writing. Nothing is read, decided and written
 ///   back from the client.

@@ -393,8 +393,8 @@ fn dirty(port: u16) -> u64 {
         .expect("rdb_changes_since_last_save")
 }
 
-/// A duplicate or in-flight claim changes nothing on the server: its `SET NX`
-/// fails and the script only reads, so Redis's own change counter stands still
+/// A duplicate or in-flight claim changes nothing on the server: the script
+/// only reads the live record, so Redis's own change counter stands still
 /// across rounds of them (and moves for a claim that wins).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicates_change_nothing_on_the_server() {
