@@ -56,6 +56,12 @@ pub struct BenchArgs {
     /// Keys per claim_many in the batch workload.
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
+    /// Repetitions of each row, store and raw taking turns (store, raw, store,
+    /// raw, ...), each with fresh handles and a warm-up; the row shows each
+    /// side's median repetition by ops/s, so one noisy second on a shared
+    /// machine moves the ratio less. Errors and double wins count over all.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub repeat: u32,
     /// Keys made done before the duplicate workload, which claims them again
     /// and again.
     #[arg(long, default_value_t = 1_000)]
@@ -403,6 +409,19 @@ async fn bench_store(
     result
 }
 
+/// The repetition with the median rate (the lower of the two middle ones for an
+/// even count), carrying the errors of every repetition.
+fn median(mut reps: Vec<(Measured, Duration)>) -> Option<(Measured, Duration)> {
+    let errors: u64 = reps.iter().map(|(m, _)| m.errors).sum();
+    let first_error = reps.iter().find_map(|(m, _)| m.first_error.clone());
+    reps.sort_by(|(a, ae), (b, be)| report::rate(a, *ae).total_cmp(&report::rate(b, *be)));
+    let middle = reps.len().checked_sub(1)? / 2;
+    let (mut chosen, elapsed) = reps.swap_remove(middle);
+    chosen.errors = errors;
+    chosen.first_error = chosen.first_error.or(first_error);
+    Some((chosen, elapsed))
+}
+
 async fn measure_store(
     opener: &Opener,
     raw: &RawStore,
@@ -423,49 +442,51 @@ async fn measure_store(
                 opener.url().scheme(),
                 workload.name()
             ));
-            let mut halves = Vec::with_capacity(2);
-            for (m, mode) in ["store", "raw"].into_iter().enumerate() {
-                let label = |phase: &str| {
-                    if workload == Workload::Duplicate {
-                        format!("w{w}")
-                    } else {
-                        format!("w{w}c{c}m{m}{phase}")
+            let mut reps: [Vec<(Measured, Duration)>; 2] = [Vec::new(), Vec::new()];
+            for rep in 0..args.repeat {
+                for (m, mode) in ["store", "raw"].into_iter().enumerate() {
+                    let label = |phase: &str| {
+                        if workload == Workload::Duplicate {
+                            format!("w{w}")
+                        } else {
+                            format!("w{w}c{c}m{m}r{rep}{phase}")
+                        }
+                    };
+                    let stream = |phase: &str| {
+                        Arc::new(KeyStream {
+                            label: label(phase),
+                            done_keys: args.done_keys,
+                            batch: args.batch,
+                            next: AtomicU64::new(0),
+                            workload,
+                            dup_ratio: args.dup_ratio,
+                        })
+                    };
+                    let mut sides = Vec::with_capacity(concurrency);
+                    for _ in 0..concurrency {
+                        sides.push(match mode {
+                            "store" => Side::Store(store_handle(opener).await?),
+                            _ => Side::Raw(raw.handle(opener).await?),
+                        });
                     }
-                };
-                let stream = |phase: &str| {
-                    Arc::new(KeyStream {
-                        label: label(phase),
-                        done_keys: args.done_keys,
-                        batch: args.batch,
-                        next: AtomicU64::new(0),
-                        workload,
-                        dup_ratio: args.dup_ratio,
-                    })
-                };
-                let mut sides = Vec::with_capacity(concurrency);
-                for _ in 0..concurrency {
-                    sides.push(match mode {
-                        "store" => Side::Store(store_handle(opener).await?),
-                        _ => Side::Raw(raw.handle(opener).await?),
-                    });
+                    // The warm-up runs on keys of its own, then the same handles measure.
+                    let (_, _, sides) =
+                        run_row(sides, stream("warm"), args.warmup_limits(), None).await;
+                    let (measured, elapsed, _) =
+                        run_row(sides, stream(""), args.limits(), None).await;
+                    doubles.extend(judge(&measured, workload, &format!("{shown} {mode}")));
+                    if let Some(e) = &measured.first_error {
+                        eprintln!(
+                            "{shown} {mode} {}: {} errors, the first: {e}",
+                            workload.name(),
+                            measured.errors
+                        );
+                    }
+                    reps[m].push((measured, elapsed));
                 }
-                // The warm-up runs on keys of its own, then the same handles measure.
-                let (_, _, sides) =
-                    run_row(sides, stream("warm"), args.warmup_limits(), None).await;
-                let (measured, elapsed, _) = run_row(sides, stream(""), args.limits(), None).await;
-                doubles.extend(judge(&measured, workload, &format!("{shown} {mode}")));
-                if let Some(e) = &measured.first_error {
-                    eprintln!(
-                        "{shown} {mode} {}: {} errors, the first: {e}",
-                        workload.name(),
-                        measured.errors
-                    );
-                }
-                halves.push((measured, elapsed));
             }
-            let raw_half = halves.pop();
-            let store_half = halves.pop();
-            if let (Some(s), Some(r)) = (store_half, raw_half) {
+            let [store_reps, raw_reps] = reps;
+            if let (Some(s), Some(r)) = (median(store_reps), median(raw_reps)) {
                 let mut row =
                     Row::new(&shown, opener.url().scheme(), workload, concurrency, &s, &r);
                 row.stored_keys = args.prefill;
@@ -524,6 +545,30 @@ pub async fn bench(args: BenchArgs) -> Result<bool, Error> {
 mod tests {
     use super::*;
     use dedupe_core::{async_trait, Lease, MemoryStore, Record};
+
+    /// The row of repeated runs is the median one by rate, whatever the order
+    /// they ran in, and keeps every run's errors.
+    #[test]
+    fn repeated_rows_show_the_median_run_and_every_error() {
+        let run = |ops: u64, errors: u64| {
+            (
+                Measured {
+                    ops,
+                    errors,
+                    first_error: (errors > 0).then(|| format!("{errors} went wrong")),
+                    ..Measured::default()
+                },
+                Duration::from_secs(1),
+            )
+        };
+        let (chosen, _) = median(vec![run(900, 0), run(100, 2), run(500, 0)]).expect("a row");
+        assert_eq!(chosen.ops, 500);
+        assert_eq!(chosen.errors, 2);
+        assert_eq!(chosen.first_error.as_deref(), Some("2 went wrong"));
+        let (lower, _) = median(vec![run(300, 0), run(100, 0)]).expect("a row");
+        assert_eq!(lower.ops, 100, "an even count shows the lower middle");
+        assert!(median(Vec::new()).is_none());
+    }
 
     /// A broken store: every claim wins.
     #[derive(Debug)]

@@ -31,7 +31,7 @@ pub struct Row {
     pub store_over_raw: f64,
 }
 
-fn rate(m: &Measured, elapsed: Duration) -> f64 {
+pub(super) fn rate(m: &Measured, elapsed: Duration) -> f64 {
     m.ops as f64 / elapsed.as_secs_f64().max(1e-9)
 }
 
