@@ -29,7 +29,9 @@ pub struct SqliteBuilder {
 impl SqliteBuilder {
     /// Connections this handle (and its clones) keeps open, each on a thread of
     /// its own (default 4). SQLite lets one writer in at a time whatever the
-    /// count; more connections let reads (duplicates) run beside a write.
+    /// count; more connections let reads (duplicates) run beside a write. The
+    /// handle also opens as many read connections for reads on the caller's
+    /// thread, and more (up to 32) when that many reads run at once.
     pub fn connections(mut self, connections: usize) -> Self {
         self.connections = connections;
         self
@@ -78,7 +80,7 @@ impl SqliteBuilder {
             inner: Arc::new(Inner {
                 workers,
                 settings,
-                readers: parking_lot::Mutex::new(Vec::new()),
+                readers: Arc::new(Readers::default()),
             }),
         };
         // The first connection opens now, so a bad path or file fails here.
@@ -93,7 +95,12 @@ impl SqliteBuilder {
                     .collect::<Result<Vec<_>>>()
             })
             .await?;
-        *store.inner.readers.lock() = opened;
+        store
+            .inner
+            .readers
+            .opened
+            .store(opened.len(), std::sync::atomic::Ordering::Relaxed);
+        *store.inner.readers.idle.lock() = opened;
         Ok(store)
     }
 }
@@ -126,8 +133,21 @@ struct Inner {
     workers: Workers,
     settings: Arc<Settings>,
     /// Connections for reads run on the caller's thread (see
-    /// [`SqliteStore::read_in_place`]); one is taken out while a read runs.
-    readers: parking_lot::Mutex<Vec<Connection>>,
+    /// [`SqliteStore::read_in_place`]).
+    readers: Arc<Readers>,
+}
+
+/// Most read connections one handle opens.
+const MAX_READERS: usize = 32;
+
+/// A handle's read connections: as many as its connection threads at first,
+/// more (up to [`MAX_READERS`]) when reads running at once find none idle.
+#[derive(Debug, Default)]
+struct Readers {
+    /// The idle ones; a read takes one out while it runs.
+    idle: parking_lot::Mutex<Vec<Connection>>,
+    /// How many are open or being opened.
+    opened: std::sync::atomic::AtomicUsize,
 }
 
 /// The SQLite store: records in one table of a database file, shared safely by
@@ -297,10 +317,40 @@ impl SqliteStore {
         if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
             return None;
         }
-        let conn = self.inner.readers.lock().pop()?;
+        let Some(conn) = self.inner.readers.idle.lock().pop() else {
+            self.open_another_reader();
+            return None;
+        };
         let answer = tokio::task::block_in_place(|| read(&self.inner.settings.ops(), &conn));
-        self.inner.readers.lock().push(conn);
+        self.inner.readers.idle.lock().push(conn);
         answer.ok()
+    }
+
+    /// Asks a connection thread to open one more read connection, when reads
+    /// found every one in use and the handle has fewer than [`MAX_READERS`].
+    /// Nobody waits for it: the read that asked goes to a connection thread.
+    fn open_another_reader(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let readers = Arc::clone(&self.inner.readers);
+        if readers
+            .opened
+            .fetch_update(Relaxed, Relaxed, |n| (n < MAX_READERS).then_some(n + 1))
+            .is_err()
+        {
+            return;
+        }
+        let path = self.path().to_path_buf();
+        let asked = self.inner.workers.spawn(move |slot: &mut Slot| {
+            match crate::workers::open_reader(&path, slot.settings.busy_timeout) {
+                Ok(conn) => readers.idle.lock().push(conn),
+                Err(_) => {
+                    readers.opened.fetch_sub(1, Relaxed);
+                }
+            }
+        });
+        if !asked {
+            self.inner.readers.opened.fetch_sub(1, Relaxed);
+        }
     }
 
     /// Runs `f` on one of the handle's connection threads.

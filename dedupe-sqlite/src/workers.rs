@@ -93,6 +93,12 @@ impl Workers {
         self.threads
     }
 
+    /// Queues `f` for a connection thread without waiting for it; `false` when
+    /// the threads have stopped.
+    pub(crate) fn spawn(&self, f: impl FnOnce(&mut Slot) + Send + 'static) -> bool {
+        self.queue.send(Box::new(f)).is_ok()
+    }
+
     /// Runs `f` on a connection thread and waits, without blocking the runtime,
     /// for its answer.
     pub(crate) async fn run<T, F>(&self, busy_timeout: Duration, f: F) -> Result<T>
