@@ -73,6 +73,8 @@ enum Flaw {
     InFlightAsDuplicate,
     /// A takeover is reported as attempt 1.
     TakeoverResetsAttempt,
+    /// A completion rewrites `first_seen` to the completion time.
+    CompletionResetsFirstSeen,
 }
 
 #[derive(Debug, Clone)]
@@ -252,6 +254,11 @@ impl DedupeStore for Broken {
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         Ok(self.inner.get(&self.inner_key(key)).await?.map(|mut r| {
             r.key = key.clone();
+            if let (Flaw::CompletionResetsFirstSeen, RecordState::Done { completed_at, .. }) =
+                (self.flaw, &r.state)
+            {
+                r.first_seen = *completed_at;
+            }
             r
         }))
     }
@@ -369,6 +376,10 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         Flaw::TakeoverResetsAttempt,
         &["single_winner_takeover_race", "lease_expiry_takeover"],
     ),
+    (
+        Flaw::CompletionResetsFirstSeen,
+        &["takeover_resets_holder_keeps_record"],
+    ),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -417,6 +428,7 @@ broken_store_tests!(
     rejects_deadline_ignoring_ttl => DeadlineIgnoresTtl,
     rejects_in_flight_as_duplicate => InFlightAsDuplicate,
     rejects_takeover_resetting_attempt => TakeoverResetsAttempt,
+    rejects_completion_resetting_first_seen => CompletionResetsFirstSeen,
 );
 
 /// Which checks each independently written broken store must trip: the check

@@ -83,9 +83,9 @@ pub async fn passed_lease_is_lost(factory: &dyn StoreFactory) -> CheckResult {
 
 /// A takeover replaces everything of the previous holder (token, claim id,
 /// fingerprint, deadline) and keeps what belongs to the record (`first_seen`,
-/// the attempt count, over several takeovers); the old claim id no longer gets
-/// the lease. A done record whose retention passed starts over: attempt 1, a
-/// new `first_seen`, in flight with no outcome.
+/// the attempt count, over several takeovers and the completion that follows);
+/// the old claim id no longer gets the lease. A done record whose retention
+/// passed starts over: attempt 1, a new `first_seen`, in flight with no outcome.
 pub async fn takeover_resets_holder_keeps_record(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let store = fixture.store();
@@ -189,7 +189,15 @@ pub async fn takeover_resets_holder_keeps_record(factory: &dyn StoreFactory) -> 
     store
         .complete(&third, b"third did it", SHORT_TTL * 3)
         .await?;
-    let retention_deadline = match live_record(&*store, &k, "after complete").await?.state {
+    let done = live_record(&*store, &k, "after complete").await?;
+    ensure!(
+        done.first_seen == first_seen && done.attempts == 3,
+        "after complete get shows first_seen {:?} and {} attempts; a completion keeps both \
+         ({first_seen:?}, 3)",
+        done.first_seen,
+        done.attempts
+    );
+    let retention_deadline = match done.state {
         RecordState::Done {
             retention_deadline, ..
         } => retention_deadline,
