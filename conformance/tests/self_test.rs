@@ -75,6 +75,9 @@ enum Flaw {
     TakeoverResetsAttempt,
     /// A completion rewrites `first_seen` to the completion time.
     CompletionResetsFirstSeen,
+    /// A done record whose retention passed is taken over by read, wait, write
+    /// (expired in-flight records are taken over atomically).
+    DoneTakeoverCheckThenWrite,
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +86,8 @@ struct Broken {
     flaw: Flaw,
     /// Keys ever claimed and not yet physically removed.
     physical: Arc<Mutex<HashSet<Key>>>,
+    /// Keys ever completed.
+    done: Arc<Mutex<HashSet<Key>>>,
 }
 
 impl Broken {
@@ -144,6 +149,18 @@ impl DedupeStore for Broken {
                 self.inner.forget(&ik).await?;
                 self.inner.claim(&ik, &opts).await?
             }
+            Flaw::DoneTakeoverCheckThenWrite
+                if self
+                    .done
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&ik)
+                    && self.inner.get(&ik).await?.is_none() =>
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                self.inner.forget(&ik).await?;
+                self.inner.claim(&ik, &opts).await?
+            }
             Flaw::ExpiryByDeletionOnly
                 if self.physical().contains(&ik) && self.inner.get(&ik).await?.is_none() =>
             {
@@ -192,7 +209,12 @@ impl DedupeStore for Broken {
                 return self.inner.complete(&current, outcome, retention).await;
             }
         }
-        self.inner.complete(&lease, outcome, retention).await
+        self.inner.complete(&lease, outcome, retention).await?;
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lease.key);
+        Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -308,6 +330,7 @@ impl StoreFactory for BrokenFactory {
             inner: MemoryStore::new(),
             flaw: self.0,
             physical: Arc::default(),
+            done: Arc::default(),
         })))
     }
 }
@@ -380,6 +403,10 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         Flaw::CompletionResetsFirstSeen,
         &["takeover_resets_holder_keeps_record"],
     ),
+    (
+        Flaw::DoneTakeoverCheckThenWrite,
+        &["single_winner_takeover_race"],
+    ),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -429,6 +456,7 @@ broken_store_tests!(
     rejects_in_flight_as_duplicate => InFlightAsDuplicate,
     rejects_takeover_resetting_attempt => TakeoverResetsAttempt,
     rejects_completion_resetting_first_seen => CompletionResetsFirstSeen,
+    rejects_done_takeover_by_check_then_write => DoneTakeoverCheckThenWrite,
 );
 
 /// Which checks each independently written broken store must trip: the check

@@ -87,7 +87,8 @@ pub async fn single_winner_race(factory: &dyn StoreFactory) -> CheckResult {
 
 /// Rule 1 for takeovers: each key's lease is left to pass, then 32 handles race to
 /// take it over; exactly one wins (attempt 2) each round (100 rounds, 25 at
-/// reduced scale).
+/// reduced scale). Then the same on done records whose retention passed: one
+/// winner each, attempt 1.
 pub async fn single_winner_takeover_race(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let store = fixture.store();
@@ -106,6 +107,25 @@ pub async fn single_winner_takeover_race(factory: &dyn StoreFactory) -> CheckRes
     wait_past(latest).await?;
     let per_round = race_on(&*fixture, &keys).await?;
     judge_rounds(&per_round, &keys, 2)?;
+
+    // The same race on done records whose retention passed: each starts over
+    // (attempt 1), and still exactly one claimer may win it.
+    let done: Vec<Key> = (0..factory.scale().race_rounds())
+        .map(|r| key(&format!("retention-race-{r}")))
+        .collect::<Result<_, _>>()?;
+    let mut latest = SystemTime::now();
+    for chunk in done.chunks(50) {
+        for answer in store.claim_many(chunk, &opts(LONG_TTL)).await? {
+            let lease = answer
+                .lease()
+                .ok_or_else(|| Failure::new(format!("setup claim answered {answer:?}")))?;
+            store.complete(lease, b"done", SHORT_TTL).await?;
+            latest = latest.max(SystemTime::now() + SHORT_TTL);
+        }
+    }
+    wait_past(latest).await?;
+    let per_round = race_on(&*fixture, &done).await?;
+    judge_rounds(&per_round, &done, 1)?;
     Ok(Verdict::Passed)
 }
 
