@@ -391,13 +391,14 @@ impl DedupeStore for SqliteStore {
         opts.validate()?;
         // A live record answers from a plain read; only a claim that may win
         // takes the write lock (and decides again under it).
-        let read_here = self.read_in_place(|ops, conn| ops.answer_if_live(conn, key, opts));
-        if let Some(Some(answer)) = read_here {
-            return Ok(answer);
-        }
+        let read = match self.read_in_place(|ops, conn| ops.answer_if_live(conn, key, opts)) {
+            Some(Some(answer)) => return Ok(answer),
+            Some(None) => true,
+            None => false,
+        };
         let (key, opts) = (key.clone(), opts.clone());
         self.with_conn(move |ops, conn| {
-            if read_here.is_none() {
+            if !read {
                 if let Some(answer) = ops.answer_if_live(conn, &key, &opts)? {
                     return Ok(answer);
                 }
@@ -496,13 +497,14 @@ impl DedupeStore for SqliteStore {
             }
             Ok(Some(answers))
         };
-        let read_here = self.read_in_place(|ops, conn| all_live(ops, conn, keys, opts));
-        if let Some(Some(answers)) = read_here {
-            return Ok(answers);
-        }
+        let read = match self.read_in_place(|ops, conn| all_live(ops, conn, keys, opts)) {
+            Some(Some(answers)) => return Ok(answers),
+            Some(None) => true,
+            None => false,
+        };
         let (keys, opts) = (keys.to_vec(), opts.clone());
         self.with_conn(move |ops, conn| {
-            if read_here.is_none() {
+            if !read {
                 if let Some(answers) = all_live(ops, conn, &keys, &opts)? {
                     return Ok(answers);
                 }

@@ -92,41 +92,51 @@ pub async fn single_winner_race(factory: &dyn StoreFactory) -> CheckResult {
 pub async fn single_winner_takeover_race(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let store = fixture.store();
-    let keys: Vec<Key> = (0..factory.scale().race_rounds())
-        .map(|r| key(&format!("takeover-race-{r}")))
-        .collect::<Result<_, _>>()?;
-    let mut latest = SystemTime::now();
-    for chunk in keys.chunks(50) {
-        for answer in store.claim_many(chunk, &opts(SHORT_TTL)).await? {
-            let lease = answer
-                .lease()
-                .ok_or_else(|| Failure::new(format!("setup claim answered {answer:?}")))?;
-            latest = latest.max(lease.deadline);
-        }
-    }
-    wait_past(latest).await?;
+    let keys = race_keys(factory, "takeover-race")?;
+    wait_past(claim_and_let_pass(&*store, &keys, false).await?).await?;
     let per_round = race_on(&*fixture, &keys).await?;
     judge_rounds(&per_round, &keys, 2)?;
 
     // The same race on done records whose retention passed: each starts over
     // (attempt 1), and still exactly one claimer may win it.
-    let done: Vec<Key> = (0..factory.scale().race_rounds())
-        .map(|r| key(&format!("retention-race-{r}")))
-        .collect::<Result<_, _>>()?;
-    let mut latest = SystemTime::now();
-    for chunk in done.chunks(50) {
-        for answer in store.claim_many(chunk, &opts(LONG_TTL)).await? {
-            let lease = answer
-                .lease()
-                .ok_or_else(|| Failure::new(format!("setup claim answered {answer:?}")))?;
-            store.complete(lease, b"done", SHORT_TTL).await?;
-            latest = latest.max(SystemTime::now() + SHORT_TTL);
-        }
-    }
-    wait_past(latest).await?;
+    let done = race_keys(factory, "retention-race")?;
+    wait_past(claim_and_let_pass(&*store, &done, true).await?).await?;
     let per_round = race_on(&*fixture, &done).await?;
     judge_rounds(&per_round, &done, 1)?;
     Ok(Verdict::Passed)
+}
+
+/// One key per race round, named `{prefix}-{round}`.
+fn race_keys(factory: &dyn StoreFactory, prefix: &str) -> Result<Vec<Key>, Failure> {
+    (0..factory.scale().race_rounds())
+        .map(|r| key(&format!("{prefix}-{r}")))
+        .collect()
+}
+
+/// Claims every key (50 to a batch) with a short lease, or, with `complete`,
+/// with a long one completed at once with a short retention; answers when the
+/// last of them stops being live.
+async fn claim_and_let_pass(
+    store: &dyn DedupeStore,
+    keys: &[Key],
+    complete: bool,
+) -> Result<SystemTime, Failure> {
+    let mut latest = SystemTime::now();
+    for chunk in keys.chunks(50) {
+        let ttl = if complete { LONG_TTL } else { SHORT_TTL };
+        for answer in store.claim_many(chunk, &opts(ttl)).await? {
+            let lease = answer
+                .lease()
+                .ok_or_else(|| Failure::new(format!("setup claim answered {answer:?}")))?;
+            if complete {
+                store.complete(lease, b"done", SHORT_TTL).await?;
+                latest = latest.max(SystemTime::now() + SHORT_TTL);
+            } else {
+                latest = latest.max(lease.deadline);
+            }
+        }
+    }
+    Ok(latest)
 }
 
 /// Sleeps until shortly before `at`, then yields until it has come: timers have
