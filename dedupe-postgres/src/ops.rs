@@ -216,10 +216,25 @@ impl Ops<'_> {
         })
     }
 
-    /// Deletes one batch of expired rows, skipping rows other transactions hold;
-    /// answers how many.
-    pub(crate) async fn expire_batch(&self, conn: &mut PgConnection) -> Result<u64> {
+    /// The table's size in pages, where the purge stops.
+    pub(crate) async fn table_pages(&self, conn: &mut PgConnection) -> Result<i64> {
+        sqlx::query_scalar(text(&self.sql.table_pages))
+            .fetch_one(conn)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// Deletes at most [`EXPIRE_BATCH`] expired rows stored in pages
+    /// `[from, to)`, skipping rows other transactions hold.
+    pub(crate) async fn expire_batch(
+        &self,
+        conn: &mut PgConnection,
+        from: i64,
+        to: i64,
+    ) -> Result<u64> {
         sqlx::query(text(&self.sql.expire_batch))
+            .bind(from)
+            .bind(to)
             .bind(EXPIRE_BATCH)
             .execute(conn)
             .await

@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 
 use crate::ops::Ops;
-use crate::sql::{Statements, EXPIRE_BATCH};
+use crate::sql::{Statements, EXPIRE_BATCH, EXPIRE_PAGES};
 
 type PooledConn = sqlx::pool::PoolConnection<sqlx::Postgres>;
 
@@ -511,26 +511,42 @@ impl DedupeStore for PgStore {
         .await
     }
 
-    /// Deletes expired rows in batches of 1,000, each its own statement, skipping
-    /// rows other transactions hold. Run it on a period (for example hourly, with
-    /// [`dedupe_core::spawn_expire_task`]); claims never depend on it, since expiry
-    /// is judged by `now()`.
+    /// Walks the table once, 256 pages (2 MiB) per statement, deleting the
+    /// expired rows of each step (at most 1,000 per statement, the step repeated
+    /// until it comes back short) and skipping rows other transactions hold. Each
+    /// statement is short, so the purge never holds many locks and never waits on a
+    /// claim. The walk reads the whole table: there is no index on the deadline,
+    /// which keeps claims and completions cheaper (see the crate README). Run it
+    /// on a period (for example hourly, with [`dedupe_core::spawn_expire_task`]);
+    /// claims never depend on it, since expiry is judged by `now()`.
     async fn expire(&self) -> Result<u64> {
+        let pages = self
+            .bounded(async {
+                let mut conn = self.acquire().await?;
+                let result = self.ops().table_pages(&mut conn).await;
+                conn.settle(&result);
+                result
+            })
+            .await?;
         let mut removed = 0;
-        loop {
+        let mut from = 0;
+        while from < pages {
+            let to = from + EXPIRE_PAGES;
             let n = self
                 .bounded(async {
                     let mut conn = self.acquire().await?;
-                    let result = self.ops().expire_batch(&mut conn).await;
+                    let result = self.ops().expire_batch(&mut conn, from, to).await;
                     conn.settle(&result);
                     result
                 })
                 .await?;
             removed += n;
+            // A full batch may have left more expired rows in these pages.
             if n < EXPIRE_BATCH as u64 {
-                return Ok(removed);
+                from = to;
             }
         }
+        Ok(removed)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {

@@ -459,6 +459,7 @@ async fn corrupt_rows_are_reported_not_guessed() {
     for (id, values) in [
         ("done-no-outcome", format!("('pg', 'done-no-outcome', 1, 't', NULL, NULL, {far}, now(), NULL, 1, now())")),
         ("zero-attempts", format!("('pg', 'zero-attempts', 0, 't', NULL, NULL, {far}, NULL, NULL, 0, now())")),
+        ("unknown-state", format!("('pg', 'unknown-state', 7, 't', NULL, NULL, {far}, NULL, NULL, 1, now())")),
         ("huge-fingerprint", format!("('pg', 'huge-fingerprint', 0, 't', NULL, decode(repeat('00', 100), 'hex'), {far}, NULL, NULL, 1, now())")),
     ] {
         sqlx::raw_sql(AssertSqlSafe(format!("INSERT INTO {t} VALUES {values}"))).execute(store.pool()).await.expect("plant");
@@ -508,20 +509,24 @@ async fn child_racer() {
     run_race_child(handles).await;
 }
 
-/// A large purge goes in batches and skips rows another transaction holds: it
-/// removes every other expired row, never waits, and leaves live rows alone.
+/// A large purge walks the table in steps and skips rows another transaction
+/// holds: it removes every other expired row, never waits, and leaves live rows
+/// alone. 30,000 records span several steps of pages, and each step holds more
+/// expired rows than one statement deletes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expire_purges_in_batches_and_skips_locked_rows() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("purge");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
     let t = format!("\"{schema}\".dedupe_records");
-    // 2,500 expired records (more than two batches) and 10 live ones.
+    // 29,970 expired records with a live one after every 999 of them.
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "INSERT INTO {t} SELECT 'pg', 'old-' || g, 1, 't', NULL, NULL, now() - interval '1 hour', now(), ''::bytea, 1, now()
-         FROM generate_series(1, 2500) g;
-         INSERT INTO {t} SELECT 'pg', 'live-' || g, 0, 't', NULL, NULL, now() + interval '1 hour', NULL, NULL, 1, now()
-         FROM generate_series(1, 10) g;"
+        "INSERT INTO {t}
+         SELECT 'pg', CASE WHEN g % 1000 = 0 THEN 'live-' || (g / 1000) ELSE 'old-' || g END,
+                1, 't', NULL, NULL,
+                CASE WHEN g % 1000 = 0 THEN now() + interval '1 hour' ELSE now() - interval '1 hour' END,
+                now(), ''::bytea, 1, now()
+         FROM generate_series(1, 30000) g;"
     )))
     .execute(store.pool())
     .await
@@ -534,9 +539,19 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     .execute(&mut *holder)
     .await
     .expect("hold one expired row");
+    let pages: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT pg_relation_size('{t}') / 8192"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("table size");
+    assert!(
+        pages > 256,
+        "the table should span several purge steps: {pages} pages"
+    );
     let removed = store.expire().await.expect("expire");
     assert_eq!(
-        removed, 2499,
+        removed, 29_969,
         "expire() should skip the held row and remove the rest"
     );
     holder.rollback().await.expect("release the row");
@@ -548,13 +563,111 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     .expect("left");
     assert_eq!(left, vec!["old-7".to_string()]);
     assert_eq!(store.expire().await.expect("expire again"), 1);
-    for i in 1..=10 {
+    for i in 1..=30 {
         assert!(store
             .get(&key(&format!("live-{i}")))
             .await
             .expect("get")
             .is_some());
     }
+}
+
+/// A table made by an earlier version of `migrate` (key columns in the database's
+/// collation, an index on `expires_at`, a CHECK on `state`) keeps working: every
+/// statement runs on it unchanged, and `migrate` leaves it as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_an_earlier_version_keeps_working() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("earlier");
+    let admin = PgPool::connect(&url).await.expect("admin pool");
+    let t = format!("\"{schema}\".dedupe_records");
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE SCHEMA \"{schema}\";
+         CREATE TABLE {t} (
+             namespace text NOT NULL, id text NOT NULL,
+             state smallint NOT NULL CHECK (state IN (0, 1)), token text NOT NULL,
+             claim_id text, fingerprint bytea, expires_at timestamptz NOT NULL,
+             completed_at timestamptz, outcome bytea, attempts integer NOT NULL,
+             first_seen timestamptz NOT NULL, PRIMARY KEY (namespace, id));
+         CREATE INDEX \"dedupe_records_expires_at\" ON {t} (expires_at);"
+    )))
+    .execute(&admin)
+    .await
+    .expect("the earlier table");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let opts = ClaimOptions::default();
+    let ClaimOutcome::Claimed(lease) = store.claim(&key("a"), &opts).await.expect("claim") else {
+        panic!("a new key should be claimed");
+    };
+    assert!(matches!(
+        store.claim(&key("a"), &opts).await.expect("duplicate"),
+        ClaimOutcome::InFlight { .. }
+    ));
+    store
+        .complete(&lease, b"done", Duration::from_secs(60))
+        .await
+        .expect("complete");
+    let batch = store
+        .claim_many(&[key("a"), key("b"), key("c")], &opts)
+        .await
+        .expect("claim_many");
+    assert!(
+        matches!(batch[0], ClaimOutcome::Duplicate { .. }),
+        "{batch:?}"
+    );
+    assert!(matches!(batch[1], ClaimOutcome::Claimed(_)), "{batch:?}");
+    assert!(matches!(batch[2], ClaimOutcome::Claimed(_)), "{batch:?}");
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "UPDATE {t} SET expires_at = now() - interval '1 second' WHERE id = 'b'"
+    )))
+    .execute(&admin)
+    .await
+    .expect("expire one lease");
+    assert_eq!(store.expire().await.expect("expire"), 1);
+    assert!(store.get(&key("b")).await.expect("get").is_none());
+    let (collation, indexes): (Option<String>, i64) = sqlx::query_as(
+        "SELECT (SELECT collation_name::text FROM information_schema.columns
+                 WHERE table_schema = $1 AND table_name = 'dedupe_records' AND column_name = 'id'),
+                (SELECT count(*) FROM pg_indexes WHERE schemaname = $1)",
+    )
+    .bind(&schema)
+    .fetch_one(&admin)
+    .await
+    .expect("table shape");
+    assert_eq!(
+        (collation, indexes),
+        (None, 2),
+        "migrate should leave the table as it was"
+    );
+}
+
+/// A table made by `migrate` compares keys byte by byte and has no index but the
+/// primary key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_makes_a_table_with_byte_order_keys_and_one_index() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("shape");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let collations: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT collation_name::text FROM information_schema.columns
+         WHERE table_schema = $1 AND table_name = 'dedupe_records'
+           AND column_name IN ('namespace', 'id') ORDER BY column_name",
+    )
+    .bind(&schema)
+    .fetch_all(store.pool())
+    .await
+    .expect("collations");
+    assert_eq!(
+        collations,
+        vec![Some("C".to_string()), Some("C".to_string())]
+    );
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE schemaname = $1")
+            .bind(&schema)
+            .fetch_all(store.pool())
+            .await
+            .expect("indexes");
+    assert_eq!(indexes, vec!["dedupe_records_pkey".to_string()]);
 }
 
 /// Batches over the same keys in different orders, racing: every key is Claimed
