@@ -414,7 +414,7 @@ impl PgStore {
         }
     }
 
-    /// Creates the schema, table and expiry index if they are missing. Safe to run
+    /// Creates the schema and the table if they are missing. Safe to run
     /// from several processes at once (it takes an advisory lock).
     #[tracing::instrument(name = "dedupe.migrate", skip_all, fields(store = "postgres"), err)]
     pub async fn migrate(&self) -> Result<()> {
