@@ -56,6 +56,7 @@ macro_rules! __with_check_names {
             lease_expiry_takeover,
             stale_holder_is_fenced,
             passed_lease_is_lost,
+            lease_is_lost_at_its_deadline,
             takeover_resets_holder_keeps_record,
             extend_pushes_deadline,
             deadlines_are_exact,

@@ -78,6 +78,9 @@ enum Flaw {
     /// A done record whose retention passed is taken over by read, wait, write
     /// (expired in-flight records are taken over atomically).
     DoneTakeoverCheckThenWrite,
+    /// `complete` still accepts a lease up to 25 ms past its deadline when nobody
+    /// took it over (a "grace for clock skew").
+    CompletionGrace,
 }
 
 #[derive(Debug, Clone)]
@@ -207,6 +210,21 @@ impl DedupeStore for Broken {
         if self.flaw == Flaw::CompleteIgnoresToken {
             if let Some(current) = self.current_lease(&lease.key).await? {
                 return self.inner.complete(&current, outcome, retention).await;
+            }
+        }
+        if self.flaw == Flaw::CompletionGrace
+            && SystemTime::now() < lease.deadline + Duration::from_millis(25)
+            && self.inner.get(&lease.key).await?.is_none()
+            && self.physical().contains(&lease.key)
+        {
+            // Past its deadline, not taken over: finish it anyway on a fresh lease.
+            self.inner.forget(&lease.key).await?;
+            if let ClaimOutcome::Claimed(fresh) = self
+                .inner
+                .claim(&lease.key, &ClaimOptions::new(Duration::from_secs(1)))
+                .await?
+            {
+                return self.inner.complete(&fresh, outcome, retention).await;
             }
         }
         self.inner.complete(&lease, outcome, retention).await?;
@@ -407,6 +425,7 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         Flaw::DoneTakeoverCheckThenWrite,
         &["single_winner_takeover_race"],
     ),
+    (Flaw::CompletionGrace, &["lease_is_lost_at_its_deadline"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -457,6 +476,7 @@ broken_store_tests!(
     rejects_takeover_resetting_attempt => TakeoverResetsAttempt,
     rejects_completion_resetting_first_seen => CompletionResetsFirstSeen,
     rejects_done_takeover_by_check_then_write => DoneTakeoverCheckThenWrite,
+    rejects_completion_grace => CompletionGrace,
 );
 
 /// Which checks each independently written broken store must trip: the check

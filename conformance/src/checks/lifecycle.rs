@@ -302,6 +302,47 @@ pub async fn retention_counts_from_completion(factory: &dyn StoreFactory) -> Che
     Ok(Verdict::Passed)
 }
 
+/// Rule 4 with no grace: a lease is lost the moment its deadline passes, on the
+/// store's clock. A complete, release or extend sent as soon as the deadline has
+/// surely passed (1 ms after it, plus the measured clock offset's uncertainty:
+/// a few milliseconds) answers LeaseLost and changes nothing. Catches a store
+/// that lets the holder finish "just after" its deadline (a grace for clock
+/// skew, a `<=` where `<` belongs, a deadline rounded up), which
+/// [`passed_lease_is_lost`] may miss: it calls tens of milliseconds later.
+pub async fn lease_is_lost_at_its_deadline(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let store = fixture.store();
+    let clock = Clock::measure(&*store, "at-deadline").await?;
+    let ttl = Duration::from_millis(200);
+    for op in ["complete", "release", "extend"] {
+        let k = key(&format!("at-deadline-{op}"))?;
+        let lease = must_claim(&*store, &k, &opts(ttl)).await?;
+        let target = clock.surely_past(lease.deadline, Duration::from_millis(1));
+        if let Ok(left) = target.duration_since(SystemTime::now()) {
+            ensure!(
+                left <= ttl + CLOCK_SLACK,
+                "a lease of {ttl:?} has its deadline {left:?} away"
+            );
+            tokio::time::sleep(left).await;
+        }
+        let answer = match op {
+            "complete" => store.complete(&lease, b"late", LONG_TTL).await,
+            "release" => store.release(&lease).await,
+            _ => store.extend(&lease, LONG_TTL).await.map(|_| ()),
+        };
+        let late = clock.at_most_past(lease.deadline, SystemTime::now());
+        expect_lease_lost(
+            &format!("{op} of a lease at most {late:.1} ms past its deadline"),
+            answer,
+        )?;
+        ensure!(
+            store.get(&k).await?.is_none(),
+            "after a late {op} that answered LeaseLost, get shows the record again"
+        );
+    }
+    Ok(Verdict::Passed)
+}
+
 /// Deadlines to the millisecond (rule 3 and the extend row of the contract): a
 /// lease's deadline is now + ttl on the store's clock; `InFlight`, `get` and a
 /// re-entrant claim all report the stored deadline itself (a re-entrant claim

@@ -194,6 +194,22 @@ impl Clock {
         Ok(Self { low, high })
     }
 
+    /// The first instant on the test's clock at which the store's clock has
+    /// surely passed `deadline` by `by`, whatever the offset within the bounds.
+    fn surely_past(&self, deadline: SystemTime, by: Duration) -> SystemTime {
+        let shift = by.as_secs_f64() - self.low / 1e3;
+        if shift >= 0.0 {
+            deadline + Duration::from_secs_f64(shift)
+        } else {
+            deadline - Duration::from_secs_f64(-shift)
+        }
+    }
+
+    /// The most the store's clock can be past `deadline` at test time `at`, in ms.
+    fn at_most_past(&self, deadline: SystemTime, at: SystemTime) -> f64 {
+        signed_ms(at, deadline) + self.high
+    }
+
     /// Checks that `deadline`, reported by a call made between `before` and
     /// `after` on the test's clock, is that call's `now + ttl` on the store's.
     fn expect(
