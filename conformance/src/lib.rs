@@ -82,6 +82,7 @@ macro_rules! __with_check_names {
             single_winner_takeover_race,
             stale_holders_race_takeovers,
             batches_race_batches,
+            expire_races_takeovers,
             matches_reference_store,
         }
     };

@@ -9,7 +9,10 @@
 //!   breaks one thing the way real stores get it wrong;
 //! - `AFlaw` (`adversary/flawed.rs`): written by a reviewer who had not read the
 //!   checks, on a row store of its own, one plausible backend mistake each.
-//!   Before the checks that now catch them, the suite passed 17 of these 44.
+//!   Before the checks that now catch them, the suite passed 17 of the first
+//!   44; of the 12 a second reviewer added later, it passed 2
+//!   (`ExpireScanThenDelete`, `ClaimManyDedupByIdOnly`) until
+//!   `expire_races_takeovers` and a batch in `namespaces_isolate` came.
 
 #[allow(dead_code, missing_docs)]
 #[path = "adversary/flawed.rs"]
@@ -592,6 +595,43 @@ const EXPECTED_INDEPENDENT: &[(AFlaw, &[&str])] = &[
         AFlaw::CompleteSwallowsWriteError,
         &["errors_are_not_answers"],
     ),
+    // The second adversary's.
+    (
+        AFlaw::ReleaseIgnoresDeadline,
+        &["passed_lease_is_lost", "lease_is_lost_at_its_deadline"],
+    ),
+    (AFlaw::ExtendNeverShortens, &["deadlines_are_exact"]),
+    (
+        AFlaw::ExtendCheckThenWrite,
+        &["stale_holders_race_takeovers"],
+    ),
+    (AFlaw::ExpireScanThenDelete, &["expire_races_takeovers"]),
+    (
+        AFlaw::ExpireCountsOnlyLastStatement,
+        &["expire_removes_exactly_expired"],
+    ),
+    (AFlaw::ReentrantOnDoneRecord, &["reentrant_claim_id"]),
+    (
+        AFlaw::MismatchOnExpiredRecord,
+        &[
+            "passed_lease_is_lost",
+            "takeover_resets_holder_keeps_record",
+        ],
+    ),
+    (AFlaw::InFlightAttemptOne, &["lease_expiry_takeover"]),
+    (
+        AFlaw::EmptyOutcomeDropped,
+        &["duplicate_returns_exact_outcome"],
+    ),
+    (
+        AFlaw::OutcomeLimitOffByOne,
+        &[
+            "outcomes_up_to_the_limit",
+            "bad_input_rejected_nothing_written",
+        ],
+    ),
+    (AFlaw::ClaimManyDedupByIdOnly, &["namespaces_isolate"]),
+    (AFlaw::IdLatin1Column, &["encoded_keys_stay_distinct"]),
 ];
 
 async fn assert_independent_rejected(flaw: AFlaw) {
@@ -673,6 +713,18 @@ independent_flaw_tests!(
     rejects_one_sided_fingerprint_mismatch => FingerprintOneSidedMismatch,
     rejects_fail_open_claim => FailOpenClaim,
     rejects_complete_swallowing_write_error => CompleteSwallowsWriteError,
+    rejects_release_ignoring_deadline => ReleaseIgnoresDeadline,
+    rejects_extend_that_never_shortens => ExtendNeverShortens,
+    rejects_extend_check_then_write => ExtendCheckThenWrite,
+    rejects_expire_scan_then_delete => ExpireScanThenDelete,
+    rejects_expire_counting_only_the_last_statement => ExpireCountsOnlyLastStatement,
+    rejects_reentrant_claim_on_a_done_record => ReentrantOnDoneRecord,
+    rejects_mismatch_on_an_expired_record => MismatchOnExpiredRecord,
+    rejects_in_flight_attempt_always_one => InFlightAttemptOne,
+    rejects_empty_outcome_dropped => EmptyOutcomeDropped,
+    rejects_outcome_limit_off_by_one => OutcomeLimitOffByOne,
+    rejects_claim_many_dedup_by_id_only => ClaimManyDedupByIdOnly,
+    rejects_id_stored_as_latin1 => IdLatin1Column,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -450,3 +450,106 @@ pub async fn batches_race_batches(factory: &dyn StoreFactory) -> CheckResult {
     }
     Ok(Verdict::Passed)
 }
+
+/// `expire` racing takeovers (rule 5, rule 1): while one handle runs `expire()`
+/// over and over, four others take over keys whose leases passed, one key a
+/// millisecond. Every takeover answered Claimed must still hold its key
+/// afterwards (a live in-flight record with its token). A purge that finds the
+/// expired keys first and deletes them by key later, without judging the
+/// deadline again, deletes fresh claims: the event would then run twice. Three
+/// rounds of 64 keys.
+pub async fn expire_races_takeovers(factory: &dyn StoreFactory) -> CheckResult {
+    const KEYS: usize = 64;
+    const CLAIMERS: usize = 4;
+    let fixture = factory.create().await?;
+    let store = fixture.store();
+    let purger = fixture.open_handle().await?;
+    let mut claimers = Vec::with_capacity(CLAIMERS);
+    for _ in 0..CLAIMERS {
+        claimers.push(fixture.open_handle().await?);
+    }
+    for round in 0..3 {
+        let keys: Vec<Key> = (0..KEYS)
+            .map(|i| key(&format!("purge-race-{round}-{i}")))
+            .collect::<Result<_, _>>()?;
+        wait_past(claim_and_let_pass(&*store, &keys, false).await?).await?;
+        let claiming = Arc::new(std::sync::atomic::AtomicUsize::new(CLAIMERS));
+        let barrier = Arc::new(Barrier::new(CLAIMERS + 1));
+        let purge = {
+            let (purger, claiming, barrier) = (
+                Arc::clone(&purger),
+                Arc::clone(&claiming),
+                Arc::clone(&barrier),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut runs = 0u32;
+                while claiming.load(std::sync::atomic::Ordering::SeqCst) > 0 || runs == 0 {
+                    purger.expire().await?;
+                    runs += 1;
+                    tokio::task::yield_now().await;
+                }
+                Ok::<u32, Error>(runs)
+            })
+        };
+        let tasks: Vec<_> = claimers
+            .iter()
+            .enumerate()
+            .map(|(c, handle)| {
+                let mine: Vec<Key> = keys.iter().skip(c).step_by(CLAIMERS).cloned().collect();
+                let (handle, claiming, barrier) = (
+                    Arc::clone(handle),
+                    Arc::clone(&claiming),
+                    Arc::clone(&barrier),
+                );
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let mut taken = Vec::with_capacity(mine.len());
+                    for k in mine {
+                        let answer = handle.claim(&k, &opts(LONG_TTL)).await;
+                        taken.push((k, answer));
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    claiming.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    taken
+                })
+            })
+            .collect();
+        let mut leases = Vec::with_capacity(KEYS);
+        for task in tasks {
+            let taken = task
+                .await
+                .map_err(|e| Failure::new(format!("a claiming task died: {e}")))?;
+            for (k, answer) in taken {
+                match answer? {
+                    ClaimOutcome::Claimed(lease) => leases.push(lease),
+                    other => {
+                        return Err(Failure::new(format!(
+                            "round {round}: {k}, whose lease passed, answered {other:?} to the \
+                             only claim after it, expected Claimed"
+                        )))
+                    }
+                }
+            }
+        }
+        purge
+            .await
+            .map_err(|e| Failure::new(format!("the purging task died: {e}")))??;
+        for lease in leases {
+            let record = store.get(&lease.key).await?;
+            match &record {
+                Some(r)
+                    if r.token == lease.token
+                        && matches!(r.state, RecordState::InFlight { .. }) => {}
+                _ => {
+                    return Err(Failure::new(format!(
+                        "round {round}: {} was taken over (attempt {}) while expire() ran, \
+                         and then get shows {record:?}: the purge removed or changed a live claim",
+                        lease.key, lease.attempt
+                    )))
+                }
+            }
+        }
+    }
+    Ok(Verdict::Passed)
+}

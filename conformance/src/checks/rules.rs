@@ -708,6 +708,19 @@ pub async fn namespaces_isolate(factory: &dyn StoreFactory) -> CheckResult {
         ),
         "releasing github:evt_1 changed stripe:evt_1"
     );
+    // In one batch too: the same id in two namespaces is two claims, and only the
+    // key itself repeated is a repeat.
+    let batch = ["stripe", "github", "stripe"]
+        .into_iter()
+        .map(|ns| Key::new(ns, "evt_2").map_err(|e| Failure::new(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let answers = store.claim_many(&batch, &opts(LONG_TTL)).await?;
+    let kinds: Vec<&str> = answers.iter().map(ClaimOutcome::kind).collect();
+    ensure!(
+        kinds == ["claimed", "claimed", "in-flight"],
+        "claim_many of stripe:evt_2, github:evt_2, stripe:evt_2 answered {kinds:?}, expected \
+         claimed, claimed, in-flight"
+    );
     Ok(Verdict::Passed)
 }
 

@@ -12,6 +12,10 @@
 // need a connection fault (`FailOpenClaim`, `CompleteSwallowsWriteError`) only
 // show after `FlawedStore::set_broken(true)`; the Fixture trait has no way to do
 // that, so a test has to build `FlawedStore::new(Some(flaw))` itself.
+//
+// The variants after `CompleteSwallowsWriteError` were added by a second,
+// independent adversary (same rules: one detail each, no knowledge of the
+// checks). None of them needs a connection fault.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -241,6 +245,122 @@ pub enum AFlaw {
     /// `let _ = client.put_item(..)`); the outcome is lost and the event is
     /// processed again once the lease passes.
     CompleteSwallowsWriteError,
+
+    // =================================================================
+    // Second adversary: flaws not covered above, written from CONTRACT.md and
+    // dedupe-core's public API only.
+    // =================================================================
+
+    // ------------------------------------------------- release, passed lease
+    /// Breaks `release` ("only if ... its deadline has not passed ... otherwise
+    /// LeaseLost and change nothing"). release checks token and state but not
+    /// the deadline: `DELETE FROM r WHERE key = $1 AND token = $2 AND state = 0`
+    /// with no `AND expires_at > now()`, or the classic Redis unlock script
+    /// (`if GET == token then DEL`) run against a hash whose PTTL is managed by
+    /// the app. A worker whose lease passed (nobody has taken over yet) gets Ok
+    /// instead of LeaseLost and deletes the record, so the takeover that should
+    /// follow is a fresh attempt 1 and the stalled worker never learns it lost.
+    ReleaseIgnoresDeadline,
+
+    // ----------------------------------------------------------------- extend
+    /// Breaks `extend` ("set the lease deadline to now + ttl"). The author
+    /// assumed a heartbeat must never shorten a lease and wrote
+    /// `SET expires_at = GREATEST(expires_at, $now + $ttl)` (Postgres),
+    /// `MAX(expires_at, ?)` (SQLite), or Redis `PEXPIRE key ttl GT`. An extend
+    /// with a ttl shorter than what is left keeps (and answers) the old, later
+    /// deadline; a worker that wants to hand the event over sooner cannot.
+    ExtendNeverShortens,
+    /// Breaks `extend`'s atomicity and rule 4 (fencing). extend reads the row,
+    /// checks the token in the application, and writes the whole row back with
+    /// the new deadline one round trip later (DynamoDB `GetItem` then an
+    /// unconditional `PutItem`; Redis `HGETALL` then `HSET` of every field, no
+    /// `WATCH`). A heartbeat racing its own worker's `complete` writes the
+    /// in-flight row back over the done one (the outcome is lost and the event
+    /// is processed again once the lease passes); one racing a takeover restores
+    /// the old token over the new holder's.
+    ExtendCheckThenWrite,
+
+    // ----------------------------------------------------------------- expire
+    /// Breaks `expire` ("live records are untouched") and rule 1. expire finds
+    /// expired keys with one request and deletes them by key with another, not
+    /// re-checking the deadline (DynamoDB `Scan` with a filter then
+    /// `BatchWriteItem` `DeleteRequest`s, which take no condition; Redis `SCAN` +
+    /// `HGET expires_at` then `DEL`; SQL `SELECT key .. WHERE expires_at <= now()`
+    /// then `DELETE .. WHERE key = ANY($1)`). A record taken over between the
+    /// scan and the delete is the new holder's live claim, and it is deleted:
+    /// the next delivery wins as well.
+    ExpireScanThenDelete,
+    /// Breaks `expire` ("answer how many were removed"). Expiry runs two
+    /// statements, done records then in-flight ones (they sit in two partial
+    /// indexes), and the count of the first is shadowed:
+    /// `let n = tx.execute(DONE)?; let n = tx.execute(IN_FLIGHT)?; Ok(n)`.
+    /// Removal is right; the answer counts only expired in-flight records.
+    ExpireCountsOnlyLastStatement,
+
+    // ------------------------------------------------------------- re-entrant
+    /// Breaks the claim table ("done record inside its retention: Duplicate")
+    /// and rule 9. The re-entrant branch tests `claim_id` before `state`: the
+    /// Redis Lua script starts with `if stored.claim_id == ARGV.claim_id then
+    /// return {'claimed', token, expires_at, attempts}`; the SQL `RETURNING` of
+    /// the losing path is matched on claim id first. A client that retries its
+    /// claim (same claim id) after its own complete, e.g. a redelivery handled
+    /// by the same request id, is answered Claimed with the old token and the
+    /// retention deadline, and processes a done event again. (The fingerprint
+    /// check still comes first.)
+    ReentrantOnDoneRecord,
+
+    // ------------------------------------------------ fingerprint vs. expiry
+    /// Breaks rule 5 (expiry is logical) on the fingerprint path: "Mismatch"
+    /// is for a *live* record. The upsert's conflict arm checks the payload
+    /// before the deadline (`ON CONFLICT DO UPDATE .. WHERE r.fingerprint =
+    /// excluded.fingerprint AND r.expires_at <= now()`, and the losing path maps
+    /// "fingerprint differs" to Mismatch without looking at `expires_at`; in
+    /// DynamoDB, the `ConditionalCheckFailed` item is compared on fingerprint
+    /// first). A record whose lease or retention passed answers Mismatch to a
+    /// claim with another payload instead of letting it claim afresh.
+    MismatchOnExpiredRecord,
+
+    // ----------------------------------------------------------- answer fields
+    /// Breaks the claim table ("Live in-flight record: answer InFlight (with
+    /// its deadline)" and which attempt holds it). The Lua script / SQL losing
+    /// path returns only the deadline and the Rust side fills `attempt: 1`
+    /// (`InFlight { deadline, attempt: 1 }`, a placeholder never revisited).
+    /// Only visible once a record has been taken over.
+    InFlightAttemptOne,
+
+    // --------------------------------------------------------------- outcomes
+    /// Breaks `complete` ("store the outcome bytes") and the Duplicate answer.
+    /// An empty outcome is not written: DynamoDB once refused empty binary
+    /// attributes and the author skips `outcome` when it is empty; Oracle-style
+    /// `'' IS NULL`; a Redis `HSET` builder that drops empty values. The done
+    /// record then reads back without an outcome and every later claim or get
+    /// fails with CorruptRecord instead of answering Duplicate with `b""`.
+    EmptyOutcomeDropped,
+    /// Breaks rule 8 at its boundary ("an outcome *over* the store's limit").
+    /// The size check is `len >= limit` (off by one, or a column sized
+    /// `limit - 1` to leave room for a length prefix): an outcome of exactly
+    /// `capabilities().max_outcome_bytes` is refused with OutcomeTooLarge, and
+    /// the worker that did the work cannot complete.
+    OutcomeLimitOffByOne,
+
+    // ------------------------------------------------------------ claim_many
+    /// Breaks `claim_many` ("the same answer, key by key, as calling claim for
+    /// each") and rule 2 (distinct keys never interfere). The batch folds
+    /// repeated keys by event id alone: a `HashMap<&str, usize>` keyed by
+    /// `key.id()`, or `SELECT DISTINCT ON (id)` over the `unnest` of the batch.
+    /// `stripe:evt_1` and `github:evt_1` in one batch: the second is answered as
+    /// a repeat of the first (InFlight) and never claimed. Single claims are
+    /// right.
+    ClaimManyDedupByIdOnly,
+
+    // ------------------------------------------------------------------- keys
+    /// Breaks rule 2 and the key rules (ids compared byte for byte, unicode kept
+    /// as given). The id column has a single-byte charset (MySQL `latin1`
+    /// table default in non-strict mode, a legacy `WIN1252` Postgres database
+    /// with a lossy client conversion): every character above U+00FF is stored
+    /// as `?`. `evt_é` stays distinct, but `evt_日本` and `evt_中国`, or two
+    /// emoji ids, are one record and the second event is lost as a duplicate.
+    IdLatin1Column,
 }
 
 /// Every flaw, in declaration order.
@@ -291,6 +411,18 @@ pub fn all_flaws() -> Vec<AFlaw> {
         FingerprintOneSidedMismatch,
         FailOpenClaim,
         CompleteSwallowsWriteError,
+        ReleaseIgnoresDeadline,
+        ExtendNeverShortens,
+        ExtendCheckThenWrite,
+        ExpireScanThenDelete,
+        ExpireCountsOnlyLastStatement,
+        ReentrantOnDoneRecord,
+        MismatchOnExpiredRecord,
+        InFlightAttemptOne,
+        EmptyOutcomeDropped,
+        OutcomeLimitOffByOne,
+        ClaimManyDedupByIdOnly,
+        IdLatin1Column,
     ]
 }
 
@@ -426,6 +558,12 @@ impl FlawedStore {
             Some(AFlaw::IdTrailingSpaceInsensitive) => (ns, id.trim_end_matches(' ').to_string()),
             Some(AFlaw::IdCaseInsensitive) => (ns, id.to_lowercase()),
             Some(AFlaw::IdTruncated255) => (ns, truncate_bytes(id, ID_COLUMN_BYTES)),
+            Some(AFlaw::IdLatin1Column) => (
+                ns,
+                id.chars()
+                    .map(|c| if u32::from(c) > 0xFF { '?' } else { c })
+                    .collect(),
+            ),
             _ => (ns, id.to_string()),
         }
     }
@@ -571,8 +709,33 @@ impl FlawedStore {
         {
             o.fingerprint = None;
         }
+        if self.has(AFlaw::ReentrantOnDoneRecord) && row.state == DONE && same_claim {
+            let differs = matches!(
+                (&given, &row.fingerprint),
+                (Some(g), Some(r)) if g != r
+            );
+            if !differs {
+                // The script's first branch: "our own claim id: hand our lease
+                // back", read from the row whatever its state.
+                let attempt = u32::try_from(row.attempts)
+                    .map_err(|_| Error::corrupt(key, format!("attempt count {}", row.attempts)))?;
+                return Ok(ClaimOutcome::Claimed(Lease {
+                    key: key.clone(),
+                    token: stored_token(row.token.clone()),
+                    deadline: from_millis(row.expires_at),
+                    attempt,
+                    claim_id: opts.claim_id.clone(),
+                }));
+            }
+        }
         let answer = backend::losing_claim(Self::decode(key, row)?, &o);
         Ok(match answer {
+            ClaimOutcome::InFlight { deadline, .. } if self.has(AFlaw::InFlightAttemptOne) => {
+                ClaimOutcome::InFlight {
+                    deadline,
+                    attempt: 1,
+                }
+            }
             ClaimOutcome::Claimed(lease) if self.has(AFlaw::ReentrantRefreshesDeadline) => {
                 let until = self.deadline(now, opts.lease_ttl);
                 row.expires_at = until;
@@ -615,6 +778,19 @@ impl FlawedStore {
         if let Some(row) = map.get_mut(&rk) {
             if self.has(AFlaw::ClaimIgnoresLogicalExpiry) || row.expires_at > now {
                 return self.answer_live(row, key, &opts, now);
+            }
+            if self.has(AFlaw::MismatchOnExpiredRecord) {
+                let given = opts.fingerprint.as_ref().map(|f| f.as_bytes());
+                if let (Some(g), Some(r)) = (given, row.fingerprint.as_deref()) {
+                    if g != r {
+                        let state = if row.state == DONE {
+                            RecordStateKind::Done
+                        } else {
+                            RecordStateKind::InFlight
+                        };
+                        return Ok(ClaimOutcome::Mismatch { state });
+                    }
+                }
             }
         }
         let prev = map.get(&rk).cloned();
@@ -673,7 +849,11 @@ impl FlawedStore {
     fn mark_done(&self, row: &mut Row, outcome: Vec<u8>, retention: Duration, now: i64) {
         row.state = DONE;
         row.completed_at = Some(now);
-        row.outcome = Some(outcome);
+        row.outcome = if self.has(AFlaw::EmptyOutcomeDropped) && outcome.is_empty() {
+            None
+        } else {
+            Some(outcome)
+        };
         row.expires_at = if self.has(AFlaw::RetentionFromFirstSeen) {
             row.first_seen.saturating_add(duration_millis(retention))
         } else {
@@ -707,6 +887,15 @@ impl DedupeStore for FlawedStore {
             check_ttl("retention", retention)?;
         }
         self.capabilities().check_outcome(outcome)?;
+        if self.has(AFlaw::OutcomeLimitOffByOne) {
+            let limit = self.capabilities().max_outcome_bytes;
+            if outcome.len() >= limit {
+                return Err(Error::OutcomeTooLarge {
+                    size: outcome.len(),
+                    limit,
+                });
+            }
+        }
         if self.is_broken() {
             if self.has(AFlaw::CompleteSwallowsWriteError) {
                 return Ok(());
@@ -754,12 +943,13 @@ impl DedupeStore for FlawedStore {
         let now = to_millis(SystemTime::now());
         let rk = self.row_key(&lease.key);
         let check_state = !self.has(AFlaw::ReleaseRemovesDone);
+        let check_deadline = !self.has(AFlaw::ReleaseIgnoresDeadline);
         if self.has(AFlaw::ReleaseCheckThenDelete) {
             let held = {
                 let map = self.lock();
                 let found = map
                     .get(&rk)
-                    .is_some_and(|row| row.holds(lease, now, check_state, true));
+                    .is_some_and(|row| row.holds(lease, now, check_state, check_deadline));
                 found
             };
             if !held {
@@ -771,7 +961,7 @@ impl DedupeStore for FlawedStore {
         }
         let mut map = self.lock();
         match map.get(&rk) {
-            Some(row) if row.holds(lease, now, check_state, true) => {
+            Some(row) if row.holds(lease, now, check_state, check_deadline) => {
                 map.remove(&rk);
                 Ok(())
             }
@@ -787,11 +977,38 @@ impl DedupeStore for FlawedStore {
         let rk = self.row_key(&lease.key);
         let check_state = !self.has(AFlaw::ExtendShortensDone);
         let check_deadline = !self.has(AFlaw::ExtendIgnoresDeadline);
+        if self.has(AFlaw::ExtendCheckThenWrite) {
+            // Read the row, check the token here, write the whole row back one
+            // round trip later without a condition.
+            let snapshot: Option<Row> = {
+                let map = self.lock();
+                let found = map
+                    .get(&rk)
+                    .filter(|row| row.holds(lease, now, check_state, check_deadline))
+                    .cloned();
+                found
+            };
+            let Some(mut row) = snapshot else {
+                return Err(Error::lease_lost(&lease.key));
+            };
+            tokio::time::sleep(ROUND_TRIP).await;
+            let until = self.deadline(now, ttl);
+            row.expires_at = until;
+            row.lease_until = until;
+            row.lease_ttl_ms = duration_millis(ttl);
+            self.lock().insert(rk, row);
+            return Ok(Lease {
+                deadline: from_millis(until),
+                ..lease.clone()
+            });
+        }
         let mut map = self.lock();
         match map.get_mut(&rk) {
             Some(row) if row.holds(lease, now, check_state, check_deadline) => {
                 let until = if self.has(AFlaw::ExtendFromOldDeadline) {
                     row.expires_at.saturating_add(duration_millis(ttl))
+                } else if self.has(AFlaw::ExtendNeverShortens) {
+                    row.expires_at.max(self.deadline(now, ttl))
                 } else {
                     self.deadline(now, ttl)
                 };
@@ -816,6 +1033,41 @@ impl DedupeStore for FlawedStore {
         self.check_broken()?;
         let now = to_millis(SystemTime::now());
         let by_lease = self.has(AFlaw::ExpireJudgesDoneByLease);
+        if self.has(AFlaw::ExpireScanThenDelete) {
+            // Request 1: find the expired keys.
+            let expired: Vec<(String, String)> = {
+                let map = self.lock();
+                let found = map
+                    .iter()
+                    .filter(|(_, row)| row.expires_at <= now)
+                    .map(|(rk, _)| rk.clone())
+                    .collect();
+                found
+            };
+            if expired.is_empty() {
+                return Ok(0);
+            }
+            tokio::time::sleep(ROUND_TRIP).await;
+            // Request 2: delete them by key, no condition.
+            let mut map = self.lock();
+            let removed = expired
+                .iter()
+                .filter(|rk| map.remove(*rk).is_some())
+                .count();
+            return Ok(removed as u64);
+        }
+        if self.has(AFlaw::ExpireCountsOnlyLastStatement) {
+            let mut map = self.lock();
+            let before = map.len();
+            map.retain(|_, row| !(row.state == DONE && row.expires_at <= now));
+            let removed_done = (before - map.len()) as u64;
+            let before = map.len();
+            map.retain(|_, row| !(row.state == IN_FLIGHT && row.expires_at <= now));
+            let removed_in_flight = (before - map.len()) as u64;
+            // The flaw: the first statement's count is shadowed, not added.
+            let _ = removed_done;
+            return Ok(removed_in_flight);
+        }
         let mut map = self.lock();
         let before = map.len();
         map.retain(|_, row| {
@@ -910,6 +1162,31 @@ impl DedupeStore for FlawedStore {
                     continue;
                 }
                 first.insert(key.clone(), answers.len());
+                answers.push(self.claim_locked(&mut map, key, &batch_opts, now_sys)?);
+            }
+            return Ok(answers);
+        }
+
+        if self.has(AFlaw::ClaimManyDedupByIdOnly) {
+            // Repeats folded by event id alone; a repeat answers what a claim
+            // right after the first would (InFlight on the lease just won, or
+            // the same answer again), without touching storage.
+            let mut first: HashMap<String, usize> = HashMap::new();
+            for key in keys {
+                if let Some(&i) = first.get(key.id()) {
+                    let repeat = match &answers[i] {
+                        ClaimOutcome::Claimed(lease) if batch_opts.claim_id.is_none() => {
+                            ClaimOutcome::InFlight {
+                                deadline: lease.deadline,
+                                attempt: lease.attempt,
+                            }
+                        }
+                        other => other.clone(),
+                    };
+                    answers.push(repeat);
+                    continue;
+                }
+                first.insert(key.id().to_string(), answers.len());
                 answers.push(self.claim_locked(&mut map, key, &batch_opts, now_sys)?);
             }
             return Ok(answers);
