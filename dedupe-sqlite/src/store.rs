@@ -31,7 +31,8 @@ impl SqliteBuilder {
     /// its own (default 4). SQLite lets one writer in at a time whatever the
     /// count; more connections let reads (duplicates) run beside a write. The
     /// handle also opens as many read connections for reads on the caller's
-    /// thread, and more (up to 32) when that many reads run at once.
+    /// thread, and more (up to 32) when that many reads run at once, and up to
+    /// 32 write connections for writes on the caller's thread.
     pub fn connections(mut self, connections: usize) -> Self {
         self.connections = connections;
         self
@@ -80,7 +81,8 @@ impl SqliteBuilder {
             inner: Arc::new(Inner {
                 workers,
                 settings,
-                readers: Arc::new(Readers::default()),
+                readers: Arc::new(Pool::default()),
+                writers: Pool::default(),
             }),
         };
         // The first connection opens now, so a bad path or file fails here.
@@ -134,17 +136,26 @@ struct Inner {
     settings: Arc<Settings>,
     /// Connections for reads run on the caller's thread (see
     /// [`SqliteStore::read_in_place`]).
-    readers: Arc<Readers>,
+    readers: Arc<Pool>,
+    /// Connections for writes run on the caller's thread (see
+    /// [`SqliteStore::write_in_place`]).
+    writers: Pool,
 }
 
 /// Most read connections one handle opens.
 const MAX_READERS: usize = 32;
 
-/// A handle's read connections: as many as its connection threads at first,
-/// more (up to [`MAX_READERS`]) when reads running at once find none idle.
+/// Most connections one handle opens for writes on the caller's thread; a write
+/// that finds them all in use goes to a connection thread.
+const MAX_WRITERS: usize = 32;
+
+/// Connections a handle uses on its callers' threads. Read connections: as many
+/// as its connection threads at first, more (up to [`MAX_READERS`]) when reads
+/// running at once find none idle. Write connections: opened on first use, up
+/// to [`MAX_WRITERS`].
 #[derive(Debug, Default)]
-struct Readers {
-    /// The idle ones; a read takes one out while it runs.
+struct Pool {
+    /// The idle ones; a call takes one out while it runs.
     idle: parking_lot::Mutex<Vec<Connection>>,
     /// How many are open or being opened.
     opened: std::sync::atomic::AtomicUsize,
@@ -168,12 +179,15 @@ struct Readers {
 /// - **Duplicates read, never write**: a claim first reads the key outside any
 ///   write transaction; a live record (a duplicate, a claim in flight) answers it
 ///   without taking the write lock. Only a claim that may win takes the lock.
-/// - **Runtime**: each connection is owned by a thread of its own, fed by a queue,
-///   and a write costs one hand-off each way. Reads (the duplicate check of a
-///   claim, `get`) run on the caller's thread on Tokio's multi-thread runtime,
-///   inside `block_in_place` (the worker's other tasks move to another thread
-///   first) on a read connection that never waits for a lock; anywhere else, or
-///   when such a read cannot answer, they go to a connection thread too.
+/// - **Runtime**: on Tokio's multi-thread runtime, calls run on the caller's
+///   thread inside `block_in_place` (the worker's other tasks move to another
+///   thread first, so the runtime never waits on SQLite): reads (the duplicate
+///   check of a claim, `get`) on a read connection that never waits for a lock,
+///   writes on a write connection that waits as long as the busy timeout.
+///   Anywhere else, and for `expire()`, a read that cannot answer, or a write
+///   that finds every write connection in use, the call goes to the handle's
+///   connection threads, each owning a connection and fed by a queue (one
+///   hand-off each way).
 /// - **Time**: deadlines are judged by the caller's clock (`SystemTime::now()`, in
 ///   milliseconds). Every process sharing a file runs on the same machine, so they
 ///   share one clock; do not put the file on a network filesystem.
@@ -326,6 +340,63 @@ impl SqliteStore {
         answer.ok()
     }
 
+    /// Runs a write on the calling thread, when that is allowed, instead of
+    /// handing it to a connection thread and back (two thread wake-ups, most of
+    /// what a write costs when the disk's fsync is fast).
+    ///
+    /// Like [`read_in_place`](Self::read_in_place) it runs only on Tokio's
+    /// multi-thread runtime, inside [`tokio::task::block_in_place`], so the
+    /// runtime's other tasks move to another thread first and are never kept
+    /// waiting, whatever the write waits for (the process's writers' turn,
+    /// SQLite's lock, the fsync). It waits for locks as a connection thread
+    /// does, up to the busy timeout, on a write connection of the handle's own
+    /// (opened here on first use, up to [`MAX_WRITERS`]). `None` when the write
+    /// cannot run here (another runtime, every write connection in use): the
+    /// caller sends it to a connection thread. Once it has run, its answer is
+    /// final, errors included: a write is never run twice.
+    fn write_in_place<T>(
+        &self,
+        write: impl FnOnce(&Ops<'_>, &mut Connection) -> Result<T>,
+    ) -> Option<Result<T>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return None;
+        }
+        let writers = &self.inner.writers;
+        let idle = writers.idle.lock().pop();
+        if idle.is_none()
+            && writers
+                .opened
+                .fetch_update(Relaxed, Relaxed, |n| (n < MAX_WRITERS).then_some(n + 1))
+                .is_err()
+        {
+            return None;
+        }
+        let settings = &self.inner.settings;
+        Some(tokio::task::block_in_place(|| {
+            let deadline = std::time::Instant::now() + settings.busy_timeout;
+            crate::workers::with_busy_deadline(deadline, || {
+                let mut conn = match idle {
+                    Some(conn) => conn,
+                    None => {
+                        match crate::workers::open_connection(&settings.path, settings.busy_timeout)
+                        {
+                            Ok(conn) => conn,
+                            Err(e) => {
+                                writers.opened.fetch_sub(1, Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                };
+                let result = write(&settings.ops(), &mut conn);
+                writers.idle.lock().push(conn);
+                result
+            })
+        }))
+    }
+
     /// Asks a connection thread to open one more read connection, when reads
     /// found every one in use and the handle has fewer than [`MAX_READERS`].
     /// Nobody waits for it: the read that asked goes to a connection thread.
@@ -396,45 +467,62 @@ impl DedupeStore for SqliteStore {
             Some(None) => true,
             None => false,
         };
-        let (key, opts) = (key.clone(), opts.clone());
-        self.with_conn(move |ops, conn| {
+        let claim = move |ops: &Ops<'_>, conn: &mut Connection, key: &Key, opts: &ClaimOptions| {
             if !read {
-                if let Some(answer) = ops.answer_if_live(conn, &key, &opts)? {
+                if let Some(answer) = ops.answer_if_live(conn, key, opts)? {
                     return Ok(answer);
                 }
             }
-            write_tx(ops, conn, |ops, tx| ops.claim(tx, &key, &opts))
-        })
-        .await
+            write_tx(ops, conn, |ops, tx| ops.claim(tx, key, opts))
+        };
+        if let Some(answer) = self.write_in_place(|ops, conn| claim(ops, conn, key, opts)) {
+            return answer;
+        }
+        let (key, opts) = (key.clone(), opts.clone());
+        self.with_conn(move |ops, conn| claim(ops, conn, &key, &opts))
+            .await
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         check_ttl("retention", retention)?;
         self.inner.settings.caps.check_outcome(outcome)?;
+        let complete =
+            move |ops: &Ops<'_>, conn: &mut Connection, lease: &Lease, outcome: &[u8]| {
+                let _turn = ops.turn()?;
+                ops.complete(conn, lease, outcome, retention)
+            };
+        if let Some(answer) = self.write_in_place(|ops, conn| complete(ops, conn, lease, outcome)) {
+            return answer;
+        }
         let (lease, outcome) = (lease.clone(), outcome.to_vec());
-        self.with_conn(move |ops, conn| {
-            let _turn = ops.turn()?;
-            ops.complete(conn, &lease, &outcome, retention)
-        })
-        .await
+        self.with_conn(move |ops, conn| complete(ops, conn, &lease, &outcome))
+            .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let lease = lease.clone();
-        self.with_conn(move |ops, conn| {
+        let release = move |ops: &Ops<'_>, conn: &mut Connection, lease: &Lease| {
             let _turn = ops.turn()?;
-            ops.release(conn, &lease)
-        })
-        .await
+            ops.release(conn, lease)
+        };
+        if let Some(answer) = self.write_in_place(|ops, conn| release(ops, conn, lease)) {
+            return answer;
+        }
+        let lease = lease.clone();
+        self.with_conn(move |ops, conn| release(ops, conn, &lease))
+            .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let lease = lease.clone();
-        self.with_conn(move |ops, conn| {
+        let extend = move |ops: &Ops<'_>, conn: &mut Connection, lease: &Lease| {
             let _turn = ops.turn()?;
-            ops.extend(conn, &lease, ttl)
-        })
-        .await
+            ops.extend(conn, lease, ttl)
+        };
+        if let Some(answer) = self.write_in_place(|ops, conn| extend(ops, conn, lease)) {
+            return answer;
+        }
+        let lease = lease.clone();
+        self.with_conn(move |ops, conn| extend(ops, conn, &lease))
+            .await
     }
 
     async fn expire(&self) -> Result<u64> {
@@ -502,18 +590,23 @@ impl DedupeStore for SqliteStore {
             Some(None) => true,
             None => false,
         };
-        let (keys, opts) = (keys.to_vec(), opts.clone());
-        self.with_conn(move |ops, conn| {
-            if !read {
-                if let Some(answers) = all_live(ops, conn, &keys, &opts)? {
-                    return Ok(answers);
+        let claim_all =
+            move |ops: &Ops<'_>, conn: &mut Connection, keys: &[Key], opts: &ClaimOptions| {
+                if !read {
+                    if let Some(answers) = all_live(ops, conn, keys, opts)? {
+                        return Ok(answers);
+                    }
                 }
-            }
-            write_tx(ops, conn, |ops, tx| {
-                keys.iter().map(|key| ops.claim(tx, key, &opts)).collect()
-            })
-        })
-        .await
+                write_tx(ops, conn, |ops, tx| {
+                    keys.iter().map(|key| ops.claim(tx, key, opts)).collect()
+                })
+            };
+        if let Some(answers) = self.write_in_place(|ops, conn| claim_all(ops, conn, keys, opts)) {
+            return answers;
+        }
+        let (keys, opts) = (keys.to_vec(), opts.clone());
+        self.with_conn(move |ops, conn| claim_all(ops, conn, &keys, &opts))
+            .await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -4,8 +4,9 @@
 //! one shared queue and answer each on a oneshot channel. Compared with a trip
 //! through Tokio's blocking pool per call, the connection never changes threads
 //! and a call costs one queue push and one wake-up each way. (That is still most
-//! of what a read-only claim costs, so reads run on the caller's thread where
-//! the runtime allows it: see `SqliteStore::read_in_place` and [`open_reader`].)
+//! of what a call costs, so reads and writes run on the caller's thread where
+//! the runtime allows it: see `SqliteStore::read_in_place`, [`open_reader`] and
+//! `SqliteStore::write_in_place`.)
 //!
 //! Every job carries a deadline, the store's busy timeout counted from the call:
 //! a job still queued at its deadline is answered with [`Error::Timeout`] without

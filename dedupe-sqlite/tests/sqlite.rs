@@ -396,8 +396,8 @@ async fn duplicates_are_answered_without_the_write_lock() {
 }
 
 /// A duplicate is read on the caller's thread: it is answered while the handle's
-/// only connection thread is taken by a claim waiting for the write lock. Through
-/// that thread it would be answered only after that claim gave up (its busy
+/// only connection thread is taken by a purge waiting for the write lock. Through
+/// that thread it would be answered only after the purge gave up (its busy
 /// timeout), and the first assertion shows the order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_does_not_wait_for_a_connection_thread() {
@@ -425,13 +425,13 @@ async fn a_duplicate_does_not_wait_for_a_connection_thread() {
     let tx = blocker
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .expect("take the write lock");
-    // Polled once, the fresh claim has queued its write on the only connection
+    // Polled once, the purge has queued its first batch on the only connection
     // thread, where it waits for the lock held above.
-    let mut waiting = std::pin::pin!(store.claim(&fresh, &opts));
+    let mut waiting = std::pin::pin!(store.expire());
     let first = std::future::poll_fn(|cx| Poll::Ready(waiting.as_mut().poll(cx))).await;
     assert!(
         first.is_pending(),
-        "a fresh claim under a held write lock answered at once"
+        "a purge under a held write lock answered at once"
     );
 
     for _ in 0..20 {
@@ -452,7 +452,54 @@ async fn a_duplicate_does_not_wait_for_a_connection_thread() {
     );
 
     tx.rollback().expect("unlock");
-    assert!(waiting.await.expect("claim").lease().is_some());
+    assert_eq!(waiting.await.expect("purge"), 0);
+    assert!(store
+        .claim(&fresh, &opts)
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
+}
+
+/// On a current-thread runtime nothing runs on the caller's thread (it would
+/// stall the runtime): every call goes to the handle's connection threads, and
+/// the whole life of a record works the same there.
+#[tokio::test(flavor = "current_thread")]
+async fn every_call_works_through_the_connection_threads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::builder(dir.path().join("threads.db"))
+        .connections(1)
+        .open()
+        .await
+        .expect("open");
+    let opts = ClaimOptions::default();
+    let (a, b) = (key("evt_a"), key("evt_b"));
+    let lease = store.claim(&a, &opts).await.expect("claim");
+    let lease = lease.lease().cloned().expect("a fresh key is claimed");
+    assert!(matches!(
+        store.claim(&a, &opts).await.expect("again"),
+        ClaimOutcome::InFlight { .. }
+    ));
+    let lease = store
+        .extend(&lease, Duration::from_secs(60))
+        .await
+        .expect("extend");
+    store
+        .complete(&lease, b"done", Duration::from_secs(60))
+        .await
+        .expect("complete");
+    let batch = store
+        .claim_many(&[a.clone(), b.clone()], &opts)
+        .await
+        .expect("claim_many");
+    assert!(matches!(&batch[0], ClaimOutcome::Duplicate { outcome, .. } if outcome == b"done"));
+    let taken = batch[1]
+        .lease()
+        .cloned()
+        .expect("b is claimed in the batch");
+    store.release(&taken).await.expect("release");
+    assert!(store.get(&b).await.expect("get").is_none());
+    assert!(store.get(&a).await.expect("get").is_some());
 }
 
 #[tokio::test]
