@@ -65,7 +65,7 @@ impl Ops<'_> {
         crate::error::map(e, self.timeout)
     }
 
-    /// Creates the schema, table and index under an advisory lock.
+    /// Creates the schema and the table under an advisory lock.
     pub(crate) async fn migrate(&self, conn: &mut PgConnection) -> Result<()> {
         // One simple-query message: Postgres runs its statements as one implicit
         // transaction, which holds the advisory lock to the end.

@@ -96,7 +96,8 @@ impl Statements {
             //   with that index no completion could be a HOT update and every claim
             //   would write two index entries; `expire()` walks the table instead;
             // - no CHECK on `state`: the decoder refuses any state it does not know
-            //   (Error::Corrupt), and a CHECK is re-read for every insert.
+            //   (Error::CorruptRecord), and a CHECK is evaluated anew on every insert
+            //   and update.
             // Tables made by earlier versions (default collation, the index, the
             // CHECK) keep working with every statement here unchanged.
             migrate: format!(

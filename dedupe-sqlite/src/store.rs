@@ -31,8 +31,8 @@ impl SqliteBuilder {
     /// its own (default 4). SQLite lets one writer in at a time whatever the
     /// count; more connections let reads (duplicates) run beside a write. The
     /// handle also opens as many read connections for reads on the caller's
-    /// thread, and more (up to 32) when that many reads run at once, and up to
-    /// 32 write connections for writes on the caller's thread.
+    /// thread, and more (up to 32) when that many reads run at once, and one or
+    /// two write connections for writes on the caller's thread.
     pub fn connections(mut self, connections: usize) -> Self {
         self.connections = connections;
         self
@@ -145,9 +145,10 @@ struct Inner {
 /// Most read connections one handle opens.
 const MAX_READERS: usize = 32;
 
-/// Most connections one handle opens for writes on the caller's thread; a write
-/// that finds them all in use goes to a connection thread.
-const MAX_WRITERS: usize = 32;
+/// Most connections one handle opens for writes on the caller's thread. Only the
+/// holder of the process's writers' turn writes there, so one is enough; a second
+/// covers a handle whose writes race the turn.
+const MAX_WRITERS: usize = 2;
 
 /// Connections a handle uses on its callers' threads. Read connections: as many
 /// as its connection threads at first, more (up to [`MAX_READERS`]) when reads
@@ -179,15 +180,15 @@ struct Pool {
 /// - **Duplicates read, never write**: a claim first reads the key outside any
 ///   write transaction; a live record (a duplicate, a claim in flight) answers it
 ///   without taking the write lock. Only a claim that may win takes the lock.
-/// - **Runtime**: on Tokio's multi-thread runtime, calls run on the caller's
-///   thread inside `block_in_place` (the worker's other tasks move to another
-///   thread first, so the runtime never waits on SQLite): reads (the duplicate
-///   check of a claim, `get`) on a read connection that never waits for a lock,
-///   writes on a write connection that waits as long as the busy timeout.
-///   Anywhere else, and for `expire()`, a read that cannot answer, or a write
-///   that finds every write connection in use, the call goes to the handle's
-///   connection threads, each owning a connection and fed by a queue (one
-///   hand-off each way).
+/// - **Runtime**: on Tokio's multi-thread runtime, calls that need not wait run
+///   on the caller's thread inside `block_in_place` (the worker's other tasks
+///   move to another thread first, so the runtime never waits on SQLite): reads
+///   (the duplicate check of a claim, `get`) on a read connection, and writes
+///   when the process's writers' turn is free and no other connection holds
+///   SQLite's write lock. Neither ever waits for a lock there. Anywhere else,
+///   for `expire()`, and for a call that would have to wait, the call goes to the
+///   handle's connection threads, each owning a connection and fed by a queue
+///   (one hand-off each way), which wait up to the busy timeout.
 /// - **Time**: deadlines are judged by the caller's clock (`SystemTime::now()`, in
 ///   milliseconds). Every process sharing a file runs on the same machine, so they
 ///   share one clock; do not put the file on a network filesystem.
@@ -340,20 +341,21 @@ impl SqliteStore {
         answer.ok()
     }
 
-    /// Runs a write on the calling thread, when that is allowed, instead of
-    /// handing it to a connection thread and back (two thread wake-ups, most of
-    /// what a write costs when the disk's fsync is fast).
+    /// Runs a write on the calling thread, when it need not wait for anything,
+    /// instead of handing it to a connection thread and back (two thread
+    /// wake-ups, most of what a write costs when the disk's fsync is fast).
     ///
     /// Like [`read_in_place`](Self::read_in_place) it runs only on Tokio's
-    /// multi-thread runtime, inside [`tokio::task::block_in_place`], so the
-    /// runtime's other tasks move to another thread first and are never kept
-    /// waiting, whatever the write waits for (the process's writers' turn,
-    /// SQLite's lock, the fsync). It waits for locks as a connection thread
-    /// does, up to the busy timeout, on a write connection of the handle's own
-    /// (opened here on first use, up to [`MAX_WRITERS`]). `None` when the write
-    /// cannot run here (another runtime, every write connection in use): the
-    /// caller sends it to a connection thread. Once it has run, its answer is
-    /// final, errors included: a write is never run twice.
+    /// multi-thread runtime, inside [`tokio::task::block_in_place`] (the
+    /// runtime's other tasks move to another thread first). It runs only when
+    /// this process's writers' turn is free, and it never waits for SQLite's
+    /// lock either: the caller's task is held for the write's own transaction
+    /// and fsync, never for another writer, so a timeout or `select!` around the
+    /// call still fires within about one commit. `None` when the write did not
+    /// run here (another runtime, the turn taken, SQLite's lock held by another
+    /// connection): nothing was written, and the caller sends it to a connection
+    /// thread, which waits up to the busy timeout. Once the write has run, its
+    /// answer is final, errors included: a write is never run twice.
     fn write_in_place<T>(
         &self,
         write: impl FnOnce(&Ops<'_>, &mut Connection) -> Result<T>,
@@ -363,6 +365,8 @@ impl SqliteStore {
         if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
             return None;
         }
+        let settings = &self.inner.settings;
+        let _turn = settings.writer.try_lock()?;
         let writers = &self.inner.writers;
         let idle = writers.idle.lock().pop();
         if idle.is_none()
@@ -373,10 +377,14 @@ impl SqliteStore {
         {
             return None;
         }
-        let settings = &self.inner.settings;
-        Some(tokio::task::block_in_place(|| {
-            let deadline = std::time::Instant::now() + settings.busy_timeout;
-            crate::workers::with_busy_deadline(deadline, || {
+        // The turn is held above, so the statements must not take it again.
+        let ops = Ops {
+            writer: None,
+            ..settings.ops()
+        };
+        let answer = tokio::task::block_in_place(|| {
+            // A deadline already passed: SQLite's busy handler gives up at once.
+            crate::workers::with_busy_deadline(std::time::Instant::now(), || {
                 let mut conn = match idle {
                     Some(conn) => conn,
                     None => {
@@ -390,11 +398,18 @@ impl SqliteStore {
                         }
                     }
                 };
-                let result = write(&settings.ops(), &mut conn);
+                let result = write(&ops, &mut conn);
                 writers.idle.lock().push(conn);
                 result
             })
-        }))
+        });
+        match answer {
+            // SQLite's lock was held by another connection: in WAL mode a write
+            // meets it only when it begins (`BEGIN IMMEDIATE`, or a single
+            // statement's first write), so nothing was written.
+            Err(Error::Timeout { .. }) => None,
+            answer => Some(answer),
+        }
     }
 
     /// Asks a connection thread to open one more read connection, when reads

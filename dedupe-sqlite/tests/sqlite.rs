@@ -461,6 +461,49 @@ async fn a_duplicate_does_not_wait_for_a_connection_thread() {
         .is_some());
 }
 
+/// A write never holds its caller's task for another writer: with SQLite's write
+/// lock held by another connection, a claim under a 200 ms timeout gives up
+/// after about that (its write waits on a connection thread, not on the task's
+/// thread), not after the 10 s busy timeout. Once the lock is free, a write
+/// runs on the caller's thread again and wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waiting_for_the_lock_does_not_hold_its_task() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("held.db");
+    let store = SqliteStore::builder(&db)
+        .busy_timeout(Duration::from_secs(10))
+        .open()
+        .await
+        .expect("open");
+    let opts = ClaimOptions::default();
+    let mut blocker = Connection::open(&db).expect("open");
+    let tx = blocker
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .expect("take the write lock");
+    let started = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_millis(200),
+        store.claim(&key("evt_held"), &opts),
+    )
+    .await;
+    let waited = started.elapsed();
+    assert!(
+        answer.is_err(),
+        "a claim under a held write lock answered {answer:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "the 200 ms timeout fired after {waited:?}: the write held its task"
+    );
+    tx.rollback().expect("unlock");
+    assert!(store
+        .claim(&key("evt_free"), &opts)
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
+}
+
 /// On a current-thread runtime nothing runs on the caller's thread (it would
 /// stall the runtime): every call goes to the handle's connection threads, and
 /// the whole life of a record works the same there.
