@@ -183,12 +183,18 @@ thread_local! {
 /// Runs `f` with this thread's busy deadline set to `deadline` (or the deadline
 /// already set, if that is earlier), then puts back the one it found.
 pub(crate) fn with_busy_deadline<T>(deadline: Instant, f: impl FnOnce() -> T) -> T {
+    /// Puts the outer deadline back when `f` returns or unwinds.
+    struct Restore(Option<Instant>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BUSY_DEADLINE.with(|d| d.set(self.0));
+        }
+    }
     let outer = BUSY_DEADLINE.with(Cell::get);
     let inner = outer.map_or(deadline, |outer| outer.min(deadline));
+    let _restore = Restore(outer);
     BUSY_DEADLINE.with(|d| d.set(Some(inner)));
-    let value = f();
-    BUSY_DEADLINE.with(|d| d.set(outer));
-    value
+    f()
 }
 
 /// SQLite's busy handler: retry every millisecond or so until the deadline.

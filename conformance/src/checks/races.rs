@@ -503,6 +503,14 @@ pub async fn expire_races_takeovers(factory: &dyn StoreFactory) -> CheckResult {
                     Arc::clone(&barrier),
                 );
                 tokio::spawn(async move {
+                    // Counts this claimer out however it ends, so the purge stops.
+                    struct Done(Arc<std::sync::atomic::AtomicUsize>);
+                    impl Drop for Done {
+                        fn drop(&mut self) {
+                            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                    let _done = Done(claiming);
                     barrier.wait().await;
                     let mut taken = Vec::with_capacity(mine.len());
                     for k in mine {
@@ -510,7 +518,6 @@ pub async fn expire_races_takeovers(factory: &dyn StoreFactory) -> CheckResult {
                         taken.push((k, answer));
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    claiming.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                     taken
                 })
             })
