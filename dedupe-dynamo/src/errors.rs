@@ -42,7 +42,14 @@ where
             source: Some(Box::new(e)),
         },
         SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            Error::unavailable("dynamodb unreachable", Some(Box::new(e)))
+            // Say what happened (refused, reset, no such host): the SDK's own
+            // message is only "dispatch failure"; the cause is at the root.
+            let mut root: &dyn std::error::Error = &e;
+            while let Some(next) = root.source() {
+                root = next;
+            }
+            let why = root.to_string();
+            Error::unavailable(format!("dynamodb unreachable: {why}"), Some(Box::new(e)))
         }
         _ => match code.as_deref() {
             Some(code) if retryable_code(code) => {
