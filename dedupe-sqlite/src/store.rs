@@ -328,8 +328,7 @@ impl SqliteStore {
     /// failed in any way: the caller then sends it to a connection thread, which
     /// waits for locks up to the busy timeout and reports errors as usual.
     fn read_in_place<T>(&self, read: impl FnOnce(&Ops<'_>, &Connection) -> Result<T>) -> Option<T> {
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
-        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+        if !on_multi_thread_runtime() {
             return None;
         }
         let Some(conn) = self.inner.readers.idle.lock().pop() else {
@@ -361,8 +360,7 @@ impl SqliteStore {
         write: impl FnOnce(&Ops<'_>, &mut Connection) -> Result<T>,
     ) -> Option<Result<T>> {
         use std::sync::atomic::Ordering::Relaxed;
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
-        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+        if !on_multi_thread_runtime() {
             return None;
         }
         let settings = &self.inner.settings;
@@ -453,6 +451,13 @@ impl SqliteStore {
             })
             .await
     }
+}
+
+/// Whether this thread runs Tokio's multi-thread runtime, the only one where
+/// `block_in_place` may run a call on the caller's thread.
+fn on_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// Runs `f` in a `BEGIN IMMEDIATE` transaction on `conn`.
