@@ -156,11 +156,27 @@ impl RedisServer {
             options,
             child: None,
         };
-        server.spawn();
-        server
+        // Another test process may bind the free port first; a server that
+        // exits for that reason starts again on another free port.
+        for _ in 0..5 {
+            match server.try_spawn() {
+                Ok(()) => return server,
+                Err(why) if why.contains("Address already in use") => {
+                    server.port = free_port(server.options.cluster);
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+        panic!("redis-server found its port taken five times in a row")
     }
 
     fn spawn(&mut self) {
+        if let Err(why) = self.try_spawn() {
+            panic!("{why}");
+        }
+    }
+
+    fn try_spawn(&mut self) -> Result<(), String> {
         let port = self.port.to_string();
         let mut args: Vec<String> = vec![
             "--bind".into(),
@@ -229,13 +245,14 @@ impl RedisServer {
             .expect("redis-server: install the redis-server package");
         self.child = Some(child);
         if self.options.tls.is_none() {
-            self.wait_ready();
+            self.wait_ready()
         } else {
             wait_listening(self.port);
+            Ok(())
         }
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
             // Our own process must be the one answering: a server that exited
@@ -245,22 +262,22 @@ impl RedisServer {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten())
             {
-                panic!(
+                return Err(format!(
                     "redis-server on port {} exited ({status}): {}",
                     self.port,
                     std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
-                );
+                ));
             }
             if ping(self.port) {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        panic!(
+        Err(format!(
             "redis-server on port {} did not answer PING: {}",
             self.port,
             std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
-        );
+        ))
     }
 
     /// `redis://127.0.0.1:PORT` (or `rediss://` for a TLS server).
