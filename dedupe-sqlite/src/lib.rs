@@ -6,6 +6,7 @@
 //! relies on, and [`SqliteStore::claim_in`] for the transactional claim.
 
 mod error;
+mod group;
 mod ops;
 mod sql;
 mod store;

@@ -12,6 +12,7 @@ use dedupe_core::{
 };
 use rusqlite::{Connection, TransactionBehavior};
 
+use crate::group::FileWriter;
 use crate::ops::Ops;
 use crate::sql::{Statements, EXPIRE_BATCH};
 use crate::workers::{Slot, Workers};
@@ -71,7 +72,7 @@ impl SqliteBuilder {
         }
         let settings = Arc::new(Settings {
             sql,
-            writer: crate::workers::writer_for(&self.path),
+            writer: FileWriter::for_file(&self.path)?,
             path: self.path,
             busy_timeout: self.busy_timeout,
             caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
@@ -111,8 +112,9 @@ impl SqliteBuilder {
 #[derive(Debug)]
 pub(crate) struct Settings {
     pub(crate) sql: Statements,
-    /// This process's turn for writers to the file, shared by its handles.
-    pub(crate) writer: Arc<parking_lot::Mutex<()>>,
+    /// This process's writer to the file (its turn, and the thread that commits
+    /// queued writes in groups), shared by its handles.
+    pub(crate) writer: Arc<FileWriter>,
     pub(crate) path: PathBuf,
     pub(crate) busy_timeout: Duration,
     pub(crate) caps: Capabilities,
@@ -124,7 +126,7 @@ impl Settings {
             sql: &self.sql,
             busy_timeout: self.busy_timeout,
             caps: self.caps,
-            writer: Some(&self.writer),
+            writer: Some(self.writer.turn()),
         }
     }
 }
@@ -186,9 +188,13 @@ struct Pool {
 ///   (the duplicate check of a claim, `get`) on a read connection, and writes
 ///   when the process's writers' turn is free and no other connection holds
 ///   SQLite's write lock. Neither ever waits for a lock there. Anywhere else,
-///   for `expire()`, and for a call that would have to wait, the call goes to the
+///   for `expire()`, and for a read that would have to wait, the call goes to the
 ///   handle's connection threads, each owning a connection and fed by a queue
 ///   (one hand-off each way), which wait up to the busy timeout.
+/// - **Group commit**: a write that would have to wait is queued for the
+///   process's writer thread of the file, which commits every write queued
+///   together in one transaction (a savepoint each, one fsync for all) and
+///   answers each after the commit; a write that fails is undone alone.
 /// - **Time**: deadlines are judged by the caller's clock (`SystemTime::now()`, in
 ///   milliseconds). Every process sharing a file runs on the same machine, so they
 ///   share one clock; do not put the file on a network filesystem.
@@ -341,8 +347,8 @@ impl SqliteStore {
     }
 
     /// Runs a write on the calling thread, when it need not wait for anything,
-    /// instead of handing it to a connection thread and back (two thread
-    /// wake-ups, most of what a write costs when the disk's fsync is fast).
+    /// instead of handing it to the writer thread and back (two thread
+    /// wake-ups, most of what a lone write costs when the disk's fsync is fast).
     ///
     /// Like [`read_in_place`](Self::read_in_place) it runs only on Tokio's
     /// multi-thread runtime, inside [`tokio::task::block_in_place`] (the
@@ -351,9 +357,11 @@ impl SqliteStore {
     /// lock either: the caller's task is held for the write's own transaction
     /// and fsync, never for another writer, so a timeout or `select!` around the
     /// call still fires within about one commit. `None` when the write did not
-    /// run here (another runtime, the turn taken, SQLite's lock held by another
-    /// connection): nothing was written, and the caller sends it to a connection
-    /// thread, which waits up to the busy timeout. Once the write has run, its
+    /// run here (another runtime, writes already queued, the turn taken,
+    /// SQLite's lock held by another connection): nothing was written, and the
+    /// caller queues it for the process's writer thread (`crate::group`), which
+    /// waits up to the busy timeout and commits it with the writes queued
+    /// beside it. Once the write has run, its
     /// answer is final, errors included: a write is never run twice.
     fn write_in_place<T>(
         &self,
@@ -364,7 +372,11 @@ impl SqliteStore {
             return None;
         }
         let settings = &self.inner.settings;
-        let _turn = settings.writer.try_lock()?;
+        // Writes already queued for the writer thread go first.
+        if !settings.writer.queue_is_empty() {
+            return None;
+        }
+        let _turn = settings.writer.turn().try_lock()?;
         let writers = &self.inner.writers;
         let idle = writers.idle.lock().pop();
         if idle.is_none()
@@ -453,6 +465,27 @@ impl SqliteStore {
     }
 }
 
+impl SqliteStore {
+    /// Writes ever queued for this process's writer thread of the file, and
+    /// those waiting in its queue now.
+    #[cfg(test)]
+    pub(crate) fn queued_writes(&self) -> (usize, usize) {
+        self.inner.settings.writer.queued()
+    }
+
+    /// Queues a write for this process's writer thread, which commits the
+    /// writes queued together in one transaction (see `group`), and waits for
+    /// its answer.
+    async fn write<T, F>(&self, write: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Ops<'_>, &Connection) -> Result<T> + Send + 'static,
+    {
+        let settings = &self.inner.settings;
+        settings.writer.run(settings, write).await
+    }
+}
+
 /// Whether this thread runs Tokio's multi-thread runtime, the only one where
 /// `block_in_place` may run a call on the caller's thread.
 fn on_multi_thread_runtime() -> bool {
@@ -499,49 +532,46 @@ impl DedupeStore for SqliteStore {
             return answer;
         }
         let (key, opts) = (key.clone(), opts.clone());
-        self.with_conn(move |ops, conn| claim(ops, conn, &key, &opts))
+        if !read {
+            let (key, opts) = (key.clone(), opts.clone());
+            let live = self
+                .with_conn(move |ops, conn| ops.answer_if_live(conn, &key, &opts))
+                .await?;
+            if let Some(answer) = live {
+                return Ok(answer);
+            }
+        }
+        self.write(move |ops, conn| ops.claim(conn, &key, &opts))
             .await
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         check_ttl("retention", retention)?;
         self.inner.settings.caps.check_outcome(outcome)?;
-        let complete =
-            move |ops: &Ops<'_>, conn: &mut Connection, lease: &Lease, outcome: &[u8]| {
-                let _turn = ops.turn()?;
-                ops.complete(conn, lease, outcome, retention)
-            };
-        if let Some(answer) = self.write_in_place(|ops, conn| complete(ops, conn, lease, outcome)) {
+        if let Some(answer) =
+            self.write_in_place(|ops, conn| ops.complete(conn, lease, outcome, retention))
+        {
             return answer;
         }
         let (lease, outcome) = (lease.clone(), outcome.to_vec());
-        self.with_conn(move |ops, conn| complete(ops, conn, &lease, &outcome))
+        self.write(move |ops, conn| ops.complete(conn, &lease, &outcome, retention))
             .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let release = move |ops: &Ops<'_>, conn: &mut Connection, lease: &Lease| {
-            let _turn = ops.turn()?;
-            ops.release(conn, lease)
-        };
-        if let Some(answer) = self.write_in_place(|ops, conn| release(ops, conn, lease)) {
+        if let Some(answer) = self.write_in_place(|ops, conn| ops.release(conn, lease)) {
             return answer;
         }
         let lease = lease.clone();
-        self.with_conn(move |ops, conn| release(ops, conn, &lease))
-            .await
+        self.write(move |ops, conn| ops.release(conn, &lease)).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        let extend = move |ops: &Ops<'_>, conn: &mut Connection, lease: &Lease| {
-            let _turn = ops.turn()?;
-            ops.extend(conn, lease, ttl)
-        };
-        if let Some(answer) = self.write_in_place(|ops, conn| extend(ops, conn, lease)) {
+        if let Some(answer) = self.write_in_place(|ops, conn| ops.extend(conn, lease, ttl)) {
             return answer;
         }
         let lease = lease.clone();
-        self.with_conn(move |ops, conn| extend(ops, conn, &lease))
+        self.write(move |ops, conn| ops.extend(conn, &lease, ttl))
             .await
     }
 
@@ -625,7 +655,17 @@ impl DedupeStore for SqliteStore {
             return answers;
         }
         let (keys, opts) = (keys.to_vec(), opts.clone());
-        self.with_conn(move |ops, conn| claim_all(ops, conn, &keys, &opts))
+        if !read {
+            let (keys, opts) = (keys.clone(), opts.clone());
+            let live = self
+                .with_conn(move |ops, conn| all_live(ops, conn, &keys, &opts))
+                .await?;
+            if let Some(answers) = live {
+                return Ok(answers);
+            }
+        }
+        // Its savepoint in the group's transaction makes the batch all or nothing.
+        self.write(move |ops, conn| keys.iter().map(|key| ops.claim(conn, key, &opts)).collect())
             .await
     }
 

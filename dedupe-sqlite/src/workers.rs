@@ -6,7 +6,8 @@
 //! and a call costs one queue push and one wake-up each way. (That is still most
 //! of what a call costs, so reads and writes run on the caller's thread where
 //! the runtime allows it: see `SqliteStore::read_in_place`, [`open_reader`] and
-//! `SqliteStore::write_in_place`.)
+//! `SqliteStore::write_in_place`; and writes that must wait go to the process's
+//! writer thread, `crate::group`, which commits them in groups.)
 //!
 //! Every job carries a deadline, the store's busy timeout counted from the call:
 //! a job still queued at its deadline is answered with [`Error::Timeout`] without
@@ -139,40 +140,6 @@ impl Workers {
 /// The deadline of the job running on this thread, if any.
 pub(crate) fn busy_deadline() -> Option<Instant> {
     BUSY_DEADLINE.with(Cell::get)
-}
-
-/// The writers' turn shared by every handle of this process on the file at
-/// `path` (by its canonical directory and name, so two spellings of one path
-/// share it).
-pub(crate) fn writer_for(path: &Path) -> Arc<parking_lot::Mutex<()>> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock, Weak};
-    static WRITERS: OnceLock<Mutex<HashMap<std::path::PathBuf, Weak<parking_lot::Mutex<()>>>>> =
-        OnceLock::new();
-    let canonical = match (path.parent(), path.file_name()) {
-        (Some(dir), Some(name)) => {
-            let dir = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            };
-            dir.canonicalize()
-                .map(|d| d.join(name))
-                .unwrap_or_else(|_| path.to_path_buf())
-        }
-        _ => path.to_path_buf(),
-    };
-    let mut writers = WRITERS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    writers.retain(|_, w| w.strong_count() > 0);
-    if let Some(writer) = writers.get(&canonical).and_then(Weak::upgrade) {
-        return writer;
-    }
-    let writer = Arc::new(parking_lot::Mutex::new(()));
-    writers.insert(canonical, Arc::downgrade(&writer));
-    writer
 }
 
 thread_local! {

@@ -1,0 +1,593 @@
+//! Group commit: the writes of one process to one file that queue up while
+//! another write runs are committed together, in one transaction and one fsync.
+//!
+//! Every handle of a process on a file shares one [`FileWriter`]: the process's
+//! turn to write (a lock that keeps its own writers from polling SQLite's lock
+//! against each other) and a thread owning a write connection, fed by a queue.
+//! A write that need not wait runs on its caller's thread (see
+//! `SqliteStore::write_in_place`); a write that would wait is queued here
+//! instead. The thread takes every queued write at once (at most
+//! [`MAX_GROUP`]), runs each in a savepoint of one `BEGIN IMMEDIATE`
+//! transaction, commits once, and only then answers each: a write is answered
+//! after its commit is durable, as before, and with 16 writers waiting the disk
+//! syncs once for all of them instead of 16 times.
+//!
+//! - A write that fails rolls back to its savepoint: its caller gets its error,
+//!   nothing of it is written, and the others of the group go on.
+//! - If the transaction itself fails (its commit, or an error after which
+//!   SQLite rolled the whole transaction back), every write of the group gets
+//!   the error, and none of them was written.
+//! - Writes run in the order they were queued, so two claims of one key in one
+//!   group have one winner: the second sees the first's record, live.
+//! - A write whose caller has gone (its future was dropped) is skipped before
+//!   it starts; a write still queued at its deadline (its handle's busy timeout,
+//!   counted from the call) is answered [`Error::Timeout`] without running.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use dedupe_core::{Error, Result};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::ops::Ops;
+use crate::store::Settings;
+
+/// Most writes committed in one transaction.
+pub(crate) const MAX_GROUP: usize = 128;
+
+/// The writers of one process to one file: their turn, and the thread that runs
+/// the writes that had to wait, in groups.
+#[derive(Debug)]
+pub(crate) struct FileWriter {
+    turn: Arc<parking_lot::Mutex<()>>,
+    queue: Sender<Box<dyn Write>>,
+    /// Writes ever queued (so a test knows when the thread has taken one).
+    #[cfg(test)]
+    sent: std::sync::atomic::AtomicUsize,
+}
+
+impl FileWriter {
+    /// The writer of this process for the file at `path` (by its canonical
+    /// directory and name, so two spellings of one path share it), started now if
+    /// no handle has it open. Its thread ends when the last handle is dropped.
+    pub(crate) fn for_file(path: &Path) -> Result<Arc<FileWriter>> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock, Weak};
+        type Registry = Mutex<HashMap<PathBuf, Weak<FileWriter>>>;
+        static WRITERS: OnceLock<Registry> = OnceLock::new();
+        let canonical = match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                dir.canonicalize()
+                    .map(|d| d.join(name))
+                    .unwrap_or_else(|_| path.to_path_buf())
+            }
+            _ => path.to_path_buf(),
+        };
+        let mut writers = WRITERS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        writers.retain(|_, w| w.strong_count() > 0);
+        if let Some(writer) = writers.get(&canonical).and_then(Weak::upgrade) {
+            return Ok(writer);
+        }
+        let writer = Arc::new(FileWriter::start(path.to_path_buf())?);
+        writers.insert(canonical, Arc::downgrade(&writer));
+        Ok(writer)
+    }
+
+    fn start(path: PathBuf) -> Result<Self> {
+        let (queue, writes) = crossbeam_channel::unbounded();
+        let turn = Arc::new(parking_lot::Mutex::new(()));
+        let thread_turn = Arc::clone(&turn);
+        std::thread::Builder::new()
+            .name("dedupe-sqlite-writer".into())
+            .spawn(move || serve(&path, &thread_turn, &writes))
+            .map_err(|e| {
+                Error::backend(
+                    "could not start the sqlite writer thread",
+                    false,
+                    Some(Box::new(e) as _),
+                )
+            })?;
+        Ok(Self {
+            turn,
+            queue,
+            #[cfg(test)]
+            sent: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// This process's turn to write to the file. Whoever holds it is the only
+    /// writer of the process; other processes still meet it at SQLite's lock.
+    pub(crate) fn turn(&self) -> &parking_lot::Mutex<()> {
+        &self.turn
+    }
+
+    /// Whether no write is queued for the writer thread (a write may then run
+    /// on its caller's thread without passing the queued ones).
+    pub(crate) fn queue_is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// How many writes were ever queued, and how many wait in the queue now
+    /// (the others the thread has taken).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> (usize, usize) {
+        let sent = self.sent.load(std::sync::atomic::Ordering::SeqCst);
+        (sent, self.queue.len())
+    }
+
+    /// Queues `write` for the writer thread and waits, without blocking the
+    /// runtime, for its answer, which comes once its group has committed.
+    pub(crate) async fn run<T, F>(&self, settings: &Arc<Settings>, write: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Ops<'_>, &Connection) -> Result<T> + Send + 'static,
+    {
+        let (answer, answered) = oneshot::channel();
+        let pending = Pending {
+            deadline: Instant::now() + settings.busy_timeout,
+            settings: Arc::clone(settings),
+            write,
+            answer,
+        };
+        #[cfg(test)]
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.queue
+            .send(Box::new(pending))
+            .map_err(|_| Error::backend("the sqlite writer thread stopped", false, None))?;
+        answered.await.map_err(|_| {
+            Error::backend(
+                "the sqlite writer thread stopped before answering",
+                false,
+                None,
+            )
+        })?
+    }
+}
+
+/// Makes the error each write of a failed group is answered with, given the
+/// busy timeout of the write's handle.
+type GroupError<'a> = &'a dyn Fn(Duration) -> Error;
+
+/// Sends a write's answer once its group's fate is known: `None` when the group
+/// committed, else the group's error.
+type Finish = Box<dyn FnOnce(Option<GroupError<'_>>) + Send>;
+
+/// One queued write, whatever it answers.
+trait Write: Send {
+    /// When the write stops waiting to begin.
+    fn deadline(&self) -> Instant;
+    /// Whether its caller has gone.
+    fn gone(&self) -> bool;
+    /// Answers without running.
+    fn refuse(self: Box<Self>, error: GroupError<'_>);
+    /// Runs the write inside the group's transaction; answers whether it failed
+    /// (and must be rolled back) and what sends its answer after the commit.
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Finish);
+}
+
+struct Pending<T, F> {
+    deadline: Instant,
+    settings: Arc<Settings>,
+    write: F,
+    answer: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> Write for Pending<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Ops<'_>, &Connection) -> Result<T> + Send + 'static,
+{
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn gone(&self) -> bool {
+        self.answer.is_closed()
+    }
+
+    fn refuse(self: Box<Self>, error: GroupError<'_>) {
+        let _ = self.answer.send(Err(error(self.settings.busy_timeout)));
+    }
+
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Finish) {
+        let Pending {
+            settings,
+            write,
+            answer,
+            ..
+        } = *self;
+        // The writer thread holds the process's turn for the whole group.
+        let ops = Ops {
+            writer: None,
+            ..settings.ops()
+        };
+        let result = write(&ops, conn);
+        let busy_timeout = settings.busy_timeout;
+        let failed = result.is_err();
+        let finish: Finish = Box::new(move |group_failed: Option<GroupError<'_>>| {
+            let result = match (result, group_failed) {
+                (Ok(_), Some(error)) => Err(error(busy_timeout)),
+                (result, _) => result,
+            };
+            let _ = answer.send(result);
+        });
+        (failed, finish)
+    }
+}
+
+/// The writer thread: takes every queued write at once and runs them as one
+/// group, until the last handle on the file is dropped.
+fn serve(path: &Path, turn: &parking_lot::Mutex<()>, writes: &Receiver<Box<dyn Write>>) {
+    let mut conn: Option<Connection> = None;
+    while let Ok(first) = writes.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match writes.try_recv() {
+                Ok(write) => group.push(write),
+                Err(_) => break,
+            }
+        }
+        run_group(path, turn, &mut conn, group);
+    }
+}
+
+/// Runs `group` in one transaction, waiting for the turn and SQLite's lock at
+/// most until the earliest deadline among the writes; writes past their deadline
+/// are answered `Timeout` and the rest try again.
+fn run_group(
+    path: &Path,
+    turn: &parking_lot::Mutex<()>,
+    conn: &mut Option<Connection>,
+    mut group: Vec<Box<dyn Write>>,
+) {
+    // SQLite's answer the last time the lock could not be taken, for the writes
+    // that time out waiting for it.
+    let mut busy: Option<Arc<rusqlite::Error>> = None;
+    loop {
+        let now = Instant::now();
+        let mut kept = Vec::with_capacity(group.len());
+        for write in group {
+            if write.gone() {
+                continue; // nobody waits for it: do nothing on its behalf
+            }
+            if write.deadline() <= now {
+                write.refuse(&|after| match &busy {
+                    Some(e) => crate::error::map_shared(e, after),
+                    None => Error::Timeout {
+                        after,
+                        source: None,
+                    },
+                });
+            } else {
+                kept.push(write);
+            }
+        }
+        group = kept;
+        let Some(deadline) = group.iter().map(|w| w.deadline()).min() else {
+            return;
+        };
+        let Some(_turn) = turn.try_lock_until(deadline) else {
+            continue; // the earliest write is past its deadline now
+        };
+        match crate::workers::with_busy_deadline(deadline, || commit_group(path, conn, group)) {
+            None => return,
+            // SQLite's lock stayed with another process until the deadline.
+            Some((waiting, e)) => {
+                group = waiting;
+                busy = Some(e);
+            }
+        }
+    }
+}
+
+/// A group that could not begin, and SQLite's answer.
+type Waiting = (Vec<Box<dyn Write>>, Arc<rusqlite::Error>);
+
+/// Opens the connection if needed, begins, runs every write, commits, answers.
+/// Gives the group back, untouched, with SQLite's answer, when SQLite's write
+/// lock could not be taken before the deadline.
+fn commit_group(
+    path: &Path,
+    conn: &mut Option<Connection>,
+    group: Vec<Box<dyn Write>>,
+) -> Option<Waiting> {
+    if conn.is_none() {
+        match crate::workers::open_connection(path, Duration::from_secs(1)) {
+            Ok(opened) => *conn = Some(opened),
+            Err(e) => {
+                let message = format!("could not open the sqlite file for writing: {e}");
+                for write in group {
+                    write.refuse(&|_| Error::unavailable(message.clone(), None));
+                }
+                return None;
+            }
+        }
+    }
+    let Some(conn) = conn.as_ref() else {
+        return None; // set just above
+    };
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if is_busy(&e) {
+            return Some((group, Arc::new(e)));
+        }
+        refuse_all(group, &Arc::new(e));
+        return None;
+    }
+    let many = group.len() > 1;
+    let mut finished: Vec<Finish> = Vec::with_capacity(group.len());
+    let mut group = group.into_iter();
+    while let Some(write) = group.next() {
+        if write.gone() {
+            continue;
+        }
+        if many {
+            if let Err(e) = savepoint(conn, "SAVEPOINT dedupe_write") {
+                abort(conn, finished, group.collect(), &Arc::new(e));
+                return None;
+            }
+        }
+        let (failed, finish) = write.run(conn);
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (disk full, I/O error):
+            // nothing of the group is written.
+            let e = Arc::new(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                Some("the group's transaction was rolled back by an error".into()),
+            ));
+            finished.push(finish);
+            abort(conn, finished, group.collect(), &e);
+            return None;
+        }
+        let undone = match (many, failed) {
+            (true, true) => savepoint(conn, "ROLLBACK TO dedupe_write")
+                .and_then(|()| savepoint(conn, "RELEASE dedupe_write")),
+            (true, false) => savepoint(conn, "RELEASE dedupe_write"),
+            // A lone write that failed: the whole transaction is undone below.
+            (false, _) => Ok(()),
+        };
+        finished.push(finish);
+        if let Err(e) = undone {
+            abort(conn, finished, group.collect(), &Arc::new(e));
+            return None;
+        }
+        if !many && failed {
+            let _ = conn.execute_batch("ROLLBACK");
+            // Its own error is its answer; nothing was written.
+            finished.into_iter().for_each(|finish| finish(None));
+            return None;
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => finished.into_iter().for_each(|finish| finish(None)),
+        Err(e) => abort(conn, finished, Vec::new(), &Arc::new(e)),
+    }
+    None
+}
+
+/// Runs one of the fixed savepoint statements.
+fn savepoint(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Rolls the group's transaction back and answers every write with `e`: those
+/// that ran (`finished`) and those that had not yet (`rest`).
+fn abort(
+    conn: &Connection,
+    finished: Vec<Finish>,
+    rest: Vec<Box<dyn Write>>,
+    e: &Arc<rusqlite::Error>,
+) {
+    if !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    let error = |after| crate::error::map_shared(e, after);
+    finished.into_iter().for_each(|finish| finish(Some(&error)));
+    refuse_all(rest, e);
+}
+
+fn refuse_all(group: Vec<Box<dyn Write>>, e: &Arc<rusqlite::Error>) {
+    for write in group {
+        write.refuse(&|after| crate::error::map_shared(e, after));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
+    use rusqlite::{Connection, TransactionBehavior};
+
+    use crate::SqliteStore;
+
+    fn key(id: &str) -> Key {
+        Key::new("group", id).expect("key")
+    }
+
+    /// Waits until `n` writes were queued in all and the writer thread has
+    /// taken the first (it waits for the lock the test holds), so the other
+    /// `n - 1` wait in the queue.
+    async fn until_queued(store: &SqliteStore, n: usize) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(20);
+        while store.queued_writes() != (n, n - 1) {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "(queued in all, waiting) is {:?}, not ({n}, {})",
+                store.queued_writes(),
+                n - 1
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Waits until `n` writes were queued in all.
+    async fn until_sent(store: &SqliteStore, n: usize) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(20);
+        while store.queued_writes().0 != n {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "only {:?} of {n} writes were queued",
+                store.queued_writes()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Bytes in the file's write-ahead log.
+    fn wal_bytes(db: &std::path::Path) -> u64 {
+        let mut wal = db.as_os_str().to_owned();
+        wal.push("-wal");
+        std::fs::metadata(wal).map_or(0, |m| m.len())
+    }
+
+    /// Writes that queued while another connection held the lock are committed
+    /// together: 32 claims add far fewer log frames than 32 commits would (each
+    /// commit writes at least the table's page), and every one of them wins.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_writes_commit_together() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("group.db");
+        let store = SqliteStore::builder(&db)
+            .busy_timeout(Duration::from_secs(20))
+            .open()
+            .await
+            .expect("open");
+        let page: i64 = {
+            let conn = Connection::open(&db).expect("open");
+            conn.pragma_query_value(None, "page_size", |row| row.get(0))
+                .expect("page size")
+        };
+        let before = wal_bytes(&db);
+        let mut blocker = Connection::open(&db).expect("open");
+        let tx = blocker
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("take the write lock");
+        let claims: Vec<_> = (0..32)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .claim(&key(&format!("evt_{i}")), &ClaimOptions::default())
+                        .await
+                })
+            })
+            .collect();
+        // However the thread split them (it may take more than the first
+        // before the lock stops it), they wait in at most two groups now.
+        until_sent(&store, 32).await;
+        tx.rollback().expect("unlock");
+        for claim in claims {
+            let answer = claim.await.expect("task");
+            assert!(
+                matches!(answer, Ok(ClaimOutcome::Claimed(_))),
+                "a fresh key answered {answer:?}"
+            );
+        }
+        let frames = (wal_bytes(&db) - before) / (page.unsigned_abs() + 24);
+        assert!(
+            frames < 32,
+            "32 claims wrote {frames} log frames: they were not committed together"
+        );
+        for i in 0..32 {
+            assert!(store
+                .get(&key(&format!("evt_{i}")))
+                .await
+                .expect("get")
+                .is_some());
+        }
+    }
+
+    /// A write that fails inside a group is undone alone: a batch meeting a
+    /// corrupt record answers the error and leaves none of its keys claimed,
+    /// while the claims committed with it stand. A queued write whose caller
+    /// has gone is not run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_write_is_undone_alone_and_a_dropped_one_never_runs() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("undo.db");
+        let store = SqliteStore::builder(&db)
+            .busy_timeout(Duration::from_secs(20))
+            .open()
+            .await
+            .expect("open");
+        let mut blocker = Connection::open(&db).expect("open");
+        blocker
+            .execute_batch(&format!(
+                "INSERT INTO dedupe_records VALUES ('group','bad',7,'t',NULL,NULL,{},NULL,NULL,1,0)",
+                i64::MAX / 2
+            ))
+            .expect("plant a corrupt row");
+        let tx = blocker
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("take the write lock");
+        let opts = ClaimOptions::default();
+        let first = {
+            let (store, opts) = (store.clone(), opts.clone());
+            tokio::spawn(async move { store.claim(&key("first"), &opts).await })
+        };
+        until_queued(&store, 1).await;
+        let batch = {
+            let (store, opts) = (store.clone(), opts.clone());
+            tokio::spawn(async move {
+                store
+                    .claim_many(&[key("in-batch"), key("bad")], &opts)
+                    .await
+            })
+        };
+        until_queued(&store, 2).await;
+        let dropped = {
+            let (store, opts) = (store.clone(), opts.clone());
+            tokio::spawn(async move { store.claim(&key("dropped"), &opts).await })
+        };
+        until_queued(&store, 3).await;
+        dropped.abort();
+        assert!(dropped.await.is_err(), "the dropped claim ran to its end");
+        let after = {
+            let (store, opts) = (store.clone(), opts.clone());
+            tokio::spawn(async move { store.claim(&key("after"), &opts).await })
+        };
+        until_queued(&store, 4).await;
+        tx.rollback().expect("unlock");
+        assert!(matches!(
+            first.await.expect("task"),
+            Ok(ClaimOutcome::Claimed(_))
+        ));
+        let batch = batch.await.expect("task");
+        assert!(
+            matches!(batch, Err(Error::CorruptRecord { .. })),
+            "a batch meeting a corrupt record answered {batch:?}"
+        );
+        assert!(matches!(
+            after.await.expect("task"),
+            Ok(ClaimOutcome::Claimed(_))
+        ));
+        assert!(
+            store.get(&key("in-batch")).await.expect("get").is_none(),
+            "the failed batch left a key claimed"
+        );
+        assert!(
+            store.get(&key("dropped")).await.expect("get").is_none(),
+            "a claim whose caller had gone was written"
+        );
+        assert!(store.get(&key("after")).await.expect("get").is_some());
+        assert!(store.get(&key("first")).await.expect("get").is_some());
+    }
+}
