@@ -401,7 +401,7 @@ async fn serve_on_dynamodb() {
     let proxy = support::TcpProxy::start(upstream).await.expect("proxy");
     let table = support::dynamo::unique_table("serve");
     let url = format!(
-        "dynamodb://{table}?endpoint=http://{}&timeout=2s",
+        "dynamodb://{table}?endpoint=http://{}&timeout=10s",
         proxy.addr()
     );
     let serve = Serve::start(&url, 30);

@@ -7,7 +7,8 @@
 //! A write that need not wait runs on its caller's thread (see
 //! `SqliteStore::write_in_place`); a write that would wait is queued here
 //! instead. The thread takes every queued write at once (at most
-//! [`MAX_GROUP`]), runs each in a savepoint of one `BEGIN IMMEDIATE`
+//! [`MAX_GROUP`] writes, and it stops taking more once they hold
+//! [`MAX_GROUP_KEYS`] keys), runs each in a savepoint of one `BEGIN IMMEDIATE`
 //! transaction, commits once, and only then answers each: a write is answered
 //! after its commit is durable, as before, and with 16 writers waiting the disk
 //! syncs once for all of them instead of 16 times.
@@ -16,13 +17,19 @@
 //!   nothing of it is written, and the others of the group go on.
 //! - If the transaction itself fails (its commit, or an error after which
 //!   SQLite rolled the whole transaction back), every write of the group gets
-//!   the error, and none of them was written.
+//!   an error naming the cause, none of them was written, and the thread opens
+//!   a new connection for the next group.
 //! - Writes run in the order they were queued, so two claims of one key in one
 //!   group have one winner: the second sees the first's record, live.
 //! - A write whose caller has gone (its future was dropped) is skipped before
-//!   it starts; a write still queued at its deadline (its handle's busy timeout,
-//!   counted from the call) is answered [`Error::Timeout`] without running.
+//!   it starts. While the thread waits for the turn or for SQLite's lock, it
+//!   wakes every [`WAIT_SLICE`] to take newly queued writes into the group and
+//!   to answer [`Error::Timeout`], without running, each write whose deadline
+//!   (its handle's busy timeout, counted from the call) has passed: a write is
+//!   answered within about its busy timeout even when it shares the file with
+//!   handles whose timeouts are longer.
 
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +44,14 @@ use crate::store::Settings;
 
 /// Most writes committed in one transaction.
 pub(crate) const MAX_GROUP: usize = 128;
+
+/// Keys (a claim is one, a batch as many as it claims) after which the thread
+/// takes no more writes into a group, so one group holds SQLite's lock briefly.
+pub(crate) const MAX_GROUP_KEYS: usize = 1024;
+
+/// How long the thread waits for a lock before it looks at the queue and the
+/// deadlines again.
+pub(crate) const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 /// The writers of one process to one file: their turn, and the thread that runs
 /// the writes that had to wait, in groups.
@@ -79,7 +94,9 @@ impl FileWriter {
         if let Some(writer) = writers.get(&canonical).and_then(Weak::upgrade) {
             return Ok(writer);
         }
-        let writer = Arc::new(FileWriter::start(path.to_path_buf())?);
+        // The thread opens the canonical path: a later change of the process's
+        // working directory cannot move its writes to another file.
+        let writer = Arc::new(FileWriter::start(canonical.clone())?);
         writers.insert(canonical, Arc::downgrade(&writer));
         Ok(writer)
     }
@@ -126,9 +143,15 @@ impl FileWriter {
         (sent, self.queue.len())
     }
 
-    /// Queues `write` for the writer thread and waits, without blocking the
-    /// runtime, for its answer, which comes once its group has committed.
-    pub(crate) async fn run<T, F>(&self, settings: &Arc<Settings>, write: F) -> Result<T>
+    /// Queues `write` (which claims `keys` keys) for the writer thread and
+    /// waits, without blocking the runtime, for its answer, which comes once its
+    /// group has committed.
+    pub(crate) async fn run<T, F>(
+        &self,
+        settings: &Arc<Settings>,
+        keys: usize,
+        write: F,
+    ) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Ops<'_>, &Connection) -> Result<T> + Send + 'static,
@@ -136,6 +159,7 @@ impl FileWriter {
         let (answer, answered) = oneshot::channel();
         let pending = Pending {
             deadline: Instant::now() + settings.busy_timeout,
+            keys,
             settings: Arc::clone(settings),
             write,
             answer,
@@ -147,7 +171,7 @@ impl FileWriter {
             .map_err(|_| Error::backend("the sqlite writer thread stopped", false, None))?;
         answered.await.map_err(|_| {
             Error::backend(
-                "the sqlite writer thread stopped before answering",
+                "the sqlite writer thread did not answer this write (it panicked)",
                 false,
                 None,
             )
@@ -163,21 +187,31 @@ type GroupError<'a> = &'a dyn Fn(Duration) -> Error;
 /// committed, else the group's error.
 type Finish = Box<dyn FnOnce(Option<GroupError<'_>>) + Send>;
 
+/// A write that ran inside the group's transaction.
+struct Ran {
+    /// Why it failed (it is then rolled back), if it did.
+    failed: Option<String>,
+    finish: Finish,
+}
+
 /// One queued write, whatever it answers.
 trait Write: Send {
     /// When the write stops waiting to begin.
     fn deadline(&self) -> Instant;
+    /// How many keys it claims (at least one).
+    fn keys(&self) -> usize;
     /// Whether its caller has gone.
     fn gone(&self) -> bool;
     /// Answers without running.
     fn refuse(self: Box<Self>, error: GroupError<'_>);
-    /// Runs the write inside the group's transaction; answers whether it failed
-    /// (and must be rolled back) and what sends its answer after the commit.
-    fn run(self: Box<Self>, conn: &Connection) -> (bool, Finish);
+    /// Runs the write inside the group's transaction; its answer waits for the
+    /// commit.
+    fn run(self: Box<Self>, conn: &Connection) -> Ran;
 }
 
 struct Pending<T, F> {
     deadline: Instant,
+    keys: usize,
     settings: Arc<Settings>,
     write: F,
     answer: oneshot::Sender<Result<T>>,
@@ -192,6 +226,10 @@ where
         self.deadline
     }
 
+    fn keys(&self) -> usize {
+        self.keys.max(1)
+    }
+
     fn gone(&self) -> bool {
         self.answer.is_closed()
     }
@@ -200,7 +238,7 @@ where
         let _ = self.answer.send(Err(error(self.settings.busy_timeout)));
     }
 
-    fn run(self: Box<Self>, conn: &Connection) -> (bool, Finish) {
+    fn run(self: Box<Self>, conn: &Connection) -> Ran {
         let Pending {
             settings,
             write,
@@ -214,7 +252,7 @@ where
         };
         let result = write(&ops, conn);
         let busy_timeout = settings.busy_timeout;
-        let failed = result.is_err();
+        let failed = result.as_ref().err().map(error_chain);
         let finish: Finish = Box::new(move |group_failed: Option<GroupError<'_>>| {
             let result = match (result, group_failed) {
                 (Ok(_), Some(error)) => Err(error(busy_timeout)),
@@ -222,8 +260,20 @@ where
             };
             let _ = answer.send(result);
         });
-        (failed, finish)
+        Ran { failed, finish }
     }
+}
+
+/// An error and its sources, on one line.
+fn error_chain(e: &Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// The writer thread: takes every queued write at once and runs them as one
@@ -232,24 +282,46 @@ fn serve(path: &Path, turn: &parking_lot::Mutex<()>, writes: &Receiver<Box<dyn W
     let mut conn: Option<Connection> = None;
     while let Ok(first) = writes.recv() {
         let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match writes.try_recv() {
-                Ok(write) => group.push(write),
-                Err(_) => break,
-            }
-        }
-        run_group(path, turn, &mut conn, group);
+        take_queued(&mut group, writes);
+        run_group(path, turn, &mut conn, group, writes);
     }
 }
 
-/// Runs `group` in one transaction, waiting for the turn and SQLite's lock at
-/// most until the earliest deadline among the writes; writes past their deadline
-/// are answered `Timeout` and the rest try again.
+/// Adds queued writes to `group` until it is full.
+fn take_queued(group: &mut Vec<Box<dyn Write>>, writes: &Receiver<Box<dyn Write>>) {
+    let mut keys: usize = group.iter().map(|w| w.keys()).sum();
+    while group.len() < MAX_GROUP && keys < MAX_GROUP_KEYS {
+        match writes.try_recv() {
+            Ok(write) => {
+                keys += write.keys();
+                group.push(write);
+            }
+            Err(_) => break,
+        }
+    }
+}
+
+/// What became of a group.
+enum Outcome {
+    /// Every write was answered.
+    Done,
+    /// Every write was answered with an error, and the connection may be in a
+    /// state no later group should meet: it is closed.
+    Broken,
+    /// SQLite's lock (or the file, to open it) stayed with another connection
+    /// past the wait: the group, untouched, and SQLite's answer.
+    Waiting(Vec<Box<dyn Write>>, Arc<rusqlite::Error>),
+}
+
+/// Runs `group` in one transaction. While the turn or SQLite's lock is taken,
+/// it waits in slices of [`WAIT_SLICE`]; between slices it answers `Timeout`
+/// to the writes past their deadline and takes newly queued writes in.
 fn run_group(
     path: &Path,
     turn: &parking_lot::Mutex<()>,
     conn: &mut Option<Connection>,
     mut group: Vec<Box<dyn Write>>,
+    writes: &Receiver<Box<dyn Write>>,
 ) {
     // SQLite's answer the last time the lock could not be taken, for the writes
     // that time out waiting for it.
@@ -277,52 +349,58 @@ fn run_group(
         let Some(deadline) = group.iter().map(|w| w.deadline()).min() else {
             return;
         };
-        let Some(_turn) = turn.try_lock_until(deadline) else {
-            continue; // the earliest write is past its deadline now
+        let until = deadline.min(now + WAIT_SLICE);
+        let Some(held) = turn.try_lock_until(until) else {
+            // The turn stayed with another writer of this process.
+            take_queued(&mut group, writes);
+            continue;
         };
-        match crate::workers::with_busy_deadline(deadline, || commit_group(path, conn, group)) {
-            None => return,
-            // SQLite's lock stayed with another process until the deadline.
-            Some((waiting, e)) => {
-                group = waiting;
+        let outcome = crate::workers::with_busy_deadline(until, || commit_group(path, conn, group));
+        drop(held);
+        match outcome {
+            Outcome::Done => return,
+            Outcome::Broken => {
+                *conn = None;
+                return;
+            }
+            Outcome::Waiting(waiting, e) => {
                 busy = Some(e);
+                group = waiting;
+                take_queued(&mut group, writes);
             }
         }
     }
 }
 
-/// A group that could not begin, and SQLite's answer.
-type Waiting = (Vec<Box<dyn Write>>, Arc<rusqlite::Error>);
-
 /// Opens the connection if needed, begins, runs every write, commits, answers.
-/// Gives the group back, untouched, with SQLite's answer, when SQLite's write
-/// lock could not be taken before the deadline.
-fn commit_group(
-    path: &Path,
-    conn: &mut Option<Connection>,
-    group: Vec<Box<dyn Write>>,
-) -> Option<Waiting> {
+fn commit_group(path: &Path, conn: &mut Option<Connection>, group: Vec<Box<dyn Write>>) -> Outcome {
+    // A connection left inside a transaction (a rollback that failed) would
+    // answer every later group with an error: start again on a new one.
+    if conn.as_ref().is_some_and(|c| !c.is_autocommit()) {
+        *conn = None;
+    }
     if conn.is_none() {
-        match crate::workers::open_connection(path, Duration::from_secs(1)) {
-            Ok(opened) => *conn = Some(opened),
+        match crate::workers::open_write_connection(path) {
+            Ok(opened) => {
+                opened.set_prepared_statement_cache_capacity(64);
+                *conn = Some(opened);
+            }
+            Err(e) if is_busy(&e) => return Outcome::Waiting(group, Arc::new(e)),
             Err(e) => {
-                let message = format!("could not open the sqlite file for writing: {e}");
-                for write in group {
-                    write.refuse(&|_| Error::unavailable(message.clone(), None));
-                }
-                return None;
+                refuse_all(group, &Arc::new(e));
+                return Outcome::Broken;
             }
         }
     }
     let Some(conn) = conn.as_ref() else {
-        return None; // set just above
+        return Outcome::Broken; // set just above
     };
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         if is_busy(&e) {
-            return Some((group, Arc::new(e)));
+            return Outcome::Waiting(group, Arc::new(e));
         }
         refuse_all(group, &Arc::new(e));
-        return None;
+        return Outcome::Broken;
     }
     let many = group.len() > 1;
     let mut finished: Vec<Finish> = Vec::with_capacity(group.len());
@@ -333,46 +411,56 @@ fn commit_group(
         }
         if many {
             if let Err(e) = savepoint(conn, "SAVEPOINT dedupe_write") {
-                abort(conn, finished, group.collect(), &Arc::new(e));
-                return None;
+                let rest = std::iter::once(write).chain(group).collect();
+                return abort(conn, finished, rest, &Arc::new(e));
             }
         }
-        let (failed, finish) = write.run(conn);
+        // A write that panics is answered with an error (its answer channel is
+        // dropped) and undone like a failed one; the thread goes on.
+        let (failed, finish) = match std::panic::catch_unwind(AssertUnwindSafe(|| write.run(conn)))
+        {
+            Ok(Ran { failed, finish }) => (failed, Some(finish)),
+            Err(_) => (Some("a write panicked".to_string()), None),
+        };
+        finished.extend(finish);
         if conn.is_autocommit() {
             // SQLite rolled the whole transaction back (disk full, I/O error):
             // nothing of the group is written.
+            let cause = failed.unwrap_or_else(|| "unknown".into());
             let e = Arc::new(rusqlite::Error::SqliteFailure(
                 rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
-                Some("the group's transaction was rolled back by an error".into()),
+                Some(format!(
+                    "the group's transaction was rolled back by one of its writes ({cause})"
+                )),
             ));
-            finished.push(finish);
-            abort(conn, finished, group.collect(), &e);
-            return None;
+            return abort(conn, finished, group.collect(), &e);
         }
-        let undone = match (many, failed) {
+        let undone = match (many, failed.is_some()) {
             (true, true) => savepoint(conn, "ROLLBACK TO dedupe_write")
                 .and_then(|()| savepoint(conn, "RELEASE dedupe_write")),
             (true, false) => savepoint(conn, "RELEASE dedupe_write"),
             // A lone write that failed: the whole transaction is undone below.
             (false, _) => Ok(()),
         };
-        finished.push(finish);
         if let Err(e) = undone {
-            abort(conn, finished, group.collect(), &Arc::new(e));
-            return None;
+            return abort(conn, finished, group.collect(), &Arc::new(e));
         }
-        if !many && failed {
-            let _ = conn.execute_batch("ROLLBACK");
+        if !many && failed.is_some() {
+            if let Err(e) = conn.execute_batch("ROLLBACK") {
+                return abort(conn, finished, Vec::new(), &Arc::new(e));
+            }
             // Its own error is its answer; nothing was written.
             finished.into_iter().for_each(|finish| finish(None));
-            return None;
+            return Outcome::Done;
         }
     }
     match conn.execute_batch("COMMIT") {
-        Ok(()) => finished.into_iter().for_each(|finish| finish(None)),
+        Ok(()) => {
+            finished.into_iter().for_each(|finish| finish(None));
+            Outcome::Done
+        }
         Err(e) => abort(conn, finished, Vec::new(), &Arc::new(e)),
     }
-    None
 }
 
 /// Runs one of the fixed savepoint statements.
@@ -388,19 +476,21 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 }
 
 /// Rolls the group's transaction back and answers every write with `e`: those
-/// that ran (`finished`) and those that had not yet (`rest`).
+/// that ran (`finished`; one whose own write failed keeps its own error) and
+/// those that had not yet (`rest`). The connection is not used again.
 fn abort(
     conn: &Connection,
     finished: Vec<Finish>,
     rest: Vec<Box<dyn Write>>,
     e: &Arc<rusqlite::Error>,
-) {
+) -> Outcome {
     if !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
     }
     let error = |after| crate::error::map_shared(e, after);
     finished.into_iter().for_each(|finish| finish(Some(&error)));
     refuse_all(rest, e);
+    Outcome::Broken
 }
 
 fn refuse_all(group: Vec<Box<dyn Write>>, e: &Arc<rusqlite::Error>) {
@@ -515,20 +605,35 @@ mod tests {
         }
     }
 
-    /// A write that fails inside a group is undone alone: a batch meeting a
-    /// corrupt record answers the error and leaves none of its keys claimed,
-    /// while the claims committed with it stand. A queued write whose caller
-    /// has gone is not run.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failed_write_is_undone_alone_and_a_dropped_one_never_runs() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = dir.path().join("undo.db");
-        let store = SqliteStore::builder(&db)
+    /// Spawns a claim of `id` on `store`.
+    fn spawn_claim(
+        store: &SqliteStore,
+        id: &'static str,
+    ) -> tokio::task::JoinHandle<dedupe_core::Result<ClaimOutcome>> {
+        let store = store.clone();
+        tokio::spawn(async move { store.claim(&key(id), &ClaimOptions::default()).await })
+    }
+
+    /// A store on `db` waiting up to 20 s for locks, and another connection
+    /// (taken by the test before it holds the write lock).
+    async fn store_and_blocker(db: &std::path::Path) -> (SqliteStore, Connection) {
+        let store = SqliteStore::builder(db)
             .busy_timeout(Duration::from_secs(20))
             .open()
             .await
             .expect("open");
-        let mut blocker = Connection::open(&db).expect("open");
+        (store, Connection::open(db).expect("open"))
+    }
+
+    /// A write that fails inside a group is undone alone: a batch meeting a
+    /// corrupt record answers the error and leaves none of its keys claimed,
+    /// while the claims before and after it in the same transaction stand. A
+    /// queued write whose caller has gone is not run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_write_is_undone_alone_and_a_dropped_one_never_runs() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("undo.db");
+        let (store, mut blocker) = store_and_blocker(&db).await;
         blocker
             .execute_batch(&format!(
                 "INSERT INTO dedupe_records VALUES ('group','bad',7,'t',NULL,NULL,{},NULL,NULL,1,0)",
@@ -538,47 +643,44 @@ mod tests {
         let tx = blocker
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .expect("take the write lock");
-        let opts = ClaimOptions::default();
-        let first = {
-            let (store, opts) = (store.clone(), opts.clone());
-            tokio::spawn(async move { store.claim(&key("first"), &opts).await })
-        };
+        // The thread takes `lead` alone and waits for the lock; everything
+        // after it waits in the queue and forms the next group.
+        let lead = spawn_claim(&store, "lead");
         until_queued(&store, 1).await;
+        let before = spawn_claim(&store, "before");
+        until_queued(&store, 2).await;
         let batch = {
-            let (store, opts) = (store.clone(), opts.clone());
+            let store = store.clone();
             tokio::spawn(async move {
                 store
-                    .claim_many(&[key("in-batch"), key("bad")], &opts)
+                    .claim_many(&[key("in-batch"), key("bad")], &ClaimOptions::default())
                     .await
             })
         };
-        until_queued(&store, 2).await;
-        let dropped = {
-            let (store, opts) = (store.clone(), opts.clone());
-            tokio::spawn(async move { store.claim(&key("dropped"), &opts).await })
-        };
         until_queued(&store, 3).await;
+        let dropped = spawn_claim(&store, "dropped");
+        until_queued(&store, 4).await;
         dropped.abort();
         assert!(dropped.await.is_err(), "the dropped claim ran to its end");
-        let after = {
-            let (store, opts) = (store.clone(), opts.clone());
-            tokio::spawn(async move { store.claim(&key("after"), &opts).await })
-        };
-        until_queued(&store, 4).await;
+        let after = spawn_claim(&store, "after");
+        until_queued(&store, 5).await;
         tx.rollback().expect("unlock");
-        assert!(matches!(
-            first.await.expect("task"),
-            Ok(ClaimOutcome::Claimed(_))
-        ));
+        for (id, claim) in [("lead", lead), ("before", before), ("after", after)] {
+            let answer = claim.await.expect("task");
+            assert!(
+                matches!(answer, Ok(ClaimOutcome::Claimed(_))),
+                "{id} answered {answer:?}"
+            );
+            assert!(
+                store.get(&key(id)).await.expect("get").is_some(),
+                "{id} was answered Claimed but its record is not stored"
+            );
+        }
         let batch = batch.await.expect("task");
         assert!(
             matches!(batch, Err(Error::CorruptRecord { .. })),
             "a batch meeting a corrupt record answered {batch:?}"
         );
-        assert!(matches!(
-            after.await.expect("task"),
-            Ok(ClaimOutcome::Claimed(_))
-        ));
         assert!(
             store.get(&key("in-batch")).await.expect("get").is_none(),
             "the failed batch left a key claimed"
@@ -587,7 +689,95 @@ mod tests {
             store.get(&key("dropped")).await.expect("get").is_none(),
             "a claim whose caller had gone was written"
         );
-        assert!(store.get(&key("after")).await.expect("get").is_some());
-        assert!(store.get(&key("first")).await.expect("get").is_some());
+    }
+
+    /// A write that makes SQLite roll the whole transaction back (here a
+    /// trigger's `RAISE(ROLLBACK)`; in production a full disk or an I/O
+    /// error) fails its whole group: no write of it is answered Claimed or
+    /// stored, each answer names the cause, and the next write works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rolled_back_transaction_fails_its_whole_group() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("rollback.db");
+        let (store, mut blocker) = store_and_blocker(&db).await;
+        blocker
+            .execute_batch(
+                "CREATE TRIGGER boom BEFORE INSERT ON dedupe_records WHEN NEW.id = 'boom'
+                 BEGIN SELECT RAISE(ROLLBACK, 'boom was refused'); END;",
+            )
+            .expect("trigger");
+        let tx = blocker
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("take the write lock");
+        let lead = spawn_claim(&store, "lead");
+        until_queued(&store, 1).await;
+        let before = spawn_claim(&store, "before");
+        until_queued(&store, 2).await;
+        let boom = spawn_claim(&store, "boom");
+        until_queued(&store, 3).await;
+        let after = spawn_claim(&store, "after");
+        until_queued(&store, 4).await;
+        tx.rollback().expect("unlock");
+        assert!(matches!(
+            lead.await.expect("task"),
+            Ok(ClaimOutcome::Claimed(_))
+        ));
+        for (id, claim) in [("before", before), ("boom", boom), ("after", after)] {
+            match claim.await.expect("task") {
+                Err(e) => {
+                    let mut text = e.to_string();
+                    let mut source = std::error::Error::source(&e);
+                    while let Some(cause) = source {
+                        text.push_str(&format!(": {cause}"));
+                        source = cause.source();
+                    }
+                    assert!(text.contains("boom was refused"), "{id}: {text}");
+                }
+                Ok(answer) => panic!("{id} answered {answer:?} in a rolled-back group"),
+            }
+            assert!(
+                store.get(&key(id)).await.expect("get").is_none(),
+                "{id} is stored though its group was rolled back"
+            );
+        }
+        let again = spawn_claim(&store, "again").await.expect("task");
+        assert!(matches!(again, Ok(ClaimOutcome::Claimed(_))), "{again:?}");
+    }
+
+    /// Handles with different busy timeouts share the file's writer thread: a
+    /// write queued behind another handle's write that waits 20 s for the lock
+    /// is still answered Timeout at its own 200 ms, having written nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queued_write_times_out_at_its_own_deadline() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("deadlines.db");
+        let (slow, mut blocker) = store_and_blocker(&db).await;
+        let fast = SqliteStore::builder(&db)
+            .busy_timeout(Duration::from_millis(200))
+            .open()
+            .await
+            .expect("open");
+        let tx = blocker
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("take the write lock");
+        let lead = spawn_claim(&slow, "slow");
+        until_queued(&slow, 1).await;
+        let started = std::time::Instant::now();
+        let answer = fast.claim(&key("fast"), &ClaimOptions::default()).await;
+        let waited = started.elapsed();
+        tx.rollback().expect("unlock");
+        assert!(
+            matches!(answer, Err(Error::Timeout { .. })),
+            "a claim under a held lock answered {answer:?}"
+        );
+        assert!(
+            waited < Duration::from_secs(5),
+            "a 200 ms busy timeout answered after {waited:?}"
+        );
+        assert!(matches!(
+            lead.await.expect("task"),
+            Ok(ClaimOutcome::Claimed(_))
+        ));
+        assert!(slow.get(&key("fast")).await.expect("get").is_none());
     }
 }

@@ -33,7 +33,10 @@ impl SqliteBuilder {
     /// count; more connections let reads (duplicates) run beside a write. The
     /// handle also opens as many read connections for reads on the caller's
     /// thread, and more (up to 32) when that many reads run at once, and one or
-    /// two write connections for writes on the caller's thread.
+    /// two write connections for writes on the caller's thread. Writes that
+    /// must wait go to one writer thread per file and process, with a
+    /// connection of its own, shared by every handle (see the crate's README:
+    /// group commit).
     pub fn connections(mut self, connections: usize) -> Self {
         self.connections = connections;
         self
@@ -46,8 +49,11 @@ impl SqliteBuilder {
         self
     }
 
-    /// How long a statement waits for another connection's write lock before it
-    /// fails with a retryable [`Error::Timeout`] (default 5 s).
+    /// How long a call waits for another connection's write lock, or in a
+    /// queue for its turn, before it fails with a retryable [`Error::Timeout`]
+    /// (default 5 s). The bound holds per step: a claim whose duplicate check
+    /// could not run on the caller's thread waits up to this long for that read
+    /// on a connection thread, then up to this long again for its write.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
@@ -372,7 +378,9 @@ impl SqliteStore {
             return None;
         }
         let settings = &self.inner.settings;
-        // Writes already queued for the writer thread go first.
+        // Writes waiting in the writer thread's queue go first. (A group the
+        // thread has taken and that waits for the turn may still be passed: the
+        // write here holds the turn for one commit at most.)
         if !settings.writer.queue_is_empty() {
             return None;
         }
@@ -476,13 +484,14 @@ impl SqliteStore {
     /// Queues a write for this process's writer thread, which commits the
     /// writes queued together in one transaction (see `group`), and waits for
     /// its answer.
-    async fn write<T, F>(&self, write: F) -> Result<T>
+    /// `keys`: how many keys the write claims (one for a single-key write).
+    async fn write<T, F>(&self, keys: usize, write: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Ops<'_>, &Connection) -> Result<T> + Send + 'static,
     {
         let settings = &self.inner.settings;
-        settings.writer.run(settings, write).await
+        settings.writer.run(settings, keys, write).await
     }
 }
 
@@ -541,7 +550,7 @@ impl DedupeStore for SqliteStore {
                 return Ok(answer);
             }
         }
-        self.write(move |ops, conn| ops.claim(conn, &key, &opts))
+        self.write(1, move |ops, conn| ops.claim(conn, &key, &opts))
             .await
     }
 
@@ -554,8 +563,10 @@ impl DedupeStore for SqliteStore {
             return answer;
         }
         let (lease, outcome) = (lease.clone(), outcome.to_vec());
-        self.write(move |ops, conn| ops.complete(conn, &lease, &outcome, retention))
-            .await
+        self.write(1, move |ops, conn| {
+            ops.complete(conn, &lease, &outcome, retention)
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -563,7 +574,8 @@ impl DedupeStore for SqliteStore {
             return answer;
         }
         let lease = lease.clone();
-        self.write(move |ops, conn| ops.release(conn, &lease)).await
+        self.write(1, move |ops, conn| ops.release(conn, &lease))
+            .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -571,7 +583,7 @@ impl DedupeStore for SqliteStore {
             return answer;
         }
         let lease = lease.clone();
-        self.write(move |ops, conn| ops.extend(conn, &lease, ttl))
+        self.write(1, move |ops, conn| ops.extend(conn, &lease, ttl))
             .await
     }
 
@@ -665,8 +677,10 @@ impl DedupeStore for SqliteStore {
             }
         }
         // Its savepoint in the group's transaction makes the batch all or nothing.
-        self.write(move |ops, conn| keys.iter().map(|key| ops.claim(conn, key, &opts)).collect())
-            .await
+        self.write(keys.len(), move |ops, conn| {
+            keys.iter().map(|key| ops.claim(conn, key, &opts)).collect()
+        })
+        .await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -207,21 +207,23 @@ pub(crate) fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Con
 }
 
 fn open_connection_now(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    let map = |e| crate::error::map(e, busy_timeout);
+    open_write_connection(path).map_err(|e| crate::error::map(e, busy_timeout))
+}
+
+/// Opens a connection that may write, waiting for locks until the thread's
+/// busy deadline (none set: not at all).
+pub(crate) fn open_write_connection(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
             | OpenFlags::SQLITE_OPEN_URI,
-    )
-    .map_err(map)?;
-    conn.busy_handler(Some(wait_for_lock)).map_err(map)?;
+    )?;
+    conn.busy_handler(Some(wait_for_lock))?;
     // WAL lets readers run beside the one writer; FULL sync makes a completed record
     // survive power loss, which is the point of keeping it.
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(map)?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(map)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(conn)
 }
