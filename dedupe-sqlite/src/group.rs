@@ -513,28 +513,14 @@ mod tests {
     }
 
     /// Waits until `n` writes were queued in all and the writer thread has
-    /// taken the first (it waits for the lock the test holds), so the other
-    /// `n - 1` wait in the queue.
-    async fn until_queued(store: &SqliteStore, n: usize) {
+    /// taken every one of them: while the test holds the write lock they are
+    /// all in the one group that waits for it, in the order they were queued.
+    async fn until_taken(store: &SqliteStore, n: usize) {
         let give_up = std::time::Instant::now() + Duration::from_secs(20);
-        while store.queued_writes() != (n, n - 1) {
+        while store.queued_writes() != (n, 0) {
             assert!(
                 std::time::Instant::now() < give_up,
-                "(queued in all, waiting) is {:?}, not ({n}, {})",
-                store.queued_writes(),
-                n - 1
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// Waits until `n` writes were queued in all.
-    async fn until_sent(store: &SqliteStore, n: usize) {
-        let give_up = std::time::Instant::now() + Duration::from_secs(20);
-        while store.queued_writes().0 != n {
-            assert!(
-                std::time::Instant::now() < give_up,
-                "only {:?} of {n} writes were queued",
+                "(queued in all, waiting in the queue) is {:?}, not ({n}, 0)",
                 store.queued_writes()
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -580,9 +566,7 @@ mod tests {
                 })
             })
             .collect();
-        // However the thread split them (it may take more than the first
-        // before the lock stops it), they wait in at most two groups now.
-        until_sent(&store, 32).await;
+        until_taken(&store, 32).await;
         tx.rollback().expect("unlock");
         for claim in claims {
             let answer = claim.await.expect("task");
@@ -643,12 +627,10 @@ mod tests {
         let tx = blocker
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .expect("take the write lock");
-        // The thread takes `lead` alone and waits for the lock; everything
-        // after it waits in the queue and forms the next group.
         let lead = spawn_claim(&store, "lead");
-        until_queued(&store, 1).await;
+        until_taken(&store, 1).await;
         let before = spawn_claim(&store, "before");
-        until_queued(&store, 2).await;
+        until_taken(&store, 2).await;
         let batch = {
             let store = store.clone();
             tokio::spawn(async move {
@@ -657,13 +639,13 @@ mod tests {
                     .await
             })
         };
-        until_queued(&store, 3).await;
+        until_taken(&store, 3).await;
         let dropped = spawn_claim(&store, "dropped");
-        until_queued(&store, 4).await;
+        until_taken(&store, 4).await;
         dropped.abort();
         assert!(dropped.await.is_err(), "the dropped claim ran to its end");
         let after = spawn_claim(&store, "after");
-        until_queued(&store, 5).await;
+        until_taken(&store, 5).await;
         tx.rollback().expect("unlock");
         for (id, claim) in [("lead", lead), ("before", before), ("after", after)] {
             let answer = claim.await.expect("task");
@@ -693,8 +675,9 @@ mod tests {
 
     /// A write that makes SQLite roll the whole transaction back (here a
     /// trigger's `RAISE(ROLLBACK)`; in production a full disk or an I/O
-    /// error) fails its whole group: no write of it is answered Claimed or
-    /// stored, each answer names the cause, and the next write works.
+    /// error) fails its whole group: no write of it, before or after the
+    /// culprit, is answered Claimed or stored, each answer names the cause, and
+    /// the next write works.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rolled_back_transaction_fails_its_whole_group() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -709,20 +692,13 @@ mod tests {
         let tx = blocker
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .expect("take the write lock");
-        let lead = spawn_claim(&store, "lead");
-        until_queued(&store, 1).await;
-        let before = spawn_claim(&store, "before");
-        until_queued(&store, 2).await;
-        let boom = spawn_claim(&store, "boom");
-        until_queued(&store, 3).await;
-        let after = spawn_claim(&store, "after");
-        until_queued(&store, 4).await;
+        let mut claims = Vec::new();
+        for (n, id) in ["before", "boom", "after"].into_iter().enumerate() {
+            claims.push((id, spawn_claim(&store, id)));
+            until_taken(&store, n + 1).await;
+        }
         tx.rollback().expect("unlock");
-        assert!(matches!(
-            lead.await.expect("task"),
-            Ok(ClaimOutcome::Claimed(_))
-        ));
-        for (id, claim) in [("before", before), ("boom", boom), ("after", after)] {
+        for (id, claim) in claims {
             match claim.await.expect("task") {
                 Err(e) => {
                     let mut text = e.to_string();
@@ -761,7 +737,7 @@ mod tests {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .expect("take the write lock");
         let lead = spawn_claim(&slow, "slow");
-        until_queued(&slow, 1).await;
+        until_taken(&slow, 1).await;
         let started = std::time::Instant::now();
         let answer = fast.claim(&key("fast"), &ClaimOptions::default()).await;
         let waited = started.elapsed();
