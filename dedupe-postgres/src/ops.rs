@@ -113,6 +113,48 @@ impl Ops<'_> {
         ))
     }
 
+    /// A claim that first tries the bare insert (the cheapest statement for a key
+    /// with no record) and runs [`claim`](Self::claim) only when the key has a
+    /// record. Answers whether the key had one (the second statement ran).
+    ///
+    /// Only on the store's own connections: each statement commits on its own,
+    /// and the first writes nothing unless it wins, so the pair is as atomic as
+    /// the one statement. (In a caller's `REPEATABLE READ` transaction a
+    /// conflict with a row its snapshot cannot see would be a serialization
+    /// error instead, so `claim_in` keeps the one statement.)
+    pub(crate) async fn claim_new_first(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<(ClaimOutcome, bool)> {
+        opts.validate()?;
+        let token = backend::new_token();
+        let deadline: Option<i64> = sqlx::query_scalar(text(&self.sql.insert_new))
+            .bind(key.namespace())
+            .bind(key.id())
+            .bind(token.as_str())
+            .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
+            .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
+            .bind(opts.lease_ttl)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        match deadline {
+            Some(deadline) => Ok((
+                ClaimOutcome::Claimed(Lease {
+                    key: key.clone(),
+                    token,
+                    deadline: from_millis(deadline),
+                    attempt: 1,
+                    claim_id: opts.claim_id.clone(),
+                }),
+                false,
+            )),
+            None => Ok((self.claim(conn, key, opts).await?, true)),
+        }
+    }
+
     /// The whole batch in one statement over `unnest` of arrays; repeats inside the
     /// batch are answered by [`BatchKeys`].
     pub(crate) async fn claim_many(

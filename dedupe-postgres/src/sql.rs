@@ -56,6 +56,7 @@ pub(crate) struct Statements {
     pub(crate) table: String,
     pub(crate) migrate: Sql,
     pub(crate) claim: Sql,
+    pub(crate) insert_new: Sql,
     pub(crate) claim_many: Sql,
     pub(crate) select_live: Sql,
     pub(crate) complete: Sql,
@@ -140,6 +141,20 @@ impl Statements {
                  SELECT true AS won, {ALIASES} FROM claimed
                  UNION ALL
                  SELECT false AS won, {ALIASES} FROM live"
+            )
+            .into(),
+            // The cheapest claim there is, for a key that has no record: the bare
+            // insert. A key with a record (live, or expired to take over) conflicts,
+            // and `DO NOTHING` leaves its row untouched, unlocked and unwritten; the
+            // caller then runs `claim`. See `PgStore`'s claim for when it is tried.
+            insert_new: format!(
+                "INSERT INTO {t} (namespace, id, state, token, claim_id, fingerprint,
+                                  expires_at, completed_at, outcome, attempts, first_seen)
+                 VALUES ($1, $2, 0, $3::text, $4::text, $5::bytea, now() + $6::interval,
+                         NULL, NULL, 1, now())
+                 ON CONFLICT (namespace, id) DO NOTHING
+                 RETURNING {expires}",
+                expires = ms("expires_at")
             )
             .into(),
             // The same for a batch of distinct keys, in one round trip. Each key is

@@ -58,6 +58,43 @@ impl Drop for Held {
     }
 }
 
+/// Whether this store's recent claims met records already there (duplicates,
+/// claims in flight, expired leases to take over), which picks the first
+/// statement of its next claim. Both ways are the same claim; only their cost
+/// differs:
+/// - a key with no record costs least as the bare insert (`ON CONFLICT DO
+///   NOTHING`, the raw driver's own statement), and a key with a record then
+///   takes a second statement;
+/// - a key with a record costs least as the one statement that reads it first
+///   and writes nothing, which does more work for a new key.
+///
+/// So while most recent claims were of new keys (the usual traffic) a claim
+/// tries the insert first, and while most met records (a retry storm, a
+/// redelivered backlog) it reads first. A counter from 0 to [`Seen::LIMIT`],
+/// one up for a claim that met a record and one down for one that did not.
+#[derive(Debug, Default)]
+struct Seen(std::sync::atomic::AtomicU8);
+
+impl Seen {
+    const LIMIT: u8 = 8;
+
+    /// Whether the next claim should read first.
+    fn expect_records(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) > Self::LIMIT / 2
+    }
+
+    fn note(&self, had_record: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
+            Some(if had_record {
+                n.saturating_add(1).min(Self::LIMIT)
+            } else {
+                n.saturating_sub(1)
+            })
+        });
+    }
+}
+
 /// A connection for one call: taken from [`Held`] or the pool, and given back
 /// by [`settle`](Checkout::settle) and drop.
 ///
@@ -202,6 +239,7 @@ impl PgBuilder {
             return Err(Error::config("timeout must be at least 1 ms"));
         }
         Ok(PgStore {
+            seen: Arc::default(),
             held: Arc::new(Held {
                 idle: parking_lot::Mutex::new(Vec::new()),
                 keep: self.hold,
@@ -222,9 +260,13 @@ impl PgBuilder {
 ///   reads the key: a live record (a duplicate, a claim in flight) is answered
 ///   from that read and nothing is written, no transaction id, no row lock, no
 ///   WAL; otherwise the upsert inserts a fresh record or takes over an expired
-///   one. Either way one statement, one round trip. Complete, release and extend are single statements
-///   conditional on the lease token and `expires_at > now()`. There is no
-///   check-then-write anywhere.
+///   one. One statement, one round trip. While most of a store's recent claims
+///   were of new keys, a claim first tries the bare `INSERT ... ON CONFLICT DO
+///   NOTHING RETURNING` (which wins a key with no record, and leaves any
+///   existing row untouched, unlocked and unwritten) and runs the statement
+///   above only when the key has a record. Complete, release and extend are
+///   single statements conditional on the lease token and `expires_at > now()`.
+///   There is no check-then-write anywhere.
 /// - **Time**: every deadline is computed and judged by the server's `now()`; the
 ///   caller's clock plays no part. Inside a caller's transaction `now()` is the
 ///   transaction's start, so keep such transactions short.
@@ -250,6 +292,9 @@ impl PgBuilder {
 pub struct PgStore {
     pool: PgPool,
     held: Arc<Held>,
+    /// Whether recent claims met existing records: picks the claim's first
+    /// statement.
+    seen: Arc<Seen>,
     sql: Arc<Statements>,
     timeout: Duration,
     caps: Capabilities,
@@ -468,9 +513,19 @@ impl DedupeStore for PgStore {
         opts.validate()?;
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            let result = self.ops().claim(&mut conn, key, opts).await;
+            let result = if self.seen.expect_records() {
+                self.ops().claim(&mut conn, key, opts).await.map(|outcome| {
+                    let had_record =
+                        !matches!(&outcome, ClaimOutcome::Claimed(l) if l.attempt == 1);
+                    (outcome, had_record)
+                })
+            } else {
+                self.ops().claim_new_first(&mut conn, key, opts).await
+            };
             conn.settle(&result);
-            result
+            let (outcome, had_record) = result?;
+            self.seen.note(had_record);
+            Ok(outcome)
         })
         .await
     }
@@ -596,5 +651,41 @@ impl DedupeStore for PgStore {
 
     fn capabilities(&self) -> Capabilities {
         self.caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    /// A handle starts out expecting new keys, turns to reading first once
+    /// most recent claims met records, and back once they stop; the count
+    /// saturates, so a long storm is forgotten within a few claims.
+    #[test]
+    fn recent_claims_pick_the_first_statement() {
+        let seen = Seen::default();
+        assert!(!seen.expect_records(), "a new handle expects new keys");
+        for _ in 0..Seen::LIMIT / 2 {
+            seen.note(true);
+        }
+        assert!(!seen.expect_records(), "half of the count is not most");
+        seen.note(true);
+        assert!(seen.expect_records(), "most recent claims met records");
+        for _ in 0..1000 {
+            seen.note(true);
+        }
+        for _ in 0..Seen::LIMIT / 2 {
+            seen.note(false);
+        }
+        assert!(
+            !seen.expect_records(),
+            "a storm of 1,000 is forgotten after {} new keys",
+            Seen::LIMIT / 2
+        );
+        for _ in 0..1000 {
+            seen.note(false);
+        }
+        seen.note(true);
+        assert!(!seen.expect_records());
     }
 }

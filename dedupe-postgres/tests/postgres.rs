@@ -793,13 +793,26 @@ async fn live_duplicates_write_nothing() {
                 .await
                 .expect("autovacuum off");
         }
+        // Each round claims through a handle of its own: a new handle expects
+        // new keys, so its first claims try the bare insert first (which must
+        // leave a live row unwritten too), and once it has met records it
+        // reads first.
+        let handles: Vec<PgStore> = (0..5)
+            .map(|_| {
+                PgStore::builder(store.pool().clone())
+                    .schema(&schema)
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .expect("store")
+            })
+            .collect();
         let before = wal_position(store.pool()).await;
-        for _ in 0..5 {
+        for handle in &handles {
             for (i, k) in keys.iter().enumerate() {
-                let answer = store.claim(k, &opts).await.expect("claim");
+                let answer = handle.claim(k, &opts).await.expect("claim");
                 assert!(is_live_loser(&answer, i), "key {i} answered {answer:?}");
             }
-            store.claim_many(&keys, &opts).await.expect("claim_many");
+            handle.claim_many(&keys, &opts).await.expect("claim_many");
         }
         let after = wal_position(store.pool()).await;
         assert_eq!(before, after, "duplicate claims moved the WAL");
