@@ -8,8 +8,8 @@ use dedupe_core::backend::{
     self, check_ttl, from_millis, one_row_changed, BatchKeys, StoredRecord,
 };
 use dedupe_core::{
-    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
-    Result,
+    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, LeaseToken,
+    Record, Result,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -155,6 +155,87 @@ impl Ops<'_> {
         }
     }
 
+    /// A batch that first tries the bare insert of every key, then runs
+    /// [`claim_many`](Self::claim_many) for the keys that have a record (if
+    /// any). Answers whether most of the distinct keys had one.
+    ///
+    /// The insert commits before the second statement runs: if that one fails,
+    /// the keys the insert won are given back (deleted by their tokens) before
+    /// the error is returned, so a retry of the batch can win them again. Should
+    /// that fail too (the connection is gone), they are in flight until their
+    /// lease passes, and a later delivery takes them over.
+    pub(crate) async fn claim_many_new_first(
+        &self,
+        conn: &mut PgConnection,
+        keys: &[Key],
+        opts: &ClaimOptions,
+    ) -> Result<(Vec<ClaimOutcome>, bool)> {
+        opts.validate()?;
+        let batch = BatchKeys::new(keys);
+        let distinct = batch.distinct();
+        let namespaces: Vec<&str> = distinct.iter().map(|k| k.namespace()).collect();
+        let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
+        let tokens: Vec<LeaseToken> = distinct.iter().map(|_| backend::new_token()).collect();
+        let token_text: Vec<&str> = tokens.iter().map(LeaseToken::as_str).collect();
+        let rows = sqlx::query(text(&self.sql.insert_new_many))
+            .bind(&namespaces)
+            .bind(&ids)
+            .bind(&token_text)
+            .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
+            .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
+            .bind(opts.lease_ttl)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+        for row in &rows {
+            let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
+            let id: String = row.try_get("id").map_err(|e| self.err(e))?;
+            let deadline: i64 = row.try_get("expires_ms").map_err(|e| self.err(e))?;
+            let key =
+                Key::new(namespace, id).map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
+            let index = batch.position(&key).ok_or_else(|| {
+                Error::corrupt(&key, "claim_many returned a key it was not asked")
+            })?;
+            answers[index] = Some(ClaimOutcome::Claimed(Lease {
+                key,
+                token: tokens[index].clone(),
+                deadline: from_millis(deadline),
+                attempt: 1,
+                claim_id: opts.claim_id.clone(),
+            }));
+        }
+        let rest: Vec<Key> = distinct
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(key, _)| (*key).clone())
+            .collect();
+        if !rest.is_empty() {
+            match self.claim_many(conn, &rest, opts).await {
+                Ok(rest_answers) => {
+                    let mut rest_answers = rest_answers.into_iter();
+                    for answer in answers.iter_mut().filter(|a| a.is_none()) {
+                        *answer = rest_answers.next();
+                    }
+                }
+                Err(e) => {
+                    // Only keys holding these tokens go: the ones the insert won.
+                    self.give_back(conn, &namespaces, &ids, &token_text).await;
+                    return Err(e);
+                }
+            }
+        }
+        let distinct_answers = answers
+            .into_iter()
+            .map(|answer| {
+                answer.ok_or_else(|| Error::backend("claim_many left a key unanswered", true, None))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let had_records = rest.len() * 2 > distinct.len();
+        Ok((batch.answers(distinct_answers, opts)?, had_records))
+    }
+
     /// The whole batch in one statement over `unnest` of arrays; repeats inside the
     /// batch are answered by [`BatchKeys`].
     pub(crate) async fn claim_many(
@@ -172,10 +253,11 @@ impl Ops<'_> {
             .iter()
             .map(|_| backend::new_token().to_string())
             .collect();
+        let token_text: Vec<&str> = tokens.iter().map(String::as_str).collect();
         let rows = sqlx::query(text(&self.sql.claim_many))
             .bind(&namespaces)
             .bind(&ids)
-            .bind(&tokens)
+            .bind(&token_text)
             .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
             .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
             .bind(opts.lease_ttl)
@@ -183,25 +265,71 @@ impl Ops<'_> {
             .await
             .map_err(|e| self.err(e))?;
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+        let mut decoded = Ok(());
         for row in &rows {
-            let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
-            let id: String = row.try_get("id").map_err(|e| self.err(e))?;
-            let key =
-                Key::new(namespace, id).map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
-            let index = batch.position(&key).ok_or_else(|| {
-                Error::corrupt(&key, "claim_many returned a key it was not asked")
-            })?;
-            answers[index] = Some(answer_from_row(&key, row, opts)?);
+            let answer = (|| {
+                let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
+                let id: String = row.try_get("id").map_err(|e| self.err(e))?;
+                let key = Key::new(namespace, id)
+                    .map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
+                let index = batch.position(&key).ok_or_else(|| {
+                    Error::corrupt(&key, "claim_many returned a key it was not asked")
+                })?;
+                Ok((index, answer_from_row(&key, row, opts)?))
+            })();
+            match answer {
+                Ok((index, answer)) => answers[index] = Some(answer),
+                Err(e) => {
+                    decoded = Err(e);
+                    break;
+                }
+            }
         }
         let mut distinct_answers = Vec::with_capacity(distinct.len());
-        for (key, answer) in distinct.iter().zip(answers) {
-            distinct_answers.push(match answer {
-                Some(answer) => answer,
-                // Committed after the statement's snapshot: claim it on its own.
-                None => self.claim(conn, key, opts).await?,
-            });
+        if decoded.is_ok() {
+            for (key, answer) in distinct.iter().zip(answers) {
+                distinct_answers.push(match answer {
+                    Some(answer) => answer,
+                    // Committed after the statement's snapshot: claim it on its own.
+                    None => match self.claim(conn, key, opts).await {
+                        Ok(answer) => answer,
+                        Err(e) => {
+                            decoded = Err(e);
+                            break;
+                        }
+                    },
+                });
+            }
+        }
+        if let Err(e) = decoded {
+            // The statement committed what it won: give those keys back, so
+            // the batch's error writes nothing that stays.
+            self.give_back(conn, &namespaces, &ids, &token_text).await;
+            return Err(e);
         }
         batch.answers(distinct_answers, opts)
+    }
+
+    /// Deletes the in-flight records of `keys` that hold these tokens (the ones
+    /// a batch won before it failed), as far as the connection still works: a
+    /// record that stays is in flight until its lease passes, and a later
+    /// delivery takes it over.
+    async fn give_back(
+        &self,
+        conn: &mut PgConnection,
+        namespaces: &[&str],
+        ids: &[&str],
+        tokens: &[&str],
+    ) {
+        let given = sqlx::query(text(&self.sql.release_many))
+            .bind(namespaces)
+            .bind(ids)
+            .bind(tokens)
+            .execute(&mut *conn)
+            .await;
+        if let Err(e) = given {
+            tracing::warn!(error = %e, "could not give back the keys of a failed batch");
+        }
     }
 
     pub(crate) async fn complete(

@@ -57,6 +57,8 @@ pub(crate) struct Statements {
     pub(crate) migrate: Sql,
     pub(crate) claim: Sql,
     pub(crate) insert_new: Sql,
+    pub(crate) insert_new_many: Sql,
+    pub(crate) release_many: Sql,
     pub(crate) claim_many: Sql,
     pub(crate) select_live: Sql,
     pub(crate) complete: Sql,
@@ -155,6 +157,28 @@ impl Statements {
                  ON CONFLICT (namespace, id) DO NOTHING
                  RETURNING {expires}",
                 expires = ms("expires_at")
+            )
+            .into(),
+            // The bare insert for a batch of distinct keys, in key order (so
+            // concurrent batches meet each other's new keys in the same order).
+            insert_new_many: format!(
+                "INSERT INTO {t} (namespace, id, state, token, claim_id, fingerprint,
+                                  expires_at, completed_at, outcome, attempts, first_seen)
+                 SELECT namespace, id, 0, token, $4::text, $5::bytea, now() + $6::interval,
+                        NULL, NULL, 1, now()
+                 FROM unnest($1::text[], $2::text[], $3::text[]) AS i(namespace, id, token)
+                 ORDER BY namespace, id
+                 ON CONFLICT (namespace, id) DO NOTHING
+                 RETURNING namespace, id, {expires} AS expires_ms",
+                expires = ms("expires_at")
+            )
+            .into(),
+            // Gives back the keys a batch won when the rest of it failed.
+            release_many: format!(
+                "DELETE FROM {t} AS r
+                 USING unnest($1::text[], $2::text[], $3::text[]) AS i(namespace, id, token)
+                 WHERE r.namespace = i.namespace AND r.id = i.id AND r.token = i.token
+                   AND r.state = 0"
             )
             .into(),
             // The same for a batch of distinct keys, in one round trip. Each key is

@@ -642,9 +642,24 @@ impl DedupeStore for PgStore {
         }
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            let result = self.ops().claim_many(&mut conn, keys, opts).await;
+            // As for `claim`: the bare insert first while recent claims were of
+            // new keys (see `Seen`).
+            let result = if self.seen.expect_records() {
+                self.ops()
+                    .claim_many(&mut conn, keys, opts)
+                    .await
+                    .map(|answers| {
+                        let lost = answers.iter().filter(|a| a.lease().is_none()).count();
+                        let had_records = lost * 2 > answers.len();
+                        (answers, had_records)
+                    })
+            } else {
+                self.ops().claim_many_new_first(&mut conn, keys, opts).await
+            };
             conn.settle(&result);
-            result
+            let (answers, had_records) = result?;
+            self.seen.note(had_records);
+            Ok(answers)
         })
         .await
     }

@@ -471,6 +471,56 @@ async fn corrupt_rows_are_reported_not_guessed() {
     }
 }
 
+/// A batch meeting a corrupt record fails, and the new keys it won on the way
+/// are given back: claimed again right after, they are won. Both ways a claim
+/// can start (a handle that has seen new keys tries the bare insert first; one
+/// that has met records reads first) are checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_gives_back_the_keys_it_won() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("giveback");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let t = format!("\"{schema}\".dedupe_records");
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO {t} VALUES ('pg', 'bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("plant");
+    let opts = ClaimOptions::default();
+    for reads_first in [false, true] {
+        let handle = PgStore::builder(store.pool().clone())
+            .schema(&schema)
+            .build()
+            .expect("store");
+        if reads_first {
+            // Meet one record again and again until the handle reads first.
+            let warm = key("warm");
+            for _ in 0..10 {
+                let _ = handle.claim(&warm, &opts).await.expect("claim");
+            }
+        }
+        let fresh = [
+            key(&format!("new-a-{reads_first}")),
+            key(&format!("new-b-{reads_first}")),
+        ];
+        let batch = [fresh[0].clone(), key("bad"), fresh[1].clone()];
+        match handle.claim_many(&batch, &opts).await {
+            Err(Error::CorruptRecord { .. }) => {}
+            other => panic!(
+                "a batch with a corrupt record answered {other:?} (reads first: {reads_first})"
+            ),
+        }
+        for k in &fresh {
+            let again = store.claim(k, &opts).await.expect("claim");
+            assert!(
+                again.lease().is_some(),
+                "{k} stayed claimed after its batch failed (reads first: {reads_first}): {again:?}"
+            );
+        }
+    }
+}
+
 /// Two OS processes, sixteen connections each, race on the same 100 keys: each key
 /// is Claimed exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
