@@ -5,6 +5,11 @@
 #
 #   bench/all-stores.sh [extra dedupe bench arguments...]
 #   PG_URL=postgres://... REDIS_URL=redis://... DYNAMO_ENDPOINT=http://... bench/all-stores.sh
+#   PG_DATA_PARENT=/dev/shm bench/all-stores.sh   # the private cluster's data on tmpfs
+#
+# PG_DATA_PARENT puts the private PostgreSQL cluster's data directory under
+# that directory: on tmpfs a commit's fsync costs nothing, so store/raw shows
+# what the store adds in CPU and round trips rather than the disk of the day.
 #
 # Run scripts/test once first on a fresh machine: it installs the servers and
 # unpacks DynamoDB Local.
@@ -17,9 +22,10 @@ chmod 755 "$work"
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  if [ -f "$work/pg/postmaster.pid" ]; then
-    runuser -u postgres -- "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  if [ -n "${pg_data:-}" ] && [ -f "$pg_data/postmaster.pid" ]; then
+    runuser -u postgres -- "$pg_bin/pg_ctl" -D "$pg_data" -m immediate stop >/dev/null 2>&1 || true
   fi
+  [ -n "${pg_data:-}" ] && [ "$pg_data" != "$work/pg" ] && rm -rf "$(dirname "$pg_data")"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -29,9 +35,14 @@ if [ -z "${PG_URL:-}" ]; then
   port="$(free_port)"
   as_pg=()
   [ "$(id -u)" = 0 ] && as_pg=(runuser -u postgres --)
-  mkdir -p "$work/pg" && chown postgres "$work/pg" 2>/dev/null || true
-  "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U postgres -A trust >/dev/null
-  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -o "-p $port -k $work/pg -c listen_addresses=127.0.0.1 -c max_connections=300" -w start >/dev/null
+  pg_data="$work/pg"
+  if [ -n "${PG_DATA_PARENT:-}" ]; then
+    pg_data="$(mktemp -d -p "$PG_DATA_PARENT")/pg"
+    chmod 755 "$(dirname "$pg_data")"
+  fi
+  mkdir -p "$pg_data" && chown postgres "$pg_data" 2>/dev/null || true
+  "${as_pg[@]}" "$pg_bin/initdb" -D "$pg_data" -U postgres -A trust >/dev/null
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -o "-p $port -k $pg_data -c listen_addresses=127.0.0.1 -c max_connections=300" -w start >/dev/null
   PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
 fi
 if [ -z "${REDIS_URL:-}" ]; then

@@ -118,10 +118,10 @@ impl Ops<'_> {
     /// record. Answers whether the key had one (the second statement ran).
     ///
     /// Only on the store's own connections: each statement commits on its own,
-    /// and the first writes nothing unless it wins, so the pair is as atomic as
-    /// the one statement. (In a caller's `REPEATABLE READ` transaction a
-    /// conflict with a row its snapshot cannot see would be a serialization
-    /// error instead, so `claim_in` keeps the one statement.)
+    /// and the first writes nothing unless it wins, so the pair decides as the
+    /// one statement does. `claim_in` keeps the one statement: inside a
+    /// caller's transaction a second statement is one more round trip the
+    /// transaction holds its locks for.
     pub(crate) async fn claim_new_first(
         &self,
         conn: &mut PgConnection,
@@ -159,11 +159,13 @@ impl Ops<'_> {
     /// [`claim_many`](Self::claim_many) for the keys that have a record (if
     /// any). Answers whether most of the distinct keys had one.
     ///
-    /// The insert commits before the second statement runs: if that one fails,
-    /// the keys the insert won are given back (deleted by their tokens) before
-    /// the error is returned, so a retry of the batch can win them again. Should
-    /// that fail too (the connection is gone), they are in flight until their
-    /// lease passes, and a later delivery takes them over.
+    /// The insert commits before the second statement runs: if anything after
+    /// it fails, the keys the insert won are given back (see
+    /// [`give_back`](Self::give_back)) before the error is returned, so a retry
+    /// of the batch can win them again. Should that fail too (the connection is
+    /// gone), or the call be dropped between the statements (its timeout, a
+    /// `select!`), they are in flight until their lease passes, like the keys of
+    /// any claim whose answer was lost, and a later delivery takes them over.
     pub(crate) async fn claim_many_new_first(
         &self,
         conn: &mut PgConnection,
@@ -187,53 +189,60 @@ impl Ops<'_> {
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
-        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
-        for row in &rows {
-            let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
-            let id: String = row.try_get("id").map_err(|e| self.err(e))?;
-            let deadline: i64 = row.try_get("expires_ms").map_err(|e| self.err(e))?;
-            let key =
-                Key::new(namespace, id).map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
-            let index = batch.position(&key).ok_or_else(|| {
-                Error::corrupt(&key, "claim_many returned a key it was not asked")
-            })?;
-            answers[index] = Some(ClaimOutcome::Claimed(Lease {
-                key,
-                token: tokens[index].clone(),
-                deadline: from_millis(deadline),
-                attempt: 1,
-                claim_id: opts.claim_id.clone(),
-            }));
-        }
-        let rest: Vec<Key> = distinct
-            .iter()
-            .zip(&answers)
-            .filter(|(_, answer)| answer.is_none())
-            .map(|(key, _)| (*key).clone())
-            .collect();
-        if !rest.is_empty() {
-            match self.claim_many(conn, &rest, opts).await {
-                Ok(rest_answers) => {
-                    let mut rest_answers = rest_answers.into_iter();
-                    for answer in answers.iter_mut().filter(|a| a.is_none()) {
-                        *answer = rest_answers.next();
-                    }
-                }
-                Err(e) => {
-                    // Only keys holding these tokens go: the ones the insert won.
-                    self.give_back(conn, &namespaces, &ids, &token_text).await;
-                    return Err(e);
+        // The insert has committed what it won: from here on, any error gives
+        // those keys back before it is answered.
+        let answered: Result<(Vec<ClaimOutcome>, bool)> = async {
+            let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+            for row in &rows {
+                let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
+                let id: String = row.try_get("id").map_err(|e| self.err(e))?;
+                let deadline: i64 = row.try_get("expires_ms").map_err(|e| self.err(e))?;
+                let key = Key::new(namespace, id)
+                    .map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
+                let index = batch.position(&key).ok_or_else(|| {
+                    Error::corrupt(&key, "claim_many returned a key it was not asked")
+                })?;
+                answers[index] = Some(ClaimOutcome::Claimed(Lease {
+                    key,
+                    token: tokens[index].clone(),
+                    deadline: from_millis(deadline),
+                    attempt: 1,
+                    claim_id: opts.claim_id.clone(),
+                }));
+            }
+            let rest: Vec<Key> = distinct
+                .iter()
+                .zip(&answers)
+                .filter(|(_, answer)| answer.is_none())
+                .map(|(key, _)| (*key).clone())
+                .collect();
+            if !rest.is_empty() {
+                // Gives back what it won itself if it fails.
+                let mut rest_answers = self.claim_many(conn, &rest, opts).await?.into_iter();
+                for answer in answers.iter_mut().filter(|a| a.is_none()) {
+                    *answer = rest_answers.next();
                 }
             }
+            let distinct_answers = answers
+                .into_iter()
+                .map(|answer| {
+                    answer.ok_or_else(|| {
+                        Error::backend("claim_many left a key unanswered", true, None)
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let had_records = rest.len() * 2 > distinct.len();
+            Ok((batch.answers(distinct_answers, opts)?, had_records))
         }
-        let distinct_answers = answers
-            .into_iter()
-            .map(|answer| {
-                answer.ok_or_else(|| Error::backend("claim_many left a key unanswered", true, None))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let had_records = rest.len() * 2 > distinct.len();
-        Ok((batch.answers(distinct_answers, opts)?, had_records))
+        .await;
+        if answered.is_err() {
+            // Only keys holding these tokens change: the ones the insert won.
+            let won: Vec<(&str, &str, &str)> = (0..distinct.len())
+                .map(|i| (namespaces[i], ids[i], token_text[i]))
+                .collect();
+            self.give_back(conn, &won).await;
+        }
+        answered
     }
 
     /// The whole batch in one statement over `unnest` of arrays; repeats inside the
@@ -286,13 +295,18 @@ impl Ops<'_> {
             }
         }
         let mut distinct_answers = Vec::with_capacity(distinct.len());
+        // Keys won by claims on their own below, with their tokens.
+        let mut won_alone: Vec<Lease> = Vec::new();
         if decoded.is_ok() {
             for (key, answer) in distinct.iter().zip(answers) {
                 distinct_answers.push(match answer {
                     Some(answer) => answer,
                     // Committed after the statement's snapshot: claim it on its own.
                     None => match self.claim(conn, key, opts).await {
-                        Ok(answer) => answer,
+                        Ok(answer) => {
+                            won_alone.extend(answer.lease().cloned());
+                            answer
+                        }
                         Err(e) => {
                             decoded = Err(e);
                             break;
@@ -303,28 +317,37 @@ impl Ops<'_> {
         }
         if let Err(e) = decoded {
             // The statement committed what it won: give those keys back, so
-            // the batch's error writes nothing that stays.
-            self.give_back(conn, &namespaces, &ids, &token_text).await;
+            // the batch's error leaves nothing claimed behind the caller.
+            let mut won: Vec<(&str, &str, &str)> = (0..distinct.len())
+                .map(|i| (namespaces[i], ids[i], token_text[i]))
+                .collect();
+            won.extend(
+                won_alone
+                    .iter()
+                    .map(|l| (l.key.namespace(), l.key.id(), l.token.as_str())),
+            );
+            self.give_back(conn, &won).await;
             return Err(e);
         }
         batch.answers(distinct_answers, opts)
     }
 
-    /// Deletes the in-flight records of `keys` that hold these tokens (the ones
-    /// a batch won before it failed), as far as the connection still works: a
-    /// record that stays is in flight until its lease passes, and a later
-    /// delivery takes it over.
-    async fn give_back(
-        &self,
-        conn: &mut PgConnection,
-        namespaces: &[&str],
-        ids: &[&str],
-        tokens: &[&str],
-    ) {
+    /// Gives back the keys a failed batch won: `(namespace, id, token)` of each
+    /// key the batch may have won, with the token it claimed with (a key that
+    /// holds another token is not touched). A fresh record is removed, as
+    /// `release` would; a record the batch took over (attempt 2 or more) has
+    /// its lease ended now instead, so the next claim takes it over with the
+    /// attempt count still going up and `first_seen` kept. As far as the
+    /// connection still works: a record it cannot give back is in flight until
+    /// its lease passes, and a later delivery takes it over.
+    async fn give_back(&self, conn: &mut PgConnection, won: &[(&str, &str, &str)]) {
+        let namespaces: Vec<&str> = won.iter().map(|w| w.0).collect();
+        let ids: Vec<&str> = won.iter().map(|w| w.1).collect();
+        let tokens: Vec<&str> = won.iter().map(|w| w.2).collect();
         let given = sqlx::query(text(&self.sql.release_many))
-            .bind(namespaces)
-            .bind(ids)
-            .bind(tokens)
+            .bind(&namespaces)
+            .bind(&ids)
+            .bind(&tokens)
             .execute(&mut *conn)
             .await;
         if let Err(e) = given {

@@ -173,12 +173,26 @@ impl Statements {
                 expires = ms("expires_at")
             )
             .into(),
-            // Gives back the keys a batch won when the rest of it failed.
+            // Gives back the keys a batch won when the rest of it failed (see
+            // `Ops::give_back`): a fresh record goes, a taken-over one has its
+            // lease ended. Each key is probed on the primary key.
             release_many: format!(
-                "DELETE FROM {t} AS r
-                 USING unnest($1::text[], $2::text[], $3::text[]) AS i(namespace, id, token)
-                 WHERE r.namespace = i.namespace AND r.id = i.id AND r.token = i.token
-                   AND r.state = 0"
+                "WITH mine AS (
+                    SELECT r.namespace, r.id, r.attempts
+                    FROM unnest($1::text[], $2::text[], $3::text[]) AS i(namespace, id, token)
+                    CROSS JOIN LATERAL (
+                        SELECT t.namespace, t.id, t.attempts FROM {t} t
+                        WHERE t.namespace = i.namespace AND t.id = i.id
+                          AND t.token = i.token AND t.state = 0
+                        FOR UPDATE
+                    ) r
+                 ), fresh AS (
+                    DELETE FROM {t} AS r USING mine m
+                    WHERE r.namespace = m.namespace AND r.id = m.id AND m.attempts = 1
+                 )
+                 UPDATE {t} AS r SET expires_at = now()
+                 FROM mine m
+                 WHERE r.namespace = m.namespace AND r.id = m.id AND m.attempts > 1"
             )
             .into(),
             // The same for a batch of distinct keys, in one round trip. Each key is

@@ -633,7 +633,9 @@ impl DedupeStore for PgStore {
         .await
     }
 
-    /// The whole batch in one statement (`unnest` of arrays), one round trip.
+    /// The whole batch in one statement (`unnest` of arrays), one round trip; or,
+    /// while recent claims were of new keys, the bare batch insert first and
+    /// the one statement for the keys that have a record.
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         dedupe_core::backend::check_batch(keys)?;

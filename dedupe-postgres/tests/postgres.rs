@@ -471,22 +471,31 @@ async fn corrupt_rows_are_reported_not_guessed() {
     }
 }
 
-/// A batch meeting a corrupt record fails, and the new keys it won on the way
-/// are given back: claimed again right after, they are won. Both ways a claim
-/// can start (a handle that has seen new keys tries the bare insert first; one
-/// that has met records reads first) are checked.
+/// A batch meeting a corrupt record fails, and the keys it won on the way are
+/// given back: a new key is claimable again at once; an expired lease it took
+/// over is free again with its attempt count still going up; a key held by
+/// another lease and a done key are left exactly as they were. Both ways a
+/// claim can start (a handle that has seen new keys tries the bare insert
+/// first; one that has met records reads first) are checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_batch_gives_back_the_keys_it_won() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("giveback");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
     let t = format!("\"{schema}\".dedupe_records");
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "INSERT INTO {t} VALUES ('pg', 'bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("plant");
+    let plant = |values: String| {
+        let (pool, t) = (store.pool().clone(), t.clone());
+        async move {
+            sqlx::raw_sql(AssertSqlSafe(format!("INSERT INTO {t} VALUES {values}")))
+                .execute(&pool)
+                .await
+                .expect("plant");
+        }
+    };
+    plant(
+        "('pg', 'bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())".into(),
+    )
+    .await;
     let opts = ClaimOptions::default();
     for reads_first in [false, true] {
         let handle = PgStore::builder(store.pool().clone())
@@ -500,11 +509,29 @@ async fn a_failed_batch_gives_back_the_keys_it_won() {
                 let _ = handle.claim(&warm, &opts).await.expect("claim");
             }
         }
-        let fresh = [
-            key(&format!("new-a-{reads_first}")),
-            key(&format!("new-b-{reads_first}")),
+        let name = |what: &str| key(&format!("{what}-{reads_first}"));
+        // Held by another lease, done, and expired in flight at attempt 2.
+        let held = store.claim(&name("held"), &opts).await.expect("claim");
+        let held = held.lease().cloned().expect("held is claimed");
+        let done = store.claim(&name("done"), &opts).await.expect("claim");
+        let done = done.lease().cloned().expect("done is claimed");
+        store
+            .complete(&done, b"kept", Duration::from_secs(600))
+            .await
+            .expect("complete");
+        plant(format!(
+            "('pg', 'expired-{reads_first}', 0, 'old', NULL, NULL, now() - interval '1 second', NULL, NULL, 2, now() - interval '1 hour')"
+        ))
+        .await;
+        let fresh = [name("new-a"), name("new-b")];
+        let batch = [
+            fresh[0].clone(),
+            name("held"),
+            name("expired"),
+            name("done"),
+            key("bad"),
+            fresh[1].clone(),
         ];
-        let batch = [fresh[0].clone(), key("bad"), fresh[1].clone()];
         match handle.claim_many(&batch, &opts).await {
             Err(Error::CorruptRecord { .. }) => {}
             other => panic!(
@@ -514,10 +541,32 @@ async fn a_failed_batch_gives_back_the_keys_it_won() {
         for k in &fresh {
             let again = store.claim(k, &opts).await.expect("claim");
             assert!(
-                again.lease().is_some(),
-                "{k} stayed claimed after its batch failed (reads first: {reads_first}): {again:?}"
+                matches!(&again, ClaimOutcome::Claimed(l) if l.attempt == 1),
+                "{k} was not given back (reads first: {reads_first}): {again:?}"
             );
         }
+        let expired = store.claim(&name("expired"), &opts).await.expect("claim");
+        assert!(
+            matches!(&expired, ClaimOutcome::Claimed(l) if l.attempt > 2),
+            "the expired lease the batch took over came back as {expired:?} (reads first: {reads_first})"
+        );
+        let still_held = store
+            .get(&name("held"))
+            .await
+            .expect("get")
+            .expect("held stays");
+        assert_eq!(
+            still_held.token, held.token,
+            "another holder's lease was touched"
+        );
+        store
+            .extend(&held, Duration::from_secs(60))
+            .await
+            .expect("the holder still holds its key");
+        assert!(matches!(
+            store.claim(&name("done"), &opts).await.expect("claim"),
+            ClaimOutcome::Duplicate { outcome, .. } if outcome == b"kept"
+        ));
     }
 }
 
@@ -844,9 +893,9 @@ async fn live_duplicates_write_nothing() {
                 .expect("autovacuum off");
         }
         // Each round claims through a handle of its own: a new handle expects
-        // new keys, so its first claims try the bare insert first (which must
-        // leave a live row unwritten too), and once it has met records it
-        // reads first.
+        // new keys, so its first batch and claims try the bare insert first
+        // (which must leave a live row unwritten too), and once it has met
+        // records it reads first.
         let handles: Vec<PgStore> = (0..5)
             .map(|_| {
                 PgStore::builder(store.pool().clone())
@@ -858,11 +907,17 @@ async fn live_duplicates_write_nothing() {
             .collect();
         let before = wal_position(store.pool()).await;
         for handle in &handles {
+            let batch = handle.claim_many(&keys, &opts).await.expect("claim_many");
+            for (i, answer) in batch.iter().enumerate() {
+                assert!(
+                    is_live_loser(answer, i),
+                    "batch key {i} answered {answer:?}"
+                );
+            }
             for (i, k) in keys.iter().enumerate() {
                 let answer = handle.claim(k, &opts).await.expect("claim");
                 assert!(is_live_loser(&answer, i), "key {i} answered {answer:?}");
             }
-            handle.claim_many(&keys, &opts).await.expect("claim_many");
         }
         let after = wal_position(store.pool()).await;
         assert_eq!(before, after, "duplicate claims moved the WAL");
