@@ -194,7 +194,7 @@ struct Pool {
 ///   (the duplicate check of a claim, `get`) on a read connection, and writes
 ///   when the process's writers' turn is free and no other connection holds
 ///   SQLite's write lock. Neither ever waits for a lock there. Anywhere else,
-///   for `expire()`, and for a read that would have to wait, the call goes to the
+///   for `forget()`, and for a read that would have to wait, the call goes to the
 ///   handle's connection threads, each owning a connection and fed by a queue
 ///   (one hand-off each way), which wait up to the busy timeout.
 /// - **Group commit**: a write that would have to wait is queued for the
@@ -591,18 +591,13 @@ impl DedupeStore for SqliteStore {
         let now = to_millis(SystemTime::now());
         let mut removed = 0;
         loop {
-            // One short transaction per batch, releasing the write lock between
-            // batches so claims are never blocked for long: handed fairly to
-            // a writer already waiting, so claims queued behind a batch run
-            // before the next batch.
+            // One batch at a time through the writer thread: each joins the
+            // group of the writes queued beside it (one commit for all), and
+            // the writes queued while it runs go in the next group, before the
+            // next batch, so claims are never blocked for long.
             let n = self
-                .with_conn(move |ops, conn| {
-                    let turn = ops.turn()?;
-                    let n = ops.expire_batch(conn, now);
-                    if let Some(turn) = turn {
-                        parking_lot::MutexGuard::unlock_fair(turn);
-                    }
-                    n
+                .write(EXPIRE_BATCH.unsigned_abs() as usize, move |ops, conn| {
+                    ops.expire_batch(conn, now)
                 })
                 .await?;
             removed += n;
