@@ -12,7 +12,8 @@ use dedupe_core::{
 
 /// Eight workers on twelve keys with 30 ms leases: most claims complete at
 /// once, some release, some sleep past their lease before completing (a
-/// stalled worker), so takeovers and lost leases happen.
+/// stalled worker: at least each worker's first win), so takeovers and lost
+/// leases happen.
 async fn run(store: Arc<dyn DedupeStore>) -> History {
     let history = History::new(Duration::from_millis(5));
     let tasks: Vec<_> = (0..8)
@@ -27,13 +28,18 @@ async fn run(store: Arc<dyn DedupeStore>) -> History {
                     seed
                 };
                 let opts = ClaimOptions::new(Duration::from_millis(30));
+                let mut won = 0;
                 for i in 0..60 {
                     let key = Key::new("h", format!("k{}", next() % 12)).expect("key");
                     let Ok(ClaimOutcome::Claimed(lease)) = recorder.claim(&key, &opts).await else {
                         tokio::time::sleep(Duration::from_millis(2)).await;
                         continue;
                     };
-                    let choice = next() % 6;
+                    // Each worker's first win stalls, so every run has stalled
+                    // holders whatever the timing (a run on a loaded machine
+                    // once won too few claims to draw one).
+                    let choice = if won == 0 { 1 } else { next() % 6 };
+                    won += 1;
                     if choice == 0 {
                         let _ = recorder.release(&lease).await;
                         continue;
