@@ -701,12 +701,7 @@ mod tests {
         for (id, claim) in claims {
             match claim.await.expect("task") {
                 Err(e) => {
-                    let mut text = e.to_string();
-                    let mut source = std::error::Error::source(&e);
-                    while let Some(cause) = source {
-                        text.push_str(&format!(": {cause}"));
-                        source = cause.source();
-                    }
+                    let text = super::error_chain(&e);
                     assert!(text.contains("boom was refused"), "{id}: {text}");
                 }
                 Ok(answer) => panic!("{id} answered {answer:?} in a rolled-back group"),
@@ -755,5 +750,52 @@ mod tests {
             Ok(ClaimOutcome::Claimed(_))
         ));
         assert!(slow.get(&key("fast")).await.expect("get").is_none());
+    }
+
+    /// A write that panics on the writer thread is answered with an error and
+    /// undone; the writes of its group before and after it commit, and the
+    /// thread goes on serving.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_write_is_answered_and_undone() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("panic.db");
+        let (store, mut blocker) = store_and_blocker(&db).await;
+        let tx = blocker
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .expect("take the write lock");
+        let before = spawn_claim(&store, "before");
+        until_taken(&store, 1).await;
+        let panicking = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(1, |ops, conn| {
+                        let _claimed =
+                            ops.claim(conn, &key("panicked"), &ClaimOptions::default())?;
+                        panic!("a write that panics after writing");
+                    })
+                    .await
+            })
+        };
+        until_taken(&store, 2).await;
+        let after = spawn_claim(&store, "after");
+        until_taken(&store, 3).await;
+        tx.rollback().expect("unlock");
+        let answer: dedupe_core::Result<()> = panicking.await.expect("task");
+        assert!(answer.is_err(), "a panicking write answered {answer:?}");
+        for (id, claim) in [("before", before), ("after", after)] {
+            let answer = claim.await.expect("task");
+            assert!(
+                matches!(answer, Ok(ClaimOutcome::Claimed(_))),
+                "{id} answered {answer:?}"
+            );
+            assert!(store.get(&key(id)).await.expect("get").is_some());
+        }
+        assert!(
+            store.get(&key("panicked")).await.expect("get").is_none(),
+            "the panicking write's claim was committed"
+        );
+        let again = spawn_claim(&store, "again").await.expect("task");
+        assert!(matches!(again, Ok(ClaimOutcome::Claimed(_))), "{again:?}");
     }
 }

@@ -485,7 +485,7 @@ impl SqliteStore {
     /// writes queued together in one transaction (see `group`), and waits for
     /// its answer.
     /// `keys`: how many keys the write claims (one for a single-key write).
-    async fn write<T, F>(&self, keys: usize, write: F) -> Result<T>
+    pub(crate) async fn write<T, F>(&self, keys: usize, write: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Ops<'_>, &Connection) -> Result<T> + Send + 'static,
