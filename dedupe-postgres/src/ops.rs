@@ -11,10 +11,11 @@ use dedupe_core::{
     Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, LeaseToken,
     Record, Result,
 };
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{PgConnection, Postgres, Row};
 
-use crate::sql::{text, Statements, EXPIRE_BATCH};
+use crate::sql::{text, Sql, Statements, EXPIRE_BATCH};
 
 /// How often a claim is retried when its record vanished between the upsert and
 /// the read that answers it (a concurrent release, forget or expire).
@@ -45,6 +46,29 @@ fn decode_record(key: &Key, row: &PgRow) -> Result<Record> {
     read()
         .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?
         .decode(key)
+}
+
+/// A claim statement (`claim`, `insert_new`, `claim_many`, `insert_new_many`)
+/// with its six parameters bound, in the order each of them takes: the keys'
+/// namespaces and ids and the tokens (one each, or arrays of them), then the
+/// claim id, the fingerprint and the lease.
+fn claim_query<'q, T>(
+    sql: &Sql,
+    namespaces: T,
+    ids: T,
+    tokens: T,
+    opts: &'q ClaimOptions,
+) -> Query<'q, Postgres, PgArguments>
+where
+    T: 'q + for<'t> sqlx::Encode<'t, Postgres> + sqlx::Type<Postgres>,
+{
+    sqlx::query(text(sql))
+        .bind(namespaces)
+        .bind(ids)
+        .bind(tokens)
+        .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
+        .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
+        .bind(opts.lease_ttl)
 }
 
 /// The answer carried by one row of the claim statements.
@@ -87,16 +111,16 @@ impl Ops<'_> {
         opts.validate()?;
         for _ in 0..CLAIM_ROUNDS {
             let token = backend::new_token();
-            let row = sqlx::query(text(&self.sql.claim))
-                .bind(key.namespace())
-                .bind(key.id())
-                .bind(token.as_str())
-                .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
-                .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
-                .bind(opts.lease_ttl)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
+            let row = claim_query(
+                &self.sql.claim,
+                key.namespace(),
+                key.id(),
+                token.as_str(),
+                opts,
+            )
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
             if let Some(row) = row {
                 return answer_from_row(key, &row, opts);
             }
@@ -130,15 +154,19 @@ impl Ops<'_> {
     ) -> Result<(ClaimOutcome, bool)> {
         opts.validate()?;
         let token = backend::new_token();
-        let deadline: Option<i64> = sqlx::query_scalar(text(&self.sql.insert_new))
-            .bind(key.namespace())
-            .bind(key.id())
-            .bind(token.as_str())
-            .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
-            .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
-            .bind(opts.lease_ttl)
-            .fetch_optional(&mut *conn)
-            .await
+        let row = claim_query(
+            &self.sql.insert_new,
+            key.namespace(),
+            key.id(),
+            token.as_str(),
+            opts,
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        let deadline: Option<i64> = row
+            .map(|row| row.try_get(0))
+            .transpose()
             .map_err(|e| self.err(e))?;
         match deadline {
             Some(deadline) => Ok((
@@ -179,16 +207,16 @@ impl Ops<'_> {
         let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
         let tokens: Vec<LeaseToken> = distinct.iter().map(|_| backend::new_token()).collect();
         let token_text: Vec<&str> = tokens.iter().map(LeaseToken::as_str).collect();
-        let rows = sqlx::query(text(&self.sql.insert_new_many))
-            .bind(&namespaces)
-            .bind(&ids)
-            .bind(&token_text)
-            .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
-            .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
-            .bind(opts.lease_ttl)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
+        let rows = claim_query(
+            &self.sql.insert_new_many,
+            &namespaces,
+            &ids,
+            &token_text,
+            opts,
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
         // The insert has committed what it won: from here on, any error gives
         // those keys back before it is answered.
         let answered: Result<(Vec<ClaimOutcome>, bool)> = async {
@@ -263,13 +291,7 @@ impl Ops<'_> {
             .map(|_| backend::new_token().to_string())
             .collect();
         let token_text: Vec<&str> = tokens.iter().map(String::as_str).collect();
-        let rows = sqlx::query(text(&self.sql.claim_many))
-            .bind(&namespaces)
-            .bind(&ids)
-            .bind(&token_text)
-            .bind(opts.claim_id.as_ref().map(ClaimId::as_str))
-            .bind(opts.fingerprint.as_ref().map(Fingerprint::as_bytes))
-            .bind(opts.lease_ttl)
+        let rows = claim_query(&self.sql.claim_many, &namespaces, &ids, &token_text, opts)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
