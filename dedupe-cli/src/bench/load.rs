@@ -108,6 +108,7 @@ pub(super) async fn purge(opener: &Opener, args: &BenchArgs, n: u64) -> Result<P
         dup_ratio: 0.0,
     });
     let stop = Arc::new(AtomicBool::new(false));
+    let drawn = Arc::clone(&stream);
     let claims = {
         let stop = Arc::clone(&stop);
         // Until the purge ends.
@@ -117,6 +118,12 @@ pub(super) async fn purge(opener: &Opener, args: &BenchArgs, n: u64) -> Result<P
         };
         tokio::spawn(async move { run_row(sides, stream, limits, Some(stop)).await })
     };
+    // The purge starts once a claim has: on a fast store it may take a few
+    // milliseconds, less than the claiming tasks need to be scheduled.
+    let waiting = Instant::now();
+    while drawn.next.load(Ordering::Relaxed) == 0 && waiting.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let started = Instant::now();
     let removed = probe.expire().await;
     figure.purge_ms = started.elapsed().as_secs_f64() * 1e3;
