@@ -65,8 +65,8 @@ impl Drop for Held {
 /// - a key with no record costs least as the bare insert (`ON CONFLICT DO
 ///   NOTHING`, the raw driver's own statement), and a key with a record then
 ///   takes a second statement;
-/// - a key with a record costs least as the one statement that reads it first
-///   and writes nothing, which does more work for a new key.
+/// - a key with a live record costs least as a plain `SELECT` of it, which
+///   answers the claim; a key with none then takes the deciding statement.
 ///
 /// So while most recent claims were of new keys (the usual traffic) a claim
 /// tries the insert first, and while most met records (a retry storm, a
@@ -263,8 +263,10 @@ impl PgBuilder {
 ///   one. One statement, one round trip. While most of a store's recent claims
 ///   were of new keys, a claim first tries the bare `INSERT ... ON CONFLICT DO
 ///   NOTHING RETURNING` (which wins a key with no record, and leaves any
-///   existing row untouched, unlocked and unwritten) and runs the statement
-///   above only when the key has a record. Complete, release and extend are
+///   existing row untouched, unlocked and unwritten); while most met records,
+///   it first reads the live record with a plain `SELECT`, which answers a
+///   duplicate on its own. Either way the statement above runs only when the
+///   first one did not settle the claim. Complete, release and extend are
 ///   single statements conditional on the lease token and `expires_at > now()`.
 ///   There is no check-then-write anywhere.
 /// - **Time**: every deadline is computed and judged by the server's `now()`; the
@@ -514,11 +516,14 @@ impl DedupeStore for PgStore {
         self.bounded(async {
             let mut conn = self.acquire().await?;
             let result = if self.seen.expect_records() {
-                self.ops().claim(&mut conn, key, opts).await.map(|outcome| {
-                    let had_record =
-                        !matches!(&outcome, ClaimOutcome::Claimed(l) if l.attempt == 1);
-                    (outcome, had_record)
-                })
+                self.ops()
+                    .claim_read_first(&mut conn, key, opts)
+                    .await
+                    .map(|outcome| {
+                        let had_record =
+                            !matches!(&outcome, ClaimOutcome::Claimed(l) if l.attempt == 1);
+                        (outcome, had_record)
+                    })
             } else {
                 self.ops().claim_new_first(&mut conn, key, opts).await
             };
