@@ -139,10 +139,11 @@ impl Ops<'_> {
 
     /// A claim that first tries the bare insert (the cheapest statement for a key
     /// with no record) and runs [`claim_read_first`](Self::claim_read_first)
-    /// only when the key has a record. Answers whether the key had one (the second statement ran).
+    /// only when the key has a record. Answers whether the key had one (more
+    /// statements ran).
     ///
     /// Only on the store's own connections: each statement commits on its own,
-    /// and the first writes nothing unless it wins, so the pair decides as the
+    /// and the insert keeps nothing unless it wins, so the chain decides as the
     /// one statement does. `claim_in` keeps the one statement: inside a
     /// caller's transaction a second statement is one more round trip the
     /// transaction holds its locks for.
@@ -192,8 +193,9 @@ impl Ops<'_> {
     /// data-modifying statement for the server to set up (`claim` runs its
     /// read as part of an upsert, which costs the server about 1.5 times this
     /// `SELECT` even when the upsert writes nothing; measured with pgbench).
-    /// The answer is the one `claim` gives: its own read is the same `SELECT`
-    /// on the same snapshot rules, and everything else is left to it.
+    /// A live record answers as it would answer `claim`'s own read (the same
+    /// `SELECT`, one statement earlier): the answer was true at an instant of
+    /// this call. Everything else is left to `claim`, which decides on its own.
     pub(crate) async fn claim_read_first(
         &self,
         conn: &mut PgConnection,

@@ -60,8 +60,8 @@ impl Drop for Held {
 
 /// Whether this store's recent claims met records already there (duplicates,
 /// claims in flight, expired leases to take over), which picks the first
-/// statement of its next claim. Both ways are the same claim; only their cost
-/// differs:
+/// statement of its next claim. Both ways decide the same claim by the same
+/// statements; they differ in cost, and in one wait (below):
 /// - a key with no record costs least as the bare insert (`ON CONFLICT DO
 ///   NOTHING`, the raw driver's own statement), and a key with a record then
 ///   takes a second statement;
@@ -72,6 +72,11 @@ impl Drop for Held {
 /// tries the insert first, and while most met records (a retry storm, a
 /// redelivered backlog) it reads first. A counter from 0 to [`Seen::LIMIT`],
 /// one up for a claim that met a record and one down for one that did not.
+///
+/// The wait: the bare insert's conflict check waits for a transaction that is
+/// changing the key's row right now (a `complete_in` inside a long business
+/// transaction), up to the statement timeout, where a read answers InFlight
+/// from its snapshot.
 #[derive(Debug, Default)]
 struct Seen(std::sync::atomic::AtomicU8);
 
@@ -199,10 +204,14 @@ impl PgBuilder {
     /// retryable [`Error::Timeout`].
     ///
     /// On a pool from [`PgStore::connect_pool`] the server enforces it as
-    /// `statement_timeout`: it cancels the statement, so a timed-out operation has
+    /// `statement_timeout`: it cancels the statement, so a timed-out statement has
     /// changed nothing. The client gives up only [`PgStore::BACKSTOP`] later, when
     /// the server did not answer at all; only then is the effect unknown (retry
-    /// with the same claim id). On a pool of your own, set `statement_timeout` on
+    /// with the same claim id). A claim that takes more than one statement (see
+    /// [`PgStore`]) is bounded as a whole: should it time out after its first
+    /// statement, that statement has committed or changed nothing on its own,
+    /// and the last one may have won the key unanswered; retry with the same
+    /// claim id to get such a lease back. On a pool of your own, set `statement_timeout` on
     /// its connections to get the same guarantee.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -252,23 +261,29 @@ impl PgBuilder {
     }
 }
 
-/// The Postgres store: records in one table, every decision made by one statement
-/// on the server, with the server's clock.
+/// The Postgres store: records in one table, every decision made by single
+/// statements on the server, with the server's clock.
 ///
 /// - **Atomic primitive**: a claim is one `INSERT ... ON CONFLICT (namespace, id) DO
 ///   UPDATE ... WHERE expires_at <= now() RETURNING`, in a statement that first
 ///   reads the key: a live record (a duplicate, a claim in flight) is answered
 ///   from that read and nothing is written, no transaction id, no row lock, no
 ///   WAL; otherwise the upsert inserts a fresh record or takes over an expired
-///   one. One statement, one round trip. While most of a store's recent claims
-///   were of new keys, a claim first tries the bare `INSERT ... ON CONFLICT DO
-///   NOTHING RETURNING` (which wins a key with no record, and leaves any
-///   existing row untouched, unlocked and unwritten); while most met records,
-///   it first reads the live record with a plain `SELECT`, which answers a
-///   duplicate on its own. Either way the statement above runs only when the
-///   first one did not settle the claim. Complete, release and extend are
-///   single statements conditional on the lease token and `expires_at > now()`.
-///   There is no check-then-write anywhere.
+///   one. One statement, one round trip; `claim_in` always runs it. On the
+///   store's own connections a cheaper statement goes first: while most of a
+///   store's recent claims were of new keys, the bare `INSERT ... ON CONFLICT
+///   DO NOTHING RETURNING` (which wins a key with no record, and leaves a
+///   committed row untouched, unlocked and unwritten); while most met records,
+///   a plain `SELECT` of the live record, which answers a duplicate on its own
+///   (a claim the record could have been answered by at that instant). The
+///   statement above runs only when the first one did not settle the claim,
+///   and decides on its own whatever the first one read: no write ever
+///   depends on a read made before it. Complete, release and extend are single
+///   statements conditional on the lease token and `expires_at > now()`.
+///   Every statement must reach the primary: do not put the store behind a
+///   pooler that sends plain `SELECT`s to standbys (pgpool-II load balancing,
+///   a read/write-splitting proxy), or a claim could be answered from a
+///   standby's stale copy.
 /// - **Time**: every deadline is computed and judged by the server's `now()`; the
 ///   caller's clock plays no part. Inside a caller's transaction `now()` is the
 ///   transaction's start, so keep such transactions short.
