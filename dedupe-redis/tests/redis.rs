@@ -321,6 +321,16 @@ async fn values_that_are_not_records_are_corrupt_not_claimable() {
             "{id}"
         );
     }
+    // A batch meeting one of them claims none of its keys: the batch script
+    // reads every key before it writes any.
+    let batch = [key("before"), key("cut"), key("after")];
+    match store.claim_many(&batch, &opts()).await {
+        Err(Error::CorruptRecord { key, .. }) => assert!(key.ends_with("cut"), "{key}"),
+        other => panic!("a batch with a corrupt record answered {other:?}"),
+    }
+    for k in [&batch[0], &batch[2]] {
+        assert_eq!(store.get(k).await.expect("get"), None, "{k} was claimed");
+    }
     assert_eq!(cli(&["GET", "dedupe:redis:garbage"]), "not a record");
     assert_eq!(cli(&["HGET", "dedupe:redis:hash", "state"]), "0");
 }
