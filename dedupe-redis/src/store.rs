@@ -816,7 +816,7 @@ impl DedupeStore for RedisStore {
         }
     }
 
-    /// On one server, one batch script call per [`CLAIM_CHUNK`](Self::CLAIM_CHUNK)
+    /// On one server, one batch script call per 128
     /// distinct keys: it reads every key before it writes any, so a corrupt
     /// record among them fails the call with none of them claimed, and the
     /// server pays for one script call instead of one a key (bench, 16 keys a
