@@ -175,11 +175,15 @@ impl Statements {
             .into(),
             // Gives back the keys a batch won when the rest of it failed (see
             // `Ops::give_back`): a fresh record goes, a taken-over one has its
-            // lease ended. Each key is probed on the primary key.
+            // lease ended. Each key is probed on the primary key, in the key
+            // order the claim statements lock in, so a give-back and a
+            // concurrent batch never wait on each other in a cycle.
             release_many: format!(
                 "WITH mine AS (
                     SELECT r.namespace, r.id, r.attempts
-                    FROM unnest($1::text[], $2::text[], $3::text[]) AS i(namespace, id, token)
+                    FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+                                     AS u(namespace, id, token)
+                          ORDER BY namespace, id) AS i
                     CROSS JOIN LATERAL (
                         SELECT t.namespace, t.id, t.attempts FROM {t} t
                         WHERE t.namespace = i.namespace AND t.id = i.id
