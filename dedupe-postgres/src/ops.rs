@@ -108,6 +108,18 @@ impl Ops<'_> {
         key: &Key,
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
+        Ok(self.claim_deciding(conn, key, opts).await?.0)
+    }
+
+    /// [`claim`](Self::claim), also answering whether its own statement won
+    /// the key: false for a loss, and for a lease of the same claim id handed
+    /// back as it is stored (which belongs to the call that won it).
+    async fn claim_deciding(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<(ClaimOutcome, bool)> {
         opts.validate()?;
         for _ in 0..CLAIM_ROUNDS {
             let token = backend::new_token();
@@ -122,12 +134,15 @@ impl Ops<'_> {
             .await
             .map_err(|e| self.err(e))?;
             if let Some(row) = row {
-                return answer_from_row(key, &row, opts);
+                let won: bool = row
+                    .try_get("won")
+                    .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?;
+                return Ok((answer_from_row(key, &row, opts)?, won));
             }
             // The upsert found a live record committed after this statement's
             // snapshot began, so the same statement could not read it: read it now.
             if let Some(record) = self.get(conn, key).await? {
-                return Ok(backend::losing_claim(record, opts));
+                return Ok((backend::losing_claim(record, opts), false));
             }
         }
         Err(Error::backend(
@@ -343,16 +358,21 @@ impl Ops<'_> {
             }
         }
         let mut distinct_answers = Vec::with_capacity(distinct.len());
-        // Keys won by claims on their own below, with their tokens.
+        // Keys won by claims on their own below, with their tokens. A lease
+        // of the same claim id handed back as stored is not among them: it
+        // belongs to the call that won it, and a failed batch must not end it
+        // (nor does it end one the batch statement handed back).
         let mut won_alone: Vec<Lease> = Vec::new();
         if decoded.is_ok() {
             for (key, answer) in distinct.iter().zip(answers) {
                 distinct_answers.push(match answer {
                     Some(answer) => answer,
                     // Committed after the statement's snapshot: claim it on its own.
-                    None => match self.claim(conn, key, opts).await {
-                        Ok(answer) => {
-                            won_alone.extend(answer.lease().cloned());
+                    None => match self.claim_deciding(conn, key, opts).await {
+                        Ok((answer, won_here)) => {
+                            if won_here {
+                                won_alone.extend(answer.lease().cloned());
+                            }
                             answer
                         }
                         Err(e) => {
