@@ -71,17 +71,19 @@ where
         .bind(opts.lease_ttl)
 }
 
-/// The answer carried by one row of the claim statements.
-fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+/// The answer carried by one row of the claim statements, and whether the
+/// statement won the key (the row's `won`).
+fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<(ClaimOutcome, bool)> {
     let won: bool = row
         .try_get("won")
         .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?;
     let record = decode_record(key, row)?;
-    if won {
-        backend::won_claim(record)
+    let answer = if won {
+        backend::won_claim(record)?
     } else {
-        Ok(backend::losing_claim(record, opts))
-    }
+        backend::losing_claim(record, opts)
+    };
+    Ok((answer, won))
 }
 
 impl Ops<'_> {
@@ -97,6 +99,21 @@ impl Ops<'_> {
             .execute(conn)
             .await
             .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    /// Runs a one-key claim statement (`claim` or `insert_new`) with `token`.
+    async fn claim_row(
+        &self,
+        conn: &mut PgConnection,
+        sql: &Sql,
+        key: &Key,
+        token: &LeaseToken,
+        opts: &ClaimOptions,
+    ) -> Result<Option<PgRow>> {
+        claim_query(sql, key.namespace(), key.id(), token.as_str(), opts)
+            .fetch_optional(conn)
+            .await
             .map_err(|e| self.err(e))
     }
 
@@ -123,21 +140,11 @@ impl Ops<'_> {
         opts.validate()?;
         for _ in 0..CLAIM_ROUNDS {
             let token = backend::new_token();
-            let row = claim_query(
-                &self.sql.claim,
-                key.namespace(),
-                key.id(),
-                token.as_str(),
-                opts,
-            )
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?;
+            let row = self
+                .claim_row(conn, &self.sql.claim, key, &token, opts)
+                .await?;
             if let Some(row) = row {
-                let won: bool = row
-                    .try_get("won")
-                    .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?;
-                return Ok((answer_from_row(key, &row, opts)?, won));
+                return answer_from_row(key, &row, opts);
             }
             // The upsert found a live record committed after this statement's
             // snapshot began, so the same statement could not read it: read it now.
@@ -170,16 +177,9 @@ impl Ops<'_> {
     ) -> Result<(ClaimOutcome, bool)> {
         opts.validate()?;
         let token = backend::new_token();
-        let row = claim_query(
-            &self.sql.insert_new,
-            key.namespace(),
-            key.id(),
-            token.as_str(),
-            opts,
-        )
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| self.err(e))?;
+        let row = self
+            .claim_row(conn, &self.sql.insert_new, key, &token, opts)
+            .await?;
         let deadline: Option<i64> = row
             .map(|row| row.try_get(0))
             .transpose()
@@ -347,7 +347,7 @@ impl Ops<'_> {
                 let index = batch.position(&key).ok_or_else(|| {
                     Error::corrupt(&key, "claim_many returned a key it was not asked")
                 })?;
-                Ok((index, answer_from_row(&key, row, opts)?))
+                Ok((index, answer_from_row(&key, row, opts)?.0))
             })();
             match answer {
                 Ok((index, answer)) => answers[index] = Some(answer),

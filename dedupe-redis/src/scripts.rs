@@ -41,9 +41,9 @@ local function encode(st, ex, co, at, fs, token, claim, fp, outcome)
 end
 "#;
 
-/// KEYS[1] record; ARGV token, claim id ('' for none), fingerprint ('' for none),
+/// KEYS[1] record; ARGV claim id ('' for none), fingerprint ('' for none),
 /// lease ms, grace ms (how long the key outlives the lease, so a takeover still
-/// finds it). Answers `{1, record}` when this claim won, `{0, record}` with the
+/// finds it), token (the arguments of [`CLAIM_MANY`], for one key). Answers `{1, record}` when this claim won, `{0, record}` with the
 /// live record that stopped it, `{-1, value}` for a value that does not decode.
 ///
 /// The key is read first: a live record (a duplicate, a claim in flight) is
@@ -64,11 +64,11 @@ if old then
   if not r then return {-1, old} end
   if r.state == '0' then attempts, first = r.attempts + 1, r.first end
 end
-local lease = tonumber(ARGV[4])
-local record = encode('0', now + lease, '-', attempts, first, ARGV[1], ARGV[2], ARGV[3], '')
+local lease = tonumber(ARGV[3])
+local record = encode('0', now + lease, '-', attempts, first, ARGV[5], ARGV[1], ARGV[2], '')
 if old then
-  redis.call('SET', KEYS[1], record, 'XX', 'PX', lease + tonumber(ARGV[5]))
-elseif not redis.call('SET', KEYS[1], record, 'NX', 'PX', lease + tonumber(ARGV[5])) then
+  redis.call('SET', KEYS[1], record, 'XX', 'PX', lease + tonumber(ARGV[4]))
+elseif not redis.call('SET', KEYS[1], record, 'NX', 'PX', lease + tonumber(ARGV[4])) then
   return redis.error_reply('dedupe: the key appeared inside the claim script')
 end
 return {1, record}

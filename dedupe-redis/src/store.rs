@@ -534,17 +534,20 @@ impl RedisStore {
         Error::corrupt(key, format!("unexpected answer from the {what} script"))
     }
 
-    /// One claim, without waiting for replicas (the caller does, once).
-    async fn claim_one(
+    /// A claim script's invocation: the records of `keys`, then the arguments
+    /// [`CLAIM`](crate::scripts) and its batch form share (claim id,
+    /// fingerprint, lease, takeover window), then a new token for each key.
+    fn claim_invocation<'s>(
         &self,
-        link: (u64, Conn),
-        key: &Key,
+        script: &'s redis::Script,
+        keys: &[&Key],
         opts: &ClaimOptions,
-    ) -> Result<ClaimOutcome> {
-        let token = backend::new_token();
-        let mut invocation = SCRIPTS.claim.key(self.record_key(key));
+    ) -> redis::ScriptInvocation<'s> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(self.record_key(key));
+        }
         invocation
-            .arg(token.as_str())
             .arg(opts.claim_id.as_ref().map(ClaimId::as_str).unwrap_or(""))
             .arg(
                 opts.fingerprint
@@ -554,10 +557,20 @@ impl RedisStore {
             )
             .arg(duration_millis(opts.lease_ttl))
             .arg(self.grace_ms);
-        let answer = self.run_on(link, invocation, key).await?;
-        let (code, value) = parts(answer).ok_or_else(|| Self::unexpected(key, "claim"))?;
-        let value = value.ok_or_else(|| Self::unexpected(key, "claim"))?;
-        let record = codec::decode(key, &value)?;
+        for _ in keys {
+            invocation.arg(backend::new_token().as_str());
+        }
+        invocation
+    }
+
+    /// The answer of one key from a claim script: its code and its record.
+    fn claim_answer(
+        key: &Key,
+        code: i64,
+        value: &[u8],
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        let record = codec::decode(key, value)?;
         match code {
             1 => backend::won_claim(record),
             0 => Ok(backend::losing_claim(record, opts)),
@@ -566,6 +579,20 @@ impl RedisStore {
                 "the value at this key is not a dedupe record",
             )),
         }
+    }
+
+    /// One claim, without waiting for replicas (the caller does, once).
+    async fn claim_one(
+        &self,
+        link: (u64, Conn),
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        let invocation = self.claim_invocation(&SCRIPTS.claim, &[key], opts);
+        let answer = self.run_on(link, invocation, key).await?;
+        let (code, value) = parts(answer).ok_or_else(|| Self::unexpected(key, "claim"))?;
+        let value = value.ok_or_else(|| Self::unexpected(key, "claim"))?;
+        Self::claim_answer(key, code, &value, opts)
     }
 
     /// Distinct keys one batch script call claims at most: a call holds the
@@ -584,24 +611,7 @@ impl RedisStore {
         let (Some(first), Some(last)) = (keys.first(), keys.last()) else {
             return Ok(Vec::new());
         };
-        let tokens: Vec<_> = keys.iter().map(|_| backend::new_token()).collect();
-        let mut invocation = SCRIPTS.claim_many.prepare_invoke();
-        for key in keys {
-            invocation.key(self.record_key(key));
-        }
-        invocation
-            .arg(opts.claim_id.as_ref().map(ClaimId::as_str).unwrap_or(""))
-            .arg(
-                opts.fingerprint
-                    .as_ref()
-                    .map(Fingerprint::as_bytes)
-                    .unwrap_or(b""),
-            )
-            .arg(duration_millis(opts.lease_ttl))
-            .arg(self.grace_ms);
-        for token in &tokens {
-            invocation.arg(token.as_str());
-        }
+        let invocation = self.claim_invocation(&SCRIPTS.claim_many, keys, opts);
         let answer = self.run_on(link, invocation, first).await?;
         let Value::Array(items) = answer else {
             return Err(Self::unexpected(first, "claim_many"));
@@ -619,23 +629,13 @@ impl RedisStore {
         if items.len() != keys.len() * 2 {
             return Err(Self::unexpected(last, "claim_many"));
         }
-        let mut items = items.into_iter();
         keys.iter()
-            .map(|key| {
-                let code = match items.next() {
-                    Some(Value::Int(code)) => code,
-                    _ => return Err(Self::unexpected(key, "claim_many")),
-                };
-                let value = match items.next() {
-                    Some(Value::BulkString(bytes)) => bytes,
-                    _ => return Err(Self::unexpected(key, "claim_many")),
-                };
-                let record = codec::decode(key, &value)?;
-                match code {
-                    1 => backend::won_claim(record),
-                    0 => Ok(backend::losing_claim(record, opts)),
-                    _ => Err(Self::unexpected(key, "claim_many")),
+            .zip(items.chunks_exact(2))
+            .map(|(key, pair)| match pair {
+                [Value::Int(code), Value::BulkString(value)] => {
+                    Self::claim_answer(key, *code, value, opts)
                 }
+                _ => Err(Self::unexpected(key, "claim_many")),
             })
             .collect()
     }
