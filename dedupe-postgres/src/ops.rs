@@ -2,6 +2,7 @@
 //! of the store's pool, or the caller's transaction), so the trait methods and the
 //! transactional `*_in` methods share one code path.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use dedupe_core::backend::{
@@ -84,6 +85,37 @@ fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<(Claim
         backend::losing_claim(record, opts)
     };
     Ok((answer, won))
+}
+
+/// Which of a batch's distinct keys each row of a batch statement is about,
+/// from the row's `key` column (`namespace:id`).
+struct Positions<'k>(HashMap<(&'k str, &'k str), usize>);
+
+impl<'k> Positions<'k> {
+    fn new(distinct: &[&'k Key]) -> Self {
+        Self(
+            distinct
+                .iter()
+                .enumerate()
+                .map(|(i, key)| ((key.namespace(), key.id()), i))
+                .collect(),
+        )
+    }
+
+    /// The index of the row's key among the distinct keys. A row about a key
+    /// the batch did not ask for fails to decode.
+    fn of(&self, row: &PgRow) -> std::result::Result<usize, sqlx::Error> {
+        let joined: &str = row.try_get("key")?;
+        joined
+            .split_once(':')
+            .and_then(|(namespace, id)| self.0.get(&(namespace, id)).copied())
+            .ok_or_else(|| {
+                sqlx::Error::Decode(
+                    format!("the batch statement returned a key it was not asked: {joined:?}")
+                        .into(),
+                )
+            })
+    }
 }
 
 impl Ops<'_> {
@@ -262,17 +294,12 @@ impl Ops<'_> {
         // those keys back before it is answered.
         let answered: Result<(Vec<ClaimOutcome>, bool)> = async {
             let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+            let positions = Positions::new(distinct);
             for row in &rows {
-                let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
-                let id: String = row.try_get("id").map_err(|e| self.err(e))?;
+                let index = positions.of(row).map_err(|e| self.err(e))?;
                 let deadline: i64 = row.try_get("expires_ms").map_err(|e| self.err(e))?;
-                let key = Key::new(namespace, id)
-                    .map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
-                let index = batch.position(&key).ok_or_else(|| {
-                    Error::corrupt(&key, "claim_many returned a key it was not asked")
-                })?;
                 answers[index] = Some(ClaimOutcome::Claimed(Lease {
-                    key,
+                    key: distinct[index].clone(),
                     token: tokens[index].clone(),
                     deadline: from_millis(deadline),
                     attempt: 1,
@@ -338,16 +365,11 @@ impl Ops<'_> {
             .map_err(|e| self.err(e))?;
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
         let mut decoded = Ok(());
+        let positions = Positions::new(distinct);
         for row in &rows {
             let answer = (|| {
-                let namespace: String = row.try_get("namespace").map_err(|e| self.err(e))?;
-                let id: String = row.try_get("id").map_err(|e| self.err(e))?;
-                let key = Key::new(namespace, id)
-                    .map_err(|e| Error::corrupt("claim_many", e.to_string()))?;
-                let index = batch.position(&key).ok_or_else(|| {
-                    Error::corrupt(&key, "claim_many returned a key it was not asked")
-                })?;
-                Ok((index, answer_from_row(&key, row, opts)?.0))
+                let index = positions.of(row).map_err(|e| self.err(e))?;
+                Ok((index, answer_from_row(distinct[index], row, opts)?.0))
             })();
             match answer {
                 Ok((index, answer)) => answers[index] = Some(answer),

@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 
 use crate::ops::Ops;
-use crate::sql::{Statements, EXPIRE_BATCH, EXPIRE_PAGES};
+use crate::sql::{text, Layout, Statements, Tables, EXPIRE_BATCH, EXPIRE_PAGES};
 
 type PooledConn = sqlx::pool::PoolConnection<sqlx::Postgres>;
 
@@ -242,7 +242,7 @@ impl PgBuilder {
     /// Validates the names and builds the store. No I/O: call
     /// [`PgStore::migrate`] to create the table.
     pub fn build(self) -> Result<PgStore> {
-        let sql = Statements::new(&self.schema, &self.table)?;
+        let tables = Tables::new(&self.schema, &self.table)?;
         // statement_timeout is whole milliseconds, and 0 turns it off.
         if self.timeout < Duration::from_millis(1) {
             return Err(Error::config("timeout must be at least 1 ms"));
@@ -254,7 +254,7 @@ impl PgBuilder {
                 keep: self.hold,
             }),
             pool: self.pool,
-            sql: Arc::new(sql),
+            tables: Arc::new(tables),
             timeout: self.timeout,
             caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
         })
@@ -312,7 +312,8 @@ pub struct PgStore {
     /// Whether recent claims met existing records: picks the claim's first
     /// statement.
     seen: Arc<Seen>,
-    sql: Arc<Statements>,
+    /// The statements of both table layouts, and which one the table has.
+    tables: Arc<Tables>,
     timeout: Duration,
     caps: Capabilities,
 }
@@ -412,7 +413,7 @@ impl PgStore {
 
     /// The schema-qualified table name.
     pub fn table_name(&self) -> String {
-        format!("{}.{}", self.sql.schema, self.sql.table)
+        format!("{}.{}", self.tables.joined.schema, self.tables.joined.table)
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
@@ -468,12 +469,54 @@ impl PgStore {
         })
     }
 
-    fn ops(&self) -> Ops<'_> {
+    fn ops_on<'s>(&'s self, sql: &'s Statements) -> Ops<'s> {
         Ops {
-            sql: &self.sql,
+            sql,
             timeout: self.timeout,
             caps: self.caps,
         }
+    }
+
+    /// The statements for the table's layout. The first call of a store (and
+    /// `migrate`) looks the layout up in the catalog on `conn`.
+    async fn ops(&self, conn: &mut PgConnection) -> Result<Ops<'_>> {
+        let sql = match self.tables.known() {
+            Some(sql) => sql,
+            None => self.learn_layout(conn).await?,
+        };
+        Ok(self.ops_on(sql))
+    }
+
+    /// Reads the table's layout from the catalog: two key columns are a table
+    /// made by an earlier version ([`Layout::Split`]). While there is no table
+    /// the statements are this version's, and the next call looks again.
+    async fn learn_layout(&self, conn: &mut PgConnection) -> Result<&Statements> {
+        let (present, split): (bool, bool) = sqlx::query_as(text(&self.tables.probe))
+            .fetch_one(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(match (present, split) {
+            (true, true) => self.tables.learn(Layout::Split),
+            (true, false) => self.tables.learn(Layout::Joined),
+            (false, _) => &self.tables.joined,
+        })
+    }
+
+    /// Runs one call on a connection of the store's, bounded by its timeout.
+    async fn call<T>(
+        &self,
+        op: impl AsyncFnOnce(Ops<'_>, &mut PgConnection) -> Result<T>,
+    ) -> Result<T> {
+        self.bounded(async {
+            let mut conn = self.acquire().await?;
+            let result = match self.ops(&mut conn).await {
+                Ok(ops) => op(ops, &mut conn).await,
+                Err(e) => Err(e),
+            };
+            conn.settle(&result);
+            result
+        })
+        .await
     }
 
     /// Creates the schema and the table if they are missing. Safe to run
@@ -482,7 +525,11 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<()> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            let result = self.ops().migrate(&mut conn).await;
+            let result = async {
+                self.ops_on(&self.tables.joined).migrate(&mut conn).await?;
+                self.learn_layout(&mut conn).await.map(|_| ())
+            }
+            .await;
             conn.settle(&result);
             result
         })
@@ -502,7 +549,7 @@ impl PgStore {
         key: &Key,
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
-        self.ops().claim(conn, key, opts).await
+        self.ops(conn).await?.claim(conn, key, opts).await
     }
 
     /// Completes a lease on the caller's connection or transaction.
@@ -514,13 +561,16 @@ impl PgStore {
         outcome: &[u8],
         retention: Duration,
     ) -> Result<()> {
-        self.ops().complete(conn, lease, outcome, retention).await
+        self.ops(conn)
+            .await?
+            .complete(conn, lease, outcome, retention)
+            .await
     }
 
     /// Releases a lease on the caller's connection or transaction.
     #[tracing::instrument(name = "dedupe.release_in", skip_all, fields(store = "postgres", key = %lease.key), err)]
     pub async fn release_in(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-        self.ops().release(conn, lease).await
+        self.ops(conn).await?.release(conn, lease).await
     }
 }
 
@@ -528,62 +578,38 @@ impl PgStore {
 impl DedupeStore for PgStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
-        self.bounded(async {
-            let mut conn = self.acquire().await?;
-            let result = if self.seen.expect_records() {
-                self.ops()
-                    .claim_read_first(&mut conn, key, opts)
-                    .await
-                    .map(|outcome| {
-                        let had_record =
-                            !matches!(&outcome, ClaimOutcome::Claimed(l) if l.attempt == 1);
-                        (outcome, had_record)
-                    })
-            } else {
-                self.ops().claim_new_first(&mut conn, key, opts).await
-            };
-            conn.settle(&result);
-            let (outcome, had_record) = result?;
-            self.seen.note(had_record);
-            Ok(outcome)
-        })
-        .await
+        let (outcome, had_record) = self
+            .call(async |ops, conn| {
+                if self.seen.expect_records() {
+                    let outcome = ops.claim_read_first(conn, key, opts).await?;
+                    let had_record =
+                        !matches!(&outcome, ClaimOutcome::Claimed(l) if l.attempt == 1);
+                    Ok((outcome, had_record))
+                } else {
+                    ops.claim_new_first(conn, key, opts).await
+                }
+            })
+            .await?;
+        self.seen.note(had_record);
+        Ok(outcome)
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
-        self.bounded(async {
-            let mut conn = self.acquire().await?;
-            let result = self
-                .ops()
-                .complete(&mut conn, lease, outcome, retention)
-                .await;
-            conn.settle(&result);
-            result
-        })
-        .await
+        self.call(async |ops, conn| ops.complete(conn, lease, outcome, retention).await)
+            .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.bounded(async {
-            let mut conn = self.acquire().await?;
-            let result = self.ops().release(&mut conn, lease).await;
-            conn.settle(&result);
-            result
-        })
-        .await
+        self.call(async |ops, conn| ops.release(conn, lease).await)
+            .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
-        self.bounded(async {
-            let mut conn = self.acquire().await?;
-            let result = self.ops().extend(&mut conn, lease, ttl).await;
-            conn.settle(&result);
-            result
-        })
-        .await
+        self.call(async |ops, conn| ops.extend(conn, lease, ttl).await)
+            .await
     }
 
     /// Walks the table once, 256 pages (2 MiB) per statement, deleting the
@@ -598,12 +624,7 @@ impl DedupeStore for PgStore {
     /// claims never depend on it, since expiry is judged by `now()`.
     async fn expire(&self) -> Result<u64> {
         let pages = self
-            .bounded(async {
-                let mut conn = self.acquire().await?;
-                let result = self.ops().table_pages(&mut conn).await;
-                conn.settle(&result);
-                result
-            })
+            .call(async |ops, conn| ops.table_pages(conn).await)
             .await?;
         let mut removed = 0;
         let mut from = 0;
@@ -611,12 +632,7 @@ impl DedupeStore for PgStore {
             let to = from + EXPIRE_PAGES;
             let started = Instant::now();
             let n = self
-                .bounded(async {
-                    let mut conn = self.acquire().await?;
-                    let result = self.ops().expire_batch(&mut conn, from, to).await;
-                    conn.settle(&result);
-                    result
-                })
+                .call(async |ops, conn| ops.expire_batch(conn, from, to).await)
                 .await?;
             removed += n;
             // Rest as long as the step took: the purge takes at most half of one
@@ -634,23 +650,12 @@ impl DedupeStore for PgStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        self.bounded(async {
-            let mut conn = self.acquire().await?;
-            let result = self.ops().get(&mut conn, key).await;
-            conn.settle(&result);
-            result
-        })
-        .await
+        self.call(async |ops, conn| ops.get(conn, key).await).await
     }
 
     async fn forget(&self, key: &Key) -> Result<bool> {
-        self.bounded(async {
-            let mut conn = self.acquire().await?;
-            let result = self.ops().forget(&mut conn, key).await;
-            conn.settle(&result);
-            result
-        })
-        .await
+        self.call(async |ops, conn| ops.forget(conn, key).await)
+            .await
     }
 
     /// The whole batch in one statement (`unnest` of arrays), one round trip; or,
@@ -662,28 +667,22 @@ impl DedupeStore for PgStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        self.bounded(async {
-            let mut conn = self.acquire().await?;
-            // As for `claim`: the bare insert first while recent claims were of
-            // new keys (see `Seen`).
-            let result = if self.seen.expect_records() {
-                self.ops()
-                    .claim_many(&mut conn, keys, opts)
-                    .await
-                    .map(|answers| {
-                        let lost = answers.iter().filter(|a| a.lease().is_none()).count();
-                        let had_records = lost * 2 > answers.len();
-                        (answers, had_records)
-                    })
-            } else {
-                self.ops().claim_many_new_first(&mut conn, keys, opts).await
-            };
-            conn.settle(&result);
-            let (answers, had_records) = result?;
-            self.seen.note(had_records);
-            Ok(answers)
-        })
-        .await
+        let (answers, had_records) = self
+            .call(async |ops, conn| {
+                // As for `claim`: the bare insert first while recent claims were
+                // of new keys (see `Seen`).
+                if self.seen.expect_records() {
+                    let answers = ops.claim_many(conn, keys, opts).await?;
+                    let lost = answers.iter().filter(|a| a.lease().is_none()).count();
+                    let had_records = lost * 2 > answers.len();
+                    Ok((answers, had_records))
+                } else {
+                    ops.claim_many_new_first(conn, keys, opts).await
+                }
+            })
+            .await?;
+        self.seen.note(had_records);
+        Ok(answers)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -11,9 +11,15 @@ use dedupe_core::{async_trait, DedupeStore, Error};
 use dedupe_postgres::PgStore;
 use tokio::sync::OnceCell;
 
+mod earlier;
+
 /// Owns the server for the test (a private cluster is stopped when it drops).
 struct PgFactory {
     server: OnceCell<(Option<support::PgCluster>, String)>,
+    /// Each check's table is made as the first versions of `migrate` made it
+    /// (two key columns) before the store's own `migrate` runs, which leaves
+    /// it as it is.
+    earlier_table: bool,
 }
 
 struct PgFixture {
@@ -44,6 +50,18 @@ impl StoreFactory for PgFactory {
             })
             .await;
         let schema = support::unique_schema("conf");
+        if self.earlier_table {
+            let admin = dedupe_postgres::sqlx::PgPool::connect(url)
+                .await
+                .map_err(|e| Error::unavailable("postgres", Some(Box::new(e))))?;
+            dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(
+                earlier::create_sql(&schema),
+            ))
+            .execute(&admin)
+            .await
+            .map_err(|e| Error::unavailable("postgres", Some(Box::new(e))))?;
+            admin.close().await;
+        }
         let store = PgFixture::handle(url, &schema, 4).await?;
         store.migrate().await?;
         Ok(Box::new(PgFixture {
@@ -89,5 +107,17 @@ impl Fixture for PgFixture {
 }
 
 dedupe_conformance::suite!(PgFactory {
-    server: OnceCell::new()
+    server: OnceCell::new(),
+    earlier_table: false,
 });
+
+/// The whole suite again on tables made by earlier versions, which the store
+/// keeps working on with their two key columns.
+mod on_an_earlier_table {
+    use super::*;
+
+    dedupe_conformance::suite!(PgFactory {
+        server: OnceCell::new(),
+        earlier_table: true,
+    });
+}

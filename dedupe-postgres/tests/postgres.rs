@@ -6,6 +6,8 @@
 use dedupe_testkit as support;
 use sqlx::AssertSqlSafe;
 
+mod earlier;
+
 #[path = "../examples/transactional_orders.rs"]
 #[allow(dead_code)]
 mod example;
@@ -375,10 +377,12 @@ async fn statement_timeout_is_retryable_and_changes_nothing() {
         .expect("won");
     let admin = PgPool::connect(&url).await.expect("admin pool");
     let mut blocker = admin.begin().await.expect("begin");
-    sqlx::query(AssertSqlSafe(format!("SELECT 1 FROM \"{schema}\".dedupe_records WHERE namespace = 'pg' AND id = 'locked' FOR UPDATE")))
-        .execute(&mut *blocker)
-        .await
-        .expect("lock the row");
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM \"{schema}\".dedupe_records WHERE key = 'pg:locked' FOR UPDATE"
+    )))
+    .execute(&mut *blocker)
+    .await
+    .expect("lock the row");
     match store
         .complete(&lease, b"blocked", Duration::from_secs(60))
         .await
@@ -457,10 +461,10 @@ async fn corrupt_rows_are_reported_not_guessed() {
     let far = "now() + interval '1 day'";
     let t = format!("\"{schema}\".dedupe_records");
     for (id, values) in [
-        ("done-no-outcome", format!("('pg', 'done-no-outcome', 1, 't', NULL, NULL, {far}, now(), NULL, 1, now())")),
-        ("zero-attempts", format!("('pg', 'zero-attempts', 0, 't', NULL, NULL, {far}, NULL, NULL, 0, now())")),
-        ("unknown-state", format!("('pg', 'unknown-state', 7, 't', NULL, NULL, {far}, NULL, NULL, 1, now())")),
-        ("huge-fingerprint", format!("('pg', 'huge-fingerprint', 0, 't', NULL, decode(repeat('00', 100), 'hex'), {far}, NULL, NULL, 1, now())")),
+        ("done-no-outcome", format!("('pg:done-no-outcome', 1, 't', NULL, NULL, {far}, now(), NULL, 1, now())")),
+        ("zero-attempts", format!("('pg:zero-attempts', 0, 't', NULL, NULL, {far}, NULL, NULL, 0, now())")),
+        ("unknown-state", format!("('pg:unknown-state', 7, 't', NULL, NULL, {far}, NULL, NULL, 1, now())")),
+        ("huge-fingerprint", format!("('pg:huge-fingerprint', 0, 't', NULL, decode(repeat('00', 100), 'hex'), {far}, NULL, NULL, 1, now())")),
     ] {
         sqlx::raw_sql(AssertSqlSafe(format!("INSERT INTO {t} VALUES {values}"))).execute(store.pool()).await.expect("plant");
         match store.claim(&key(id), &ClaimOptions::default()).await {
@@ -492,10 +496,8 @@ async fn a_failed_batch_gives_back_the_keys_it_won() {
                 .expect("plant");
         }
     };
-    plant(
-        "('pg', 'bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())".into(),
-    )
-    .await;
+    plant("('pg:bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())".into())
+        .await;
     let opts = ClaimOptions::default();
     for reads_first in [false, true] {
         let handle = PgStore::builder(store.pool().clone())
@@ -520,7 +522,7 @@ async fn a_failed_batch_gives_back_the_keys_it_won() {
             .await
             .expect("complete");
         plant(format!(
-            "('pg', 'expired-{reads_first}', 0, 'old', NULL, NULL, now() - interval '1 second', NULL, NULL, 2, now() - interval '1 hour')"
+            "('pg:expired-{reads_first}', 0, 'old', NULL, NULL, now() - interval '1 second', NULL, NULL, 2, now() - interval '1 hour')"
         ))
         .await;
         let fresh = [name("new-a"), name("new-b")];
@@ -621,7 +623,7 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     // 29,970 expired records with a live one after every 999 of them.
     sqlx::raw_sql(AssertSqlSafe(format!(
         "INSERT INTO {t}
-         SELECT 'pg', CASE WHEN g % 1000 = 0 THEN 'live-' || (g / 1000) ELSE 'old-' || g END,
+         SELECT 'pg:' || CASE WHEN g % 1000 = 0 THEN 'live-' || (g / 1000) ELSE 'old-' || g END,
                 1, 't', NULL, NULL,
                 CASE WHEN g % 1000 = 0 THEN now() + interval '1 hour' ELSE now() - interval '1 hour' END,
                 now(), ''::bytea, 1, now()
@@ -633,7 +635,7 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     let admin = PgPool::connect(&url).await.expect("admin pool");
     let mut holder = admin.begin().await.expect("begin");
     sqlx::query(AssertSqlSafe(format!(
-        "SELECT 1 FROM {t} WHERE id = 'old-7' FOR UPDATE"
+        "SELECT 1 FROM {t} WHERE key = 'pg:old-7' FOR UPDATE"
     )))
     .execute(&mut *holder)
     .await
@@ -655,12 +657,12 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     );
     holder.rollback().await.expect("release the row");
     let left: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT id FROM {t} WHERE id LIKE 'old-%'"
+        "SELECT key FROM {t} WHERE key LIKE 'pg:old-%'"
     )))
     .fetch_all(store.pool())
     .await
     .expect("left");
-    assert_eq!(left, vec!["old-7".to_string()]);
+    assert_eq!(left, vec!["pg:old-7".to_string()]);
     assert_eq!(store.expire().await.expect("expire again"), 1);
     for i in 1..=30 {
         assert!(store
@@ -671,28 +673,20 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     }
 }
 
-/// A table made by an earlier version of `migrate` (key columns in the database's
-/// collation, an index on `expires_at`, a CHECK on `state`) keeps working: every
-/// statement runs on it unchanged, and `migrate` leaves it as it is.
+/// A table made by an earlier version of `migrate` (two key columns in the
+/// database's collation, an index on `expires_at`, a CHECK on `state`) keeps
+/// working, and `migrate` leaves it as it is. (The whole conformance suite also
+/// runs on such a table: `tests/conformance.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_from_an_earlier_version_keeps_working() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("earlier");
     let admin = PgPool::connect(&url).await.expect("admin pool");
     let t = format!("\"{schema}\".dedupe_records");
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE SCHEMA \"{schema}\";
-         CREATE TABLE {t} (
-             namespace text NOT NULL, id text NOT NULL,
-             state smallint NOT NULL CHECK (state IN (0, 1)), token text NOT NULL,
-             claim_id text, fingerprint bytea, expires_at timestamptz NOT NULL,
-             completed_at timestamptz, outcome bytea, attempts integer NOT NULL,
-             first_seen timestamptz NOT NULL, PRIMARY KEY (namespace, id));
-         CREATE INDEX \"dedupe_records_expires_at\" ON {t} (expires_at);"
-    )))
-    .execute(&admin)
-    .await
-    .expect("the earlier table");
+    sqlx::raw_sql(AssertSqlSafe(earlier::create_sql(&schema)))
+        .execute(&admin)
+        .await
+        .expect("the earlier table");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
     let opts = ClaimOptions::default();
     let ClaimOutcome::Claimed(lease) = store.claim(&key("a"), &opts).await.expect("claim") else {
@@ -750,7 +744,7 @@ async fn migrate_makes_a_table_with_byte_order_keys_and_one_index() {
     let collations: Vec<Option<String>> = sqlx::query_scalar(
         "SELECT collation_name::text FROM information_schema.columns
          WHERE table_schema = $1 AND table_name = 'dedupe_records'
-           AND column_name IN ('namespace', 'id') ORDER BY column_name",
+           AND column_name IN ('key', 'namespace', 'id') ORDER BY column_name",
     )
     .bind(&schema)
     .fetch_all(store.pool())
@@ -758,7 +752,8 @@ async fn migrate_makes_a_table_with_byte_order_keys_and_one_index() {
     .expect("collations");
     assert_eq!(
         collations,
-        vec![Some("C".to_string()), Some("C".to_string())]
+        vec![Some("C".to_string())],
+        "one key column, compared byte by byte"
     );
     let indexes: Vec<String> =
         sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE schemaname = $1")
