@@ -48,6 +48,15 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                     true,
                     Some(Box::new(e) as _),
                 ),
+                // undefined_column: a table converted by `upgrade_table` under
+                // a store that had read its earlier layout; the store reads
+                // the layout again, so the next call goes through.
+                "42703" => Error::backend(
+                    "the dedupe table lacks a column the statement names (changed under \
+                     the store, as upgrade_table does); the next call reads its layout again",
+                    true,
+                    Some(Box::new(e) as _),
+                ),
                 "42P01" => Error::backend(
                     "dedupe table missing: run PgStore::migrate()",
                     false,
@@ -58,4 +67,13 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
         }
         _ => Error::backend("postgres client error", false, Some(Box::new(e) as _)),
     }
+}
+
+/// Whether a statement failed because it named a column or a table that is
+/// not there (`undefined_column`, `undefined_table`).
+pub(crate) fn names_what_is_not_there(e: &sqlx::Error) -> bool {
+    matches!(
+        e.as_database_error().and_then(|db| db.code()).as_deref(),
+        Some("42703" | "42P01")
+    )
 }

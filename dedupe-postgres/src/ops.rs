@@ -16,7 +16,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres, Row};
 
-use crate::sql::{text, Sql, Statements, EXPIRE_BATCH};
+use crate::sql::{text, Sql, Statements, Tables, EXPIRE_BATCH};
 
 /// How often a claim is retried when its record vanished between the upsert and
 /// the read that answers it (a concurrent release, forget or expire).
@@ -26,6 +26,7 @@ const CLAIM_ROUNDS: usize = 3;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ops<'a> {
     pub(crate) sql: &'a Statements,
+    pub(crate) tables: &'a Tables,
     pub(crate) timeout: Duration,
     pub(crate) caps: Capabilities,
 }
@@ -120,6 +121,11 @@ impl<'k> Positions<'k> {
 
 impl Ops<'_> {
     pub(crate) fn err(&self, e: sqlx::Error) -> Error {
+        if crate::error::names_what_is_not_there(&e) {
+            // The table changed under the store (converted by `upgrade_table`,
+            // or dropped and made again): read its layout again next call.
+            self.tables.forget();
+        }
         crate::error::map(e, self.timeout)
     }
 
@@ -262,8 +268,9 @@ impl Ops<'_> {
     ///
     /// The insert commits before the second statement runs: if anything after
     /// it fails, the keys the insert won are given back (see
-    /// [`give_back`](Self::give_back)) before the error is returned, so a retry
-    /// of the batch can win them again. Should that fail too (the connection is
+    /// [`give_back`](Self::give_back): not for a batch with a claim id, whose
+    /// retry gets them back as they are) before the error is returned, so a
+    /// retry of the batch can win them again. Should that fail too (the connection is
     /// gone), or the call be dropped between the statements (its timeout, a
     /// `select!`), they are in flight until their lease passes, like the keys of
     /// any claim whose answer was lost, and a later delivery takes them over.
@@ -336,7 +343,7 @@ impl Ops<'_> {
             let won: Vec<(&str, &str, &str)> = (0..distinct.len())
                 .map(|i| (namespaces[i], ids[i], token_text[i]))
                 .collect();
-            self.give_back(conn, &won).await;
+            self.give_back(conn, &won, opts).await;
         }
         answered
     }
@@ -416,7 +423,7 @@ impl Ops<'_> {
                     .iter()
                     .map(|l| (l.key.namespace(), l.key.id(), l.token.as_str())),
             );
-            self.give_back(conn, &won).await;
+            self.give_back(conn, &won, opts).await;
             return Err(e);
         }
         batch.answers(distinct_answers, opts)
@@ -430,7 +437,28 @@ impl Ops<'_> {
     /// attempt count still going up and `first_seen` kept. As far as the
     /// connection still works: a record it cannot give back is in flight until
     /// its lease passes, and a later delivery takes it over.
-    async fn give_back(&self, conn: &mut PgConnection, won: &[(&str, &str, &str)]) {
+    ///
+    /// A batch with a claim id gives nothing back. Its leases were committed
+    /// before it failed, and a claim with the same claim id (the caller
+    /// retrying a call it thought lost) may have been handed one of them in
+    /// the meantime, as rule 3 says; ending it would let a third caller win
+    /// the key while that one works under a live lease (an adversarial test
+    /// did just that). They stay in flight under the claim id instead: the
+    /// caller's retry gets them back, and anyone else takes them over once
+    /// their lease passes, as after any claim whose answer was lost.
+    async fn give_back(
+        &self,
+        conn: &mut PgConnection,
+        won: &[(&str, &str, &str)],
+        opts: &ClaimOptions,
+    ) {
+        if opts.claim_id.is_some() {
+            tracing::debug!(
+                keys = won.len(),
+                "a failed batch with a claim id keeps what it won in flight"
+            );
+            return;
+        }
         let namespaces: Vec<&str> = won.iter().map(|w| w.0).collect();
         let ids: Vec<&str> = won.iter().map(|w| w.1).collect();
         let tokens: Vec<&str> = won.iter().map(|w| w.2).collect();

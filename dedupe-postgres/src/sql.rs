@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use dedupe_core::backend::check_identifier;
-use dedupe_core::Result;
+use dedupe_core::{Result, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES};
 use sqlx::AssertSqlSafe;
 
 /// Milliseconds since the epoch of a timestamptz column, as int8.
@@ -25,6 +25,24 @@ fn columns(prefix: &str) -> String {
         outcome = p("outcome"),
         attempts = p("attempts"),
         first = ms(&p("first_seen")),
+    )
+}
+
+/// Whether row `t` passes the checks of `StoredRecord::decode` that SQL can
+/// make (state, completion, token, attempts, claim id and fingerprint
+/// lengths). The batch claim writes nothing while a key it reads has a live
+/// row that fails them: the client then refuses that row as corrupt, and the
+/// call has changed nothing. A row these checks let through and the decoder
+/// refuses still fails the call, after its writes (see `Ops::give_back`).
+fn decodable(t: &str) -> String {
+    format!(
+        "(({t}.state = 0 OR ({t}.state = 1 AND {t}.completed_at IS NOT NULL
+                              AND {t}.outcome IS NOT NULL))
+          AND {t}.token <> '' AND {t}.attempts >= 1
+          AND coalesce(octet_length({t}.claim_id) BETWEEN 1 AND {claim_id}, true)
+          AND coalesce(octet_length({t}.fingerprint) BETWEEN 1 AND {fingerprint}, true))",
+        claim_id = MAX_CLAIM_ID_BYTES,
+        fingerprint = MAX_FINGERPRINT_BYTES,
     )
 }
 
@@ -138,6 +156,10 @@ pub(crate) struct Tables {
     /// `SELECT present, split`: whether the table exists and whether it has the
     /// two key columns.
     pub(crate) probe: Sql,
+    /// Converts a `Split` table to `Joined` in place (see
+    /// `PgStore::upgrade_table`); run inside a transaction that holds the
+    /// migrate lock.
+    pub(crate) join_key_columns: Sql,
     /// 0 not known yet, 1 [`Layout::Joined`], 2 [`Layout::Split`].
     known: std::sync::atomic::AtomicU8,
 }
@@ -154,10 +176,24 @@ impl Tables {
                     AS split"
         )
         .into();
+        let t = format!("\"{schema}\".\"{table}\"");
+        // `id` becomes the joined key in one rewrite of the table (which also
+        // rebuilds its indexes); dropping `namespace` drops the two-column
+        // primary key with it, and the new one is built on `key`. A namespace
+        // never holds ':', so the joined keys are as distinct as the pairs.
+        let join_key_columns = format!(
+            "LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE;
+             ALTER TABLE {t} ALTER COLUMN id TYPE text COLLATE \"C\" USING namespace || ':' || id;
+             ALTER TABLE {t} DROP COLUMN namespace;
+             ALTER TABLE {t} RENAME COLUMN id TO key;
+             ALTER TABLE {t} ADD PRIMARY KEY (key);"
+        )
+        .into();
         Ok(Self {
             joined,
             split,
             probe,
+            join_key_columns,
             known: Default::default(),
         })
     }
@@ -169,6 +205,13 @@ impl Tables {
             2 => Some(&self.split),
             _ => None,
         }
+    }
+
+    /// Forgets the layout: the next call reads it from the catalog again (a
+    /// statement named a column or table that is not there, so the table was
+    /// converted, or dropped and made again, under the store).
+    pub(crate) fn forget(&self) {
+        self.known.store(0, std::sync::atomic::Ordering::Release);
     }
 
     /// Records the layout the catalog showed and answers its statements.
@@ -347,13 +390,14 @@ impl Statements {
             // The same for a batch of distinct keys, in one round trip. Each key is
             // looked up on the primary key (a lateral probe, so no plan can turn it
             // into a scan of the table); only the keys with no live record reach the
-            // upsert, taken in key order so concurrent batches lock in the same order.
+            // upsert, taken in key order so concurrent batches lock in the same order,
+            // and none does while a live record among them would not decode.
             claim_many: format!(
                 "WITH input AS ({input}),
                  live AS (
                     SELECT {ikey} AS key, l.* FROM input i
                     CROSS JOIN LATERAL (
-                        SELECT {tcols} FROM {t} t
+                        SELECT {tcols}, {decodable} AS decodable FROM {t} t
                         WHERE {t_is_i} AND t.expires_at > now()
                     ) l
                  ), claimed AS (
@@ -363,6 +407,7 @@ impl Statements {
                            NULL, NULL, 1, now()
                     FROM input i
                     WHERE NOT EXISTS (SELECT 1 FROM live v WHERE v.key = {ikey})
+                      AND NOT EXISTS (SELECT 1 FROM live WHERE decodable IS NOT TRUE)
                     ORDER BY {kcols}
                     {upsert_tail}
                     RETURNING {rkey} AS key, {cols}
@@ -374,6 +419,7 @@ impl Statements {
                 rkey = layout.joined("r"),
                 tcols = columns("t."),
                 t_is_i = layout.same("t", "i"),
+                decodable = decodable("t"),
             )
             .into(),
             select_live: format!(

@@ -264,7 +264,7 @@ impl PgBuilder {
 /// The Postgres store: records in one table, every decision made by single
 /// statements on the server, with the server's clock.
 ///
-/// - **Atomic primitive**: a claim is one `INSERT ... ON CONFLICT (namespace, id) DO
+/// - **Atomic primitive**: a claim is one `INSERT ... ON CONFLICT (key) DO
 ///   UPDATE ... WHERE expires_at <= now() RETURNING`, in a statement that first
 ///   reads the key: a live record (a duplicate, a claim in flight) is answered
 ///   from that read and nothing is written, no transaction id, no row lock, no
@@ -287,6 +287,11 @@ impl PgBuilder {
 /// - **Time**: every deadline is computed and judged by the server's `now()`; the
 ///   caller's clock plays no part. Inside a caller's transaction `now()` is the
 ///   transaction's start, so keep such transactions short.
+/// - **Table**: one row per key, the key in one column (`namespace:id`). A
+///   table made by an earlier version, with two key columns, keeps working:
+///   the store reads the layout from the catalog on its first call (and in
+///   [`migrate`](Self::migrate)); [`upgrade_table`](Self::upgrade_table)
+///   converts it.
 /// - **Failures**: connection loss, a restarting server and timeouts surface as
 ///   retryable errors; the pool reconnects on its own once the server is back.
 ///
@@ -472,6 +477,7 @@ impl PgStore {
     fn ops_on<'s>(&'s self, sql: &'s Statements) -> Ops<'s> {
         Ops {
             sql,
+            tables: &self.tables,
             timeout: self.timeout,
             caps: self.caps,
         }
@@ -534,6 +540,67 @@ impl PgStore {
             result
         })
         .await
+    }
+
+    /// Converts a table made by an earlier version, with two key columns
+    /// (`namespace`, `id`), to this version's layout with one (`key`,
+    /// `namespace:id`), which claims faster (see the crate README). Answers
+    /// whether there was anything to convert; on a table already converted,
+    /// or made by this version, it changes nothing.
+    ///
+    /// One transaction, under the lock `migrate` takes, that rewrites the
+    /// table once: every record is kept, and if anything fails nothing has
+    /// changed. It holds an `ACCESS EXCLUSIVE` lock on the table while it
+    /// runs, so every call on the table waits for it: on a large table, run
+    /// it at a quiet time. It waits at most the store's timeout for that lock
+    /// (so a long transaction on the table makes it fail rather than stall
+    /// every claim behind it), and is not bounded otherwise.
+    ///
+    /// Stores of this version anywhere (other processes too) go on working:
+    /// a call that meets the changed table fails once with a retryable error
+    /// and the store reads the layout again. Processes still running an
+    /// earlier version fail every call on the table until they are upgraded.
+    #[tracing::instrument(
+        name = "dedupe.upgrade_table",
+        skip_all,
+        fields(store = "postgres"),
+        err
+    )]
+    pub async fn upgrade_table(&self) -> Result<bool> {
+        let mut conn = self.acquire().await?;
+        let result = async {
+            let mut tx = sqlx::Connection::begin(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            let schema = &self.tables.joined.schema;
+            let table = &self.tables.joined.table;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "SELECT pg_advisory_xact_lock(hashtext('dedupe-migrate:' || '{schema}.{table}'));
+                 SET LOCAL statement_timeout = 0;
+                 SET LOCAL lock_timeout = '{}ms';",
+                duration_millis(self.timeout)
+            )))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+            let (present, split): (bool, bool) = sqlx::query_as(text(&self.tables.probe))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            if !(present && split) {
+                return Ok(false);
+            }
+            sqlx::raw_sql(text(&self.tables.join_key_columns))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            self.tables.learn(Layout::Joined);
+            Ok(true)
+        }
+        .await;
+        conn.settle(&result);
+        result
     }
 
     /// Claims `key` on the caller's connection or transaction (`&mut *tx`), so the

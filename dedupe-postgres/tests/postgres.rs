@@ -734,6 +734,108 @@ async fn a_table_from_an_earlier_version_keeps_working() {
     );
 }
 
+/// `upgrade_table` converts an earlier table to one key column and keeps every
+/// record as it was (done with its outcome, in flight with its lease, expired);
+/// a second run changes nothing. Another store that had read the earlier
+/// layout fails one call with a retryable error and then works on the
+/// converted table, its lease still good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_table_joins_the_key_columns_and_keeps_every_record() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("upgrade");
+    let admin = PgPool::connect(&url).await.expect("admin pool");
+    sqlx::raw_sql(AssertSqlSafe(earlier::create_sql(&schema)))
+        .execute(&admin)
+        .await
+        .expect("the earlier table");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let other = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let opts = ClaimOptions::default();
+    let won = |answer: ClaimOutcome| answer.lease().cloned().expect("a new key is won");
+    let done = won(store.claim(&key("done"), &opts).await.expect("claim"));
+    store
+        .complete(&done, b"the outcome", Duration::from_secs(600))
+        .await
+        .expect("complete");
+    let held = won(other.claim(&key("held"), &opts).await.expect("claim"));
+    let answers = store
+        .claim_many(&[key("gone"), key("odd:id:with:colons")], &opts)
+        .await
+        .expect("claim_many");
+    let odd = won(answers[1].clone());
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "UPDATE \"{schema}\".dedupe_records SET expires_at = now() - interval '1 second'
+         WHERE id = 'gone'"
+    )))
+    .execute(&admin)
+    .await
+    .expect("expire one lease");
+
+    assert!(
+        store.upgrade_table().await.expect("upgrade"),
+        "an earlier table is converted"
+    );
+    assert!(
+        !store.upgrade_table().await.expect("again"),
+        "nothing left to convert"
+    );
+
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT column_name::text FROM information_schema.columns
+         WHERE table_schema = $1 AND table_name = 'dedupe_records'
+           AND column_name IN ('key', 'namespace', 'id')",
+    )
+    .bind(&schema)
+    .fetch_all(&admin)
+    .await
+    .expect("columns");
+    assert_eq!(columns, vec!["key".to_string()]);
+    let keys: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT key FROM \"{schema}\".dedupe_records ORDER BY key"
+    )))
+    .fetch_all(&admin)
+    .await
+    .expect("keys");
+    assert_eq!(
+        keys,
+        ["pg:done", "pg:gone", "pg:held", "pg:odd:id:with:colons"]
+    );
+
+    // The store that converted the table knows its layout already.
+    match store.claim(&key("done"), &opts).await.expect("duplicate") {
+        ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"the outcome"),
+        other => panic!("a done record answered {other:?}"),
+    }
+    let again = won(store.claim(&key("gone"), &opts).await.expect("takeover"));
+    assert_eq!(
+        again.attempt, 2,
+        "the expired lease is taken over, its count kept"
+    );
+    assert!(matches!(
+        store.claim(&key("held"), &opts).await.expect("in flight"),
+        ClaimOutcome::InFlight { .. }
+    ));
+    // The other store read the earlier layout: one retryable failure, then it
+    // works, and the lease it held is still good.
+    match other
+        .complete(&held, b"later", Duration::from_secs(600))
+        .await
+    {
+        Err(e @ Error::Backend { .. }) => assert!(e.is_retryable(), "{e}"),
+        answer => panic!("a store on the old layout answered {answer:?}"),
+    }
+    other
+        .complete(&held, b"later", Duration::from_secs(600))
+        .await
+        .expect("the retry completes on the converted table");
+    store
+        .complete(&odd, b"odd", Duration::from_secs(600))
+        .await
+        .expect("a key whose id holds ':' completes");
+    let record = other.get(&key("odd:id:with:colons")).await.expect("get");
+    assert!(record.is_some(), "the batch's key is found by its whole id");
+}
+
 /// A table made by `migrate` compares keys byte by byte and has no index but the
 /// primary key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
