@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use dedupe_core::backend::{check_ttl, to_millis};
+use dedupe_core::backend::{check_ttl, to_millis, BatchKeys};
 use dedupe_core::{
     Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
     DEFAULT_MAX_OUTCOME_BYTES,
@@ -631,6 +631,26 @@ impl DedupeStore for SqliteStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        // Each distinct key is claimed once; a repeat is answered as the claim
+        // right after its first place (`BatchKeys`), as every store answers it,
+        // not claimed again: a second read could see the record changed by
+        // another process in between (the first place InFlight, the second
+        // Duplicate), and a second claim in a batch that outlasts its lease
+        // would take over the first place's own lease.
+        let batch = BatchKeys::new(keys);
+        let distinct: Vec<Key> = batch.distinct().iter().map(|k| (*k).clone()).collect();
+        let answers = self.claim_distinct(&distinct, opts).await?;
+        batch.answers(answers, opts)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.settings.caps
+    }
+}
+
+impl SqliteStore {
+    /// Claims distinct keys, answering in their order.
+    async fn claim_distinct(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         // A batch of live records (a redelivered batch) is answered by reads.
         let all_live = |ops: &Ops<'_>, conn: &Connection, keys: &[Key], opts: &ClaimOptions| {
             let mut answers = Vec::with_capacity(keys.len());
@@ -676,9 +696,5 @@ impl DedupeStore for SqliteStore {
             keys.iter().map(|key| ops.claim(conn, key, &opts)).collect()
         })
         .await
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.settings.caps
     }
 }

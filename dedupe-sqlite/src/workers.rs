@@ -200,14 +200,25 @@ pub(crate) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connect
 }
 
 /// Opens a connection on this thread, waiting for locks at most `busy_timeout`.
+///
+/// Connections opening a new file together race to switch it to WAL, which
+/// takes an exclusive lock: SQLite answers one of them `SQLITE_BUSY` at once,
+/// without calling the busy handler (waiting could deadlock). That attempt is
+/// made again, a millisecond later, until the deadline (an adversarial test
+/// had four processes open one new file at once, and one open failed).
 pub(crate) fn open_connection(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    with_busy_deadline(Instant::now() + busy_timeout, || {
-        open_connection_now(path, busy_timeout)
+    with_busy_deadline(Instant::now() + busy_timeout, || loop {
+        match open_write_connection(path) {
+            Ok(conn) => return Ok(conn),
+            Err(e)
+                if crate::group::is_busy(&e)
+                    && busy_deadline().is_some_and(|deadline| Instant::now() < deadline) =>
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(crate::error::map(e, busy_timeout)),
+        }
     })
-}
-
-fn open_connection_now(path: &Path, busy_timeout: Duration) -> Result<Connection> {
-    open_write_connection(path).map_err(|e| crate::error::map(e, busy_timeout))
 }
 
 /// Opens a connection that may write, waiting for locks until the thread's

@@ -1,0 +1,1484 @@
+//! Adversarial integration tests for `dedupe-postgres`, written from
+//! `CONTRACT.md` and the store's source only (white-box), without reading the
+//! crate's own tests or the conformance suite. Each test starts a private
+//! cluster through `dedupe-testkit` (or uses `DEDUPE_TEST_POSTGRES_URL`).
+//!
+//! Every test records each call with its answer and call/return times, and a
+//! checker replays the contract over that history: one live winner per key,
+//! stale holders fenced, duplicates answered with the exact bytes of the one
+//! completion, no phantom or stale `InFlight`, `claim_many` agreeing with
+//! `claim` whichever first statement (insert first / select first) a handle
+//! picked. Each test says what it aims at.
+
+#![allow(
+    dead_code,
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::too_many_lines,
+    clippy::too_many_arguments,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_precision_loss,
+    clippy::type_complexity
+)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dedupe_core::{
+    ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease, MemoryStore,
+    RecordState, RecordStateKind, MAX_BATCH_KEYS, MAX_TTL,
+};
+use dedupe_postgres::sqlx::{self, AssertSqlSafe, Row};
+use dedupe_postgres::PgStore;
+include!("../../testkit/attacks/harness.rs");
+// ======================================================================
+// Postgres-specific helpers
+// ======================================================================
+
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Lease of the rounds whose winner lets it lapse.
+const SHORT: Duration = Duration::from_millis(100);
+
+/// A private cluster (kept alive by the guard) and its URL.
+async fn server() -> (Option<dedupe_testkit::PgCluster>, String) {
+    tokio::task::spawn_blocking(dedupe_testkit::postgres_server)
+        .await
+        .expect("start a private PostgreSQL cluster")
+}
+
+/// A store handle with a pool of its own (so its own `Seen` count, its own
+/// held connections, its own connections).
+async fn pg_handle(url: &str, schema: &str, conns: u32, hold: usize) -> PgStore {
+    let pool = PgStore::connect_pool(url, conns, OP_TIMEOUT)
+        .await
+        .expect("connect a pool");
+    PgStore::builder(pool)
+        .schema(schema)
+        .timeout(OP_TIMEOUT)
+        .hold_connections(hold)
+        .build()
+        .expect("build a store")
+}
+
+async fn pg_handles(url: &str, schema: &str, n: usize) -> Vec<PgStore> {
+    pg_handles_on(url, schema, n, false).await
+}
+
+/// `n` handles on one table; with `earlier`, the table is made first as an
+/// earlier version made it (two key columns), and the store must keep using it.
+async fn pg_handles_on(url: &str, schema: &str, n: usize, earlier: bool) -> Vec<PgStore> {
+    let first = pg_handle(url, schema, 6, 2).await;
+    if earlier {
+        create_earlier_table(&first, schema).await;
+    }
+    first.migrate().await.expect("migrate");
+    let mut v = vec![first];
+    for i in 1..n {
+        v.push(pg_handle(url, schema, 4 + (i % 3) as u32, i % 3).await);
+    }
+    v
+}
+
+fn dyns(stores: &[PgStore]) -> Vec<Arc<dyn DedupeStore>> {
+    stores
+        .iter()
+        .map(|s| Arc::new(s.clone()) as Arc<dyn DedupeStore>)
+        .collect()
+}
+
+fn table(schema: &str) -> String {
+    format!("\"{schema}\".\"dedupe_records\"")
+}
+
+/// How the table names a key bound as `$1` (namespace) and `$2` (id): this
+/// version's tables keep one `key` column (`namespace:id`), earlier ones two.
+struct KeySql {
+    cols: &'static str,
+    values: &'static str,
+    is: &'static str,
+}
+
+async fn key_sql(store: &PgStore, schema: &str) -> KeySql {
+    let split: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute
+                        WHERE attrelid = to_regclass('{}') AND attname = 'namespace'
+                          AND attnum > 0 AND NOT attisdropped)",
+        table(schema)
+    )))
+    .fetch_one(store.pool())
+    .await
+    .expect("read the table's layout");
+    if split {
+        KeySql {
+            cols: "namespace, id",
+            values: "$1, $2",
+            is: "namespace = $1 AND id = $2",
+        }
+    } else {
+        KeySql {
+            cols: "key",
+            values: "$1::text || ':' || $2::text",
+            is: "key = $1::text || ':' || $2::text",
+        }
+    }
+}
+
+/// The table as an earlier version made it: two key columns, the default
+/// collation, an index on the deadline and a CHECK on the state.
+async fn create_earlier_table(store: &PgStore, schema: &str) {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+         CREATE TABLE {t} (
+             namespace    text        NOT NULL,
+             id           text        NOT NULL,
+             state        smallint    NOT NULL CHECK (state IN (0, 1)),
+             token        text        NOT NULL,
+             claim_id     text,
+             fingerprint  bytea,
+             expires_at   timestamptz NOT NULL,
+             completed_at timestamptz,
+             outcome      bytea,
+             attempts     integer     NOT NULL,
+             first_seen   timestamptz NOT NULL,
+             PRIMARY KEY (namespace, id)
+         );
+         CREATE INDEX ON {t} (expires_at);",
+        t = table(schema)
+    )))
+    .execute(store.pool())
+    .await
+    .expect("create a table as an earlier version made it");
+}
+
+/// A record that does not decode (done, without outcome or completion time;
+/// allowed by every layout's constraints), live for an hour.
+async fn plant_corrupt(store: &PgStore, schema: &str, ns: &str, id: &str) {
+    let k = key_sql(store, schema).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} ({}, state, token, claim_id, fingerprint, expires_at,
+                         completed_at, outcome, attempts, first_seen)
+         VALUES ({}, 1, 'corrupt-token', NULL, NULL, now() + interval '1 hour', NULL, NULL, 1, now())",
+        table(schema),
+        k.cols,
+        k.values
+    )))
+    .bind(ns.to_string())
+    .bind(id.to_string())
+    .execute(store.pool())
+    .await
+    .expect("plant a corrupt record");
+}
+
+/// (state, token, attempts, expires_at in µs) of a stored row, expired or not.
+async fn raw_row(store: &PgStore, schema: &str, k: &Key) -> Option<(i16, String, i32, i64)> {
+    let ks = key_sql(store, schema).await;
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "SELECT state, token, attempts, floor(extract(epoch FROM expires_at) * 1000000)::int8
+         FROM {} WHERE {}",
+        table(schema),
+        ks.is
+    )))
+    .bind(k.namespace().to_string())
+    .bind(k.id().to_string())
+    .fetch_optional(store.pool())
+    .await
+    .expect("read a row");
+    row.map(|r| {
+        (
+            r.try_get::<i16, _>(0).expect("state"),
+            r.try_get::<String, _>(1).expect("token"),
+            r.try_get::<i32, _>(2).expect("attempts"),
+            r.try_get::<i64, _>(3).expect("expires_at"),
+        )
+    })
+}
+
+/// Pushes a handle's recent-claims count up (a storm of duplicates: it then
+/// reads first) or down (new keys: it then inserts first).
+async fn warm_handle(store: &PgStore, read_first: bool, done: &Key, tag: &str) {
+    for i in 0..9 {
+        if read_first {
+            let _ = store.claim(done, &opts(LONG)).await;
+        } else {
+            let _ = store
+                .claim(
+                    &key("warm", format!("{tag}-{i}-{}", now_us())),
+                    &opts(Duration::from_secs(1)),
+                )
+                .await;
+        }
+    }
+}
+
+async fn make_done(log: &Log, store: &PgStore, k: &Key, outcome: &[u8]) {
+    match log.claim(store, "setup", k, &opts(LONG)).await {
+        Ok(ClaimOutcome::Claimed(l)) => {
+            log.complete(store, "setup", &l, outcome)
+                .await
+                .expect("setup complete");
+        }
+        other => panic!("setup claim of {k:?} answered {other:?}"),
+    }
+}
+
+/// `claim_in` inside a transaction of the caller's own, committed at once.
+async fn pg_claim_in(
+    store: &PgStore,
+    k: &Key,
+    o: &ClaimOptions,
+) -> dedupe_core::Result<ClaimOutcome> {
+    let mut tx = store
+        .pool()
+        .begin()
+        .await
+        .map_err(|e| Error::backend(format!("BEGIN: {e}"), true, None))?;
+    let r = store.claim_in(&mut tx, k, o).await;
+    match tx.commit().await {
+        Ok(()) => r,
+        Err(e) => Err(Error::backend(format!("COMMIT: {e}"), true, None)),
+    }
+}
+
+/// What one racer saw of the race key in one phase.
+#[derive(Clone, Debug, Default)]
+struct Entry {
+    id: usize,
+    lease: Option<Lease>,
+    first: Option<ClaimOutcome>,
+    err: bool,
+    t_call: i64,
+    t_ret: i64,
+}
+
+const MODES: usize = 7;
+
+/// Claims `k` one of seven ways: claim; claim with a claim id; claim_many
+/// [k, k]; claim_many [fresh, k, fresh, k]; claim_many [k, k] with a claim
+/// id; claim_in in a transaction; claim with a fingerprint.
+async fn claim_by_mode(
+    log: &Log,
+    who: &str,
+    store: &PgStore,
+    mode: usize,
+    tag: &str,
+    k: &Key,
+    ttl: Duration,
+) -> Entry {
+    let t_call = now_us();
+    let o = opts(ttl);
+    let answers: dedupe_core::Result<Vec<(Key, ClaimOutcome)>> = match mode % MODES {
+        0 => log
+            .claim(store, who, k, &o)
+            .await
+            .map(|a| vec![(k.clone(), a)]),
+        1 => log
+            .claim(
+                store,
+                who,
+                k,
+                &o.clone().with_claim_id(cid(format!("{who}-{tag}"))),
+            )
+            .await
+            .map(|a| vec![(k.clone(), a)]),
+        2 => {
+            let keys = vec![k.clone(), k.clone()];
+            log.claim_many(store, who, &keys, &o)
+                .await
+                .map(|v| keys.into_iter().zip(v).collect())
+        }
+        3 => {
+            let keys = vec![
+                key("fresh", format!("{who}-{tag}-a")),
+                k.clone(),
+                key("fresh", format!("{who}-{tag}-b")),
+                k.clone(),
+            ];
+            log.claim_many(store, who, &keys, &o)
+                .await
+                .map(|v| keys.into_iter().zip(v).collect())
+        }
+        4 => {
+            let keys = vec![k.clone(), k.clone()];
+            let o = o.clone().with_claim_id(cid(format!("{who}-{tag}")));
+            log.claim_many(store, who, &keys, &o)
+                .await
+                .map(|v| keys.into_iter().zip(v).collect())
+        }
+        5 => {
+            let t0 = now_us();
+            let r = pg_claim_in(store, k, &o).await;
+            log.record_claim(k, who, t0, now_us(), &r);
+            r.map(|a| vec![(k.clone(), a)])
+        }
+        _ => log
+            .claim(store, who, k, &o.clone().with_fingerprint(fp(7)))
+            .await
+            .map(|a| vec![(k.clone(), a)]),
+    };
+    let t_ret = now_us();
+    match answers {
+        Ok(v) => {
+            let mine: Vec<&ClaimOutcome> =
+                v.iter().filter(|(kk, _)| kk == k).map(|(_, a)| a).collect();
+            Entry {
+                id: 0,
+                lease: mine.iter().find_map(|a| a.lease().cloned()),
+                first: mine.first().map(|a| (*a).clone()),
+                err: false,
+                t_call,
+                t_ret,
+            }
+        }
+        Err(_) => Entry {
+            id: 0,
+            lease: None,
+            first: None,
+            err: true,
+            t_call,
+            t_ret,
+        },
+    }
+}
+
+struct RaceCtx {
+    rounds: usize,
+    barrier: tokio::sync::Barrier,
+    board: Mutex<Board>,
+    log: Log,
+}
+
+#[derive(Default)]
+struct Board {
+    p: [Vec<Entry>; 3],
+    done: [Option<(Vec<u8>, bool)>; 2],
+    released: bool,
+}
+
+fn outcome_for(round: usize, id: usize, phase: usize) -> Vec<u8> {
+    let mut v = format!("race|r{round}|t{id}|p{phase}|").into_bytes();
+    v.extend_from_slice(&[0, 255, 10, 0]);
+    v
+}
+
+fn first_winner(p: &[Entry]) -> Option<(usize, Lease)> {
+    p.iter()
+        .filter_map(|e| e.lease.clone().map(|l| (e.id, l)))
+        .min_by_key(|(i, _)| *i)
+}
+
+const KINDS: [&str; 4] = [
+    "complete",
+    "release",
+    "lapse then takeover",
+    "extend then complete",
+];
+
+fn judge_round(log: &Log, round: usize, kind: usize, b: &Board) {
+    let tag = format!("round {round} ({})", KINDS[kind]);
+    let errs = |p: &[Entry]| p.iter().any(|e| e.err);
+    let toks = |p: &[Entry]| -> HashSet<String> {
+        p.iter()
+            .filter_map(|e| e.lease.as_ref().map(|l| l.token.as_str().to_string()))
+            .collect()
+    };
+    if !errs(&b.p[0][..]) {
+        let t = toks(&b.p[0][..]);
+        let earliest = b.p[0]
+            .iter()
+            .filter_map(|e| e.lease.as_ref())
+            .map(|l| us(l.deadline))
+            .min();
+        let late = earliest.is_some_and(|d| b.p[0].iter().any(|e| e.t_call + SLACK_US >= d));
+        if t.len() != 1 && !late {
+            log.flag(format!(
+                "{tag}: {} distinct winners among {} simultaneous claims of a fresh key (exactly one expected)",
+                t.len(),
+                b.p[0].len()
+            ));
+        }
+    }
+    let w0 = first_winner(&b.p[0]);
+    let single0 = !errs(&b.p[0][..]) && toks(&b.p[0][..]).len() == 1;
+    let dup_of = |p: &[Entry], out: &[u8], phase: usize| {
+        for e in p {
+            match &e.first {
+                Some(ClaimOutcome::Duplicate { outcome, .. }) if outcome.as_slice() == out => {}
+                Some(other) => log.flag(format!(
+                    "{tag} phase {phase}: racer{} expected Duplicate with the completed outcome, got {other:?}",
+                    e.id
+                )),
+                None => {}
+            }
+        }
+    };
+    match kind {
+        0 | 3 => {
+            if let Some((out, true)) = &b.done[0] {
+                dup_of(&b.p[1][..], &out[..], 1);
+                dup_of(&b.p[2][..], &out[..], 2);
+            }
+        }
+        _ => {
+            if single0 && !errs(&b.p[1][..]) && (kind == 2 || b.released) {
+                let t = toks(&b.p[1][..]);
+                if t.len() != 1 {
+                    log.flag(format!(
+                        "{tag} phase 1: {} distinct winners after the first holder {} (exactly one expected)",
+                        t.len(),
+                        if kind == 1 { "released" } else { "let its lease lapse" }
+                    ));
+                }
+                let want = if kind == 1 {
+                    1
+                } else {
+                    w0.as_ref().map_or(0, |(_, l)| l.attempt + 1)
+                };
+                for e in &b.p[1] {
+                    if let Some(l) = &e.lease {
+                        if l.attempt != want {
+                            log.flag(format!(
+                                "{tag} phase 1: racer{} won attempt {} (expected {want})",
+                                e.id, l.attempt
+                            ));
+                        }
+                    }
+                }
+            }
+            if let Some((out, true)) = &b.done[1] {
+                dup_of(&b.p[2][..], &out[..], 2);
+            }
+        }
+    }
+}
+
+async fn racer(ctx: Arc<RaceCtx>, id: usize, store: PgStore) {
+    let who = format!("racer{id}");
+    let log = ctx.log.clone();
+    for round in 0..ctx.rounds {
+        let kind = round % 4;
+        let k = key("race", format!("r{round}"));
+        let ttl = if kind == 2 { SHORT } else { LONG };
+
+        ctx.barrier.wait().await;
+        let mut e = claim_by_mode(
+            &log,
+            &who,
+            &store,
+            id + round,
+            &format!("{round}-0"),
+            &k,
+            ttl,
+        )
+        .await;
+        e.id = id;
+        ctx.board.lock().expect("board").p[0].push(e);
+        ctx.barrier.wait().await;
+        let p0 = ctx.board.lock().expect("board").p[0].clone();
+        let w0 = first_winner(&p0);
+        if let Some((wid, l)) = &w0 {
+            if *wid == id {
+                match kind {
+                    0 => {
+                        let out = outcome_for(round, id, 0);
+                        let ok = log.complete(&store, &who, l, &out).await.is_ok();
+                        ctx.board.lock().expect("board").done[0] = Some((out, ok));
+                    }
+                    1 => {
+                        let ok = log.release(&store, &who, l).await.is_ok();
+                        ctx.board.lock().expect("board").released = ok;
+                    }
+                    2 => {}
+                    _ => {
+                        let out = outcome_for(round, id, 0);
+                        let ok = match log.extend(&store, &who, l, Duration::from_secs(30)).await {
+                            Ok(l2) => log.complete(&store, &who, &l2, &out).await.is_ok(),
+                            Err(_) => false,
+                        };
+                        ctx.board.lock().expect("board").done[0] = Some((out, ok));
+                    }
+                }
+            }
+        }
+        ctx.barrier.wait().await;
+        if kind == 2 {
+            if let Some((_, l)) = &w0 {
+                sleep_until_us(us(l.deadline) + 5_000).await;
+            }
+        }
+
+        ctx.barrier.wait().await;
+        let mut e = claim_by_mode(
+            &log,
+            &who,
+            &store,
+            id + round + 3,
+            &format!("{round}-1"),
+            &k,
+            LONG,
+        )
+        .await;
+        e.id = id;
+        ctx.board.lock().expect("board").p[1].push(e);
+        ctx.barrier.wait().await;
+        let p1 = ctx.board.lock().expect("board").p[1].clone();
+        if let Some((wid, l)) = first_winner(&p1) {
+            if wid == id {
+                let out = outcome_for(round, id, 1);
+                let ok = log.complete(&store, &who, &l, &out).await.is_ok();
+                ctx.board.lock().expect("board").done[1] = Some((out, ok));
+            }
+        }
+        if let Some((wid, l)) = &w0 {
+            if *wid == id {
+                let c = log.complete(&store, &who, l, b"stale").await.map(|_| ());
+                let x = log.extend(&store, &who, l, LONG).await.map(|_| ());
+                let r = log.release(&store, &who, l).await.map(|_| ());
+                for (what, res) in [("complete", c), ("extend", x), ("release", r)] {
+                    if res.is_ok() {
+                        log.flag(format!(
+                            "round {round} ({}): STALE HOLDER: the first holder's {what} on its old lease succeeded",
+                            KINDS[kind]
+                        ));
+                    }
+                }
+            }
+        }
+
+        ctx.barrier.wait().await;
+        let mut e = claim_by_mode(
+            &log,
+            &who,
+            &store,
+            id + round + 5,
+            &format!("{round}-2"),
+            &k,
+            LONG,
+        )
+        .await;
+        e.id = id;
+        ctx.board.lock().expect("board").p[2].push(e);
+        if ctx.barrier.wait().await.is_leader() {
+            let mut b = ctx.board.lock().expect("board");
+            judge_round(&log, round, kind, &b);
+            *b = Board::default();
+        }
+    }
+}
+
+/// Flips a handle between its two first statements while the racers use it:
+/// bursts of duplicates (push the count up: select first) alternating every
+/// 120 ms with bursts of new keys (push it down: insert first), plus batches.
+async fn seen_storm(log: Log, store: PgStore, id: usize, stop: Arc<AtomicBool>) {
+    let who = format!("storm{id}");
+    let done = key("noise", "done");
+    let started = Instant::now();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let duplicates = (started.elapsed().as_millis() / 120).is_multiple_of(2);
+        for _ in 0..6 {
+            n += 1;
+            if duplicates {
+                let _ = log.claim(&store, &who, &done, &opts(LONG)).await;
+            } else {
+                let f = key("noise", format!("{who}-{n}"));
+                if let Ok(ClaimOutcome::Claimed(l)) = log.claim(&store, &who, &f, &opts(LONG)).await
+                {
+                    if n.is_multiple_of(2) {
+                        let out = format!("{who}-{n}").into_bytes();
+                        let _ = log.complete(&store, &who, &l, &out).await;
+                    } else {
+                        let _ = log.release(&store, &who, &l).await;
+                    }
+                }
+            }
+        }
+        let batch = [
+            done.clone(),
+            key("noise", format!("{who}-{n}-b")),
+            done.clone(),
+        ];
+        let _ = log.claim_many(&store, &who, &batch, &opts(LONG)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+const STRICT: CheckOpts = CheckOpts {
+    strict_inflight: true,
+    distinct_attempts: true,
+};
+
+const LOOSE: CheckOpts = CheckOpts {
+    strict_inflight: true,
+    distinct_attempts: false,
+};
+
+// ======================================================================
+// Tests
+// ======================================================================
+
+async fn race_rounds(earlier: bool) {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema(if earlier { "advraceold" } else { "advrace" });
+    let stores = pg_handles_on(&url, &schema, 6, earlier).await;
+    let log = Log::default();
+    let done = key("noise", "done");
+    make_done(&log, &stores[0], &done, b"noise-done").await;
+    for s in stores.iter().skip(1).step_by(2) {
+        warm_handle(s, true, &done, "race").await;
+    }
+    const RACERS: usize = 12;
+    let ctx = Arc::new(RaceCtx {
+        rounds: 60,
+        barrier: tokio::sync::Barrier::new(RACERS),
+        board: Mutex::default(),
+        log: log.clone(),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let storms: Vec<_> = [0usize, 3, 4]
+        .iter()
+        .map(|&i| {
+            tokio::spawn(seen_storm(
+                log.clone(),
+                stores[i].clone(),
+                i,
+                Arc::clone(&stop),
+            ))
+        })
+        .collect();
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|id| {
+            tokio::spawn(racer(
+                Arc::clone(&ctx),
+                id,
+                stores[id % stores.len()].clone(),
+            ))
+        })
+        .collect();
+    let finished = tokio::time::timeout(Duration::from_secs(150), async {
+        for t in tasks {
+            t.await.expect("a racer panicked");
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for s in storms {
+        let _ = s.await;
+    }
+    assert!(
+        finished.is_ok(),
+        "HANG: the racers did not finish 60 rounds within 150 s"
+    );
+    let what = if earlier {
+        "racing handles (earlier two-column table)"
+    } else {
+        "racing handles"
+    };
+    assert_history(what, &log, STRICT);
+    assert_no_errors(what, &log);
+}
+
+/// 12 racers on 6 handles (separate pools; half of them start reading
+/// first, half inserting first, and three storms flip their handles between
+/// the two every 120 ms), 60 rounds of: simultaneous claims of a fresh key by
+/// seven paths (including `claim_in` in a transaction and `claim_many` with
+/// repeats), the winner completing / releasing / letting a 100 ms lease lapse
+/// / extending, a second wave (duplicate, fresh claim, or takeover), the
+/// first holder's stale calls, a third wave of duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_racing_handles_keep_one_winner_while_claim_modes_flip() {
+    race_rounds(false).await;
+}
+
+/// The same race on a table an earlier version made (two key columns, the
+/// default collation, an index on the deadline, a CHECK on the state), which
+/// the store keeps using with its other statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_racing_handles_keep_one_winner_on_an_earlier_two_column_table() {
+    race_rounds(true).await;
+}
+
+/// Rule 4, `extend`, claim ids, fingerprints and refused input, acting on a
+/// handle that inserts first and watching from one that reads first, then
+/// the other way round; then holder and takers aimed at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_rules_hold_in_both_claim_modes() {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema("advrules");
+    let stores = pg_handles(&url, &schema, 6).await;
+    let log = Log::default();
+    let done = key("warm", "done");
+    make_done(&log, &stores[0], &done, b"warm").await;
+    for s in stores.iter().skip(1).step_by(2) {
+        warm_handle(s, true, &done, "rules").await;
+    }
+    let st = dyns(&stores);
+    let mut bad = lease_rules(&st, "rules1").await;
+    let mut rotated = st[1..].to_vec();
+    rotated.push(Arc::clone(&st[0]));
+    bad.extend(lease_rules(&rotated, "rules2").await);
+    assert!(
+        bad.is_empty(),
+        "{} violations:\n  {}",
+        bad.len(),
+        bad.join("\n  ")
+    );
+    deadline_races(&st, "edge", &log, 40).await;
+    assert_history("deadline races", &log, STRICT);
+    assert_no_errors("deadline races", &log);
+}
+
+/// Rule 8 for a batch, in both first-statement modes: a `claim_many` that
+/// meets a corrupt record answers `CorruptRecord` and writes nothing. Its
+/// batch also holds an in-flight record whose lease passed: after the failed
+/// batch, that row must be as it was and the next claim must be attempt 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_batch_failing_on_a_corrupt_record_writes_nothing() {
+    let (_cluster, url) = server().await;
+    let mut bad = Vec::new();
+    for earlier in [false, true] {
+        writes_nothing_on(&url, earlier, &mut bad).await;
+    }
+    assert!(
+        bad.is_empty(),
+        "{} violations:\n  {}",
+        bad.len(),
+        bad.join("\n  ")
+    );
+}
+
+async fn writes_nothing_on(url: &str, earlier: bool, bad: &mut Vec<String>) {
+    let schema = dedupe_testkit::unique_schema(if earlier {
+        "advnothingold"
+    } else {
+        "advnothing"
+    });
+    let stores = pg_handles_on(url, &schema, 2, earlier).await;
+    let log = Log::default();
+    let done = key("warm", "done");
+    make_done(&log, &stores[0], &done, b"warm").await;
+    let table_kind = if earlier {
+        ", earlier two-column table"
+    } else {
+        ""
+    };
+    for (round, read_first) in [(0, false), (1, true), (2, false), (3, true)] {
+        let mode = if read_first {
+            "select first"
+        } else {
+            "insert first"
+        };
+        let mode = format!("{mode}{table_kind}");
+        let batcher = pg_handle(url, &schema, 2, 0).await;
+        if read_first {
+            warm_handle(&batcher, true, &done, "nothing").await;
+        }
+        let ns = format!("gb{round}");
+        let slow = key(&ns, "slow");
+        let l = match stores[0]
+            .claim(&slow, &opts(Duration::from_millis(60)))
+            .await
+        {
+            Ok(ClaimOutcome::Claimed(l)) => l,
+            other => panic!("a fresh claim answered {other:?}"),
+        };
+        sleep_until_us(us(l.deadline) + 30_000).await;
+        let before = raw_row(&stores[0], &schema, &slow).await;
+        plant_corrupt(&stores[0], &schema, &ns, "corrupt").await;
+        let fresh: Vec<Key> = (0..3).map(|i| key(&ns, format!("fresh{i}"))).collect();
+        let mut batch = vec![
+            fresh[0].clone(),
+            slow.clone(),
+            fresh[1].clone(),
+            key(&ns, "corrupt"),
+            fresh[2].clone(),
+        ];
+        if round >= 2 {
+            batch.rotate_left(3);
+        }
+        match batcher.claim_many(&batch, &opts(LONG)).await {
+            Err(Error::CorruptRecord { .. }) => {}
+            other => bad.push(format!(
+                "[{mode}] a batch meeting a corrupt record answered {other:?}"
+            )),
+        }
+        let after = raw_row(&stores[0], &schema, &slow).await;
+        if before != after {
+            bad.push(format!(
+                "[{mode}] RULE 8 (nothing is written): a claim_many that failed on a corrupt record still rewrote {slow}: \
+                 (state, token, attempts, expires_at µs) {before:?} -> {after:?}"
+            ));
+        }
+        for f in &fresh {
+            if let Some(row) = raw_row(&stores[0], &schema, f).await {
+                bad.push(format!(
+                    "[{mode}] {f}: a failed batch left a row behind: {row:?}"
+                ));
+            }
+        }
+        match stores[1].claim(&slow, &opts(LONG)).await {
+            Ok(ClaimOutcome::Claimed(l2)) if l2.attempt == 2 => {}
+            other => bad.push(format!(
+                "[{mode}] {slow}: after the failed batch, the takeover of the lapsed attempt-1 lease answered {other:?} \
+                 (expected Claimed attempt 2: the failed batch must not count as a claim that won it)"
+            )),
+        }
+    }
+}
+
+/// The window between `claim_many`'s bare batch insert (committed on its own)
+/// and its second statement: the second statement is made to wait on a row
+/// lock (an expired record of the batch, locked `FOR UPDATE` by another
+/// transaction) until the batch handle's statement timeout cancels it, so the
+/// batch fails after its first statement committed. Meanwhile observers claim
+/// the batch's fresh keys; one of them carries the batch's claim id (the same
+/// logical caller retrying) and works 1.5 s before completing. No lease
+/// handed out from the batch may be given away while still live: the batch
+/// once gave its keys back after a same-claim-id retry had been handed one of
+/// them, and a third caller won the key while that one worked.
+///
+/// (The first version of this test failed the batch on a corrupt record; the
+/// batch statement now writes nothing while a record it reads would not
+/// decode, so it no longer waits on the lock, and the window closed too fast
+/// to observe.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_failed_batch_is_never_seen_half_done() {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema("advhalf");
+    let stores = pg_handles(&url, &schema, 4).await;
+    let st = dyns(&stores);
+    let log = Log::default();
+    // A new handle inserts first; its statements are cancelled after 800 ms.
+    let batch_timeout = Duration::from_millis(800);
+    let batcher = PgStore::builder(
+        PgStore::connect_pool(&url, 2, batch_timeout)
+            .await
+            .expect("connect a pool"),
+    )
+    .schema(&schema)
+    .timeout(batch_timeout)
+    .build()
+    .expect("build a store");
+    let slow = key("hd", "slow");
+    let l = match stores[0]
+        .claim(&slow, &opts(Duration::from_millis(60)))
+        .await
+    {
+        Ok(ClaimOutcome::Claimed(l)) => l,
+        other => panic!("a fresh claim answered {other:?}"),
+    };
+    sleep_until_us(us(l.deadline) + 30_000).await;
+    let fresh: Vec<Key> = (0..6).map(|i| key("hd", format!("f{i}"))).collect();
+    let mut batch_keys = fresh.clone();
+    batch_keys.push(slow.clone());
+    let ks = key_sql(&stores[0], &schema).await;
+    let mut locker = stores[0].pool().begin().await.expect("begin");
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE {} FOR UPDATE",
+        table(&schema),
+        ks.is
+    )))
+    .bind("hd".to_string())
+    .bind("slow".to_string())
+    .execute(&mut *locker)
+    .await
+    .expect("lock the lapsed record's row");
+    let batch = {
+        let (log, b) = (log.clone(), batcher.clone());
+        tokio::spawn(async move {
+            log.claim_many(
+                &b,
+                "batch",
+                &batch_keys,
+                &opts(LONG).with_claim_id(cid("batch-cid")),
+            )
+            .await
+            .map(|v| v.len())
+        })
+    };
+    let shown = poll_until(Duration::from_secs(5), || {
+        let (s, k) = (stores[0].clone(), fresh[0].clone());
+        async move { matches!(s.get(&k).await, Ok(Some(_))) }
+    })
+    .await;
+    assert!(
+        shown,
+        "the batch's fresh keys should be visible while its second statement waits"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut observers = Vec::new();
+    for o in 0..3 {
+        let (keys, same, work) = if o == 0 {
+            (
+                fresh[..3].to_vec(),
+                Some("batch-cid"),
+                Duration::from_millis(1500),
+            )
+        } else {
+            (fresh.clone(), None, Duration::ZERO)
+        };
+        observers.push(tokio::spawn(observe(
+            log.clone(),
+            Arc::clone(&st[1 + o]),
+            o,
+            keys,
+            same,
+            work,
+            Arc::clone(&stop),
+        )));
+    }
+    let r = batch.await.expect("the batch task");
+    // Past the end of the same-claim-id observer's work (1.5 s from its claim).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    locker.commit().await.expect("let go of the row");
+    stop.store(true, Ordering::Relaxed);
+    for o in observers {
+        o.await.expect("an observer panicked");
+    }
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "a batch whose second statement waited past its timeout answered {r:?}"
+    );
+    assert_history(
+        "a failed batch and its observers (the batch's fresh keys were visible before it failed)",
+        &log,
+        LOOSE,
+    );
+}
+
+async fn pg_tx_worker(
+    w: usize,
+    store: PgStore,
+    keys: Arc<Vec<Key>>,
+    log: Log,
+    commits: Arc<Mutex<Vec<(String, String, Vec<u8>)>>>,
+    app: String,
+) {
+    let who = format!("tx{w}");
+    for pass in 0..30 {
+        let mut open = false;
+        for i in 0..keys.len() {
+            let k = &keys[(i + w * 7) % keys.len()];
+            let t_call = now_us();
+            let mut tx = match store.pool().begin().await {
+                Ok(tx) => tx,
+                Err(e) => {
+                    log.push(
+                        k,
+                        &who,
+                        t_call,
+                        now_us(),
+                        Op::Claim(Ans::Err {
+                            definite: false,
+                            text: format!("BEGIN: {e}"),
+                        }),
+                    );
+                    open = true;
+                    continue;
+                }
+            };
+            let claimed = store.claim_in(&mut tx, k, &opts(LONG)).await;
+            match claimed {
+                Ok(ClaimOutcome::Claimed(lease)) => {
+                    open = true;
+                    let insert = sqlx::query(AssertSqlSafe(format!(
+                        "INSERT INTO {app} (k, worker) VALUES ($1, $2)"
+                    )))
+                    .bind(k.to_string())
+                    .bind(who.clone())
+                    .execute(&mut *tx)
+                    .await;
+                    if let Err(e) = insert {
+                        log.flag(format!("{who}: the application's insert failed: {e}"));
+                    }
+                    let out = format!("tx|{k}|{who}|{pass}").into_bytes();
+                    let t_complete = now_us();
+                    if let Err(e) = store.complete_in(&mut tx, &lease, &out, RETAIN).await {
+                        log.flag(format!(
+                            "{who}: complete_in of a fresh live lease failed: {}",
+                            chain(&e)
+                        ));
+                        let _ = tx.rollback().await;
+                        continue;
+                    }
+                    if (w + i + pass).is_multiple_of(3) {
+                        let _ = tx.rollback().await;
+                        continue;
+                    }
+                    match tx.commit().await {
+                        Ok(()) => {
+                            let t_ret = now_us();
+                            log.record_claim(
+                                k,
+                                &who,
+                                t_call,
+                                t_ret,
+                                &Ok(ClaimOutcome::Claimed(lease.clone())),
+                            );
+                            log.push(
+                                k,
+                                &who,
+                                t_complete,
+                                t_ret,
+                                Op::Complete {
+                                    token: lease.token.as_str().to_string(),
+                                    outcome: out.clone(),
+                                    res: Res::Ok,
+                                },
+                            );
+                            commits.lock().expect("commits").push((
+                                k.to_string(),
+                                who.clone(),
+                                out,
+                            ));
+                        }
+                        Err(e) => log.flag(format!("{who}: COMMIT failed: {e}")),
+                    }
+                }
+                other => {
+                    if !matches!(other, Ok(ClaimOutcome::Duplicate { .. })) {
+                        open = true;
+                    }
+                    let t_ret = now_us();
+                    let _ = tx.rollback().await;
+                    log.record_claim(k, &who, t_call, t_ret, &other);
+                }
+            }
+        }
+        if !open {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+}
+
+/// Transactions of the application's own (`claim_in`, its own insert,
+/// `complete_in`, then commit or roll back) on four handles, racing plain
+/// claims and batches (in both first-statement modes) on other handles over
+/// 30 keys. Each event is committed exactly once, the application's rows
+/// match, and the stored outcome is the winner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_transactions_commit_each_event_exactly_once() {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema("advtx");
+    let stores = pg_handles(&url, &schema, 6).await;
+    let log = Log::default();
+    let done = key("warm", "done");
+    make_done(&log, &stores[0], &done, b"warm").await;
+    warm_handle(&stores[5], true, &done, "tx").await;
+    let app = format!("\"{schema}\".\"app_orders\"");
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {app} (k text NOT NULL, worker text NOT NULL)"
+    )))
+    .execute(stores[0].pool())
+    .await
+    .expect("the application's table");
+    let keys: Arc<Vec<Key>> = Arc::new((0..30).map(|i| key("tx", format!("k{i}"))).collect());
+    let commits: Arc<Mutex<Vec<(String, String, Vec<u8>)>>> = Arc::default();
+    let mut workers = Vec::new();
+    for (w, store) in stores.iter().enumerate().take(4) {
+        workers.push(tokio::spawn(pg_tx_worker(
+            w,
+            store.clone(),
+            Arc::clone(&keys),
+            log.clone(),
+            Arc::clone(&commits),
+            app.clone(),
+        )));
+    }
+    let st = dyns(&stores);
+    for a in 0..2 {
+        workers.push(tokio::spawn(plain_claimer(
+            a,
+            Arc::clone(&st[4 + a]),
+            Arc::clone(&keys),
+            log.clone(),
+        )));
+    }
+    let finished = tokio::time::timeout(Duration::from_secs(150), async {
+        for w in workers {
+            w.await.expect("a worker panicked");
+        }
+    })
+    .await;
+    assert!(
+        finished.is_ok(),
+        "HANG: transactions did not finish within 150 s"
+    );
+    let rows: HashMap<String, i64> = sqlx::query(AssertSqlSafe(format!(
+        "SELECT k, count(*)::int8 FROM {app} GROUP BY k"
+    )))
+    .fetch_all(stores[0].pool())
+    .await
+    .expect("count rows")
+    .iter()
+    .map(|r| {
+        (
+            r.try_get::<String, _>(0).expect("k"),
+            r.try_get::<i64, _>(1).expect("count"),
+        )
+    })
+    .collect();
+    let mut stored = HashMap::new();
+    for k in keys.iter() {
+        let out = match stores[1].get(k).await {
+            Ok(Some(rec)) => match rec.state {
+                RecordState::Done { outcome, .. } => Some(outcome),
+                RecordState::InFlight { .. } => None,
+            },
+            _ => None,
+        };
+        stored.insert(k.to_string(), out);
+    }
+    let commits = commits.lock().expect("commits").clone();
+    judge_transactions(&log, &keys, &commits, &rows, &stored);
+    assert_history("transactions", &log, LOOSE);
+    assert_no_errors("transactions", &log);
+}
+
+/// 24 random scenarios: `claim_many` and `claim` place by place, each on a
+/// handle warmed to insert first and on one warmed to read first, must all
+/// answer as `claim`s on the reference `MemoryStore`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_claim_many_answers_as_claim_would_in_both_modes() {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema("advdiff");
+    let stores = pg_handles(&url, &schema, 5).await;
+    let mk = |i: usize, name: &str, many: bool, read_first: bool| Role {
+        name: name.to_string(),
+        store: Arc::new(stores[i].clone()),
+        many,
+        warm: Some(read_first),
+    };
+    let roles = vec![
+        mk(
+            1,
+            "pg claim_many, handle warmed to insert first",
+            true,
+            false,
+        ),
+        mk(2, "pg claim_many, handle warmed to read first", true, true),
+        mk(
+            3,
+            "pg claim place by place, handle warmed to insert first",
+            false,
+            false,
+        ),
+        mk(
+            4,
+            "pg claim place by place, handle warmed to read first",
+            false,
+            true,
+        ),
+    ];
+    let bad = differential("pd", roles, 0x5EED_0003, 24).await;
+    assert!(
+        bad.is_empty(),
+        "{} disagreements:\n  {}",
+        bad.len(),
+        bad.join("\n  ")
+    );
+}
+
+/// Rule 2, outcome bytes, and a key twice in a batch longer than its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_near_identical_keys_and_every_outcome_byte_stay_apart() {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema("advexact");
+    let stores = pg_handles(&url, &schema, 3).await;
+    let st = dyns(&stores);
+    let log = Log::default();
+    exact_keys(&st, "exact", &log).await;
+    assert_history("near-identical keys", &log, STRICT);
+    assert_no_errors("near-identical keys", &log);
+    let mut bad = outcomes_round_trip(&st, "outcomes").await;
+    bad.extend(key_twice_in_a_long_batch(&stores[1], "twice").await);
+    assert!(
+        bad.is_empty(),
+        "{} violations:\n  {}",
+        bad.len(),
+        bad.join("\n  ")
+    );
+}
+
+/// Ten tasks on four handles that each keep three connections checked out
+/// between calls call with timeouts of 0 to 4 ms, so futures are dropped
+/// mid-statement and between the statements of one claim. Whatever was
+/// answered must fit the contract (a connection handed on out of step would
+/// answer another call's rows: wrong outcomes), no lease outlives its
+/// deadline, and every handle still answers afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_cancelled_calls_leave_held_connections_sound() {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema("advcancel");
+    let first = pg_handle(&url, &schema, 5, 3).await;
+    first.migrate().await.expect("migrate");
+    let mut stores = vec![first];
+    for _ in 1..4 {
+        stores.push(pg_handle(&url, &schema, 5, 3).await);
+    }
+    let st = dyns(&stores);
+    let log = Log::default();
+    let mut done = Vec::new();
+    for i in 0..6 {
+        let k = key("cxd", format!("d{i}"));
+        make_done(&log, &stores[0], &k, format!("d{i}").as_bytes()).await;
+        done.push(k);
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..10 {
+        set.spawn(cancel_worker(
+            log.clone(),
+            Arc::clone(&st[t % st.len()]),
+            t,
+            "cx".to_string(),
+            done.clone(),
+            until,
+        ));
+    }
+    let joined = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(j) = set.join_next().await {
+            j.expect("a worker panicked");
+        }
+    })
+    .await;
+    assert!(joined.is_ok(), "HANG: the cancellation storm did not end");
+    after_the_storm(&st, "cx", &log).await;
+    // Every handle, on its held connections, answers every done key with
+    // that key's own outcome.
+    for (i, s) in stores.iter().enumerate() {
+        for round in 0..10 {
+            for k in &done {
+                let _ = log.claim(s, &format!("probe{i}"), k, &opts(LONG)).await;
+            }
+            let _ = log
+                .claim_many(s, &format!("probe{i}"), &done, &opts(LONG))
+                .await;
+            if round % 3 == 0 {
+                let _ = s.get(&done[round % done.len()]).await;
+            }
+        }
+    }
+    assert_history("cancellation storm", &log, LOOSE);
+}
+
+async fn traffic(log: Log, s: PgStore, t: usize, done: Vec<Key>, stop: Arc<AtomicBool>) {
+    let who = format!("traffic{t}");
+    let mut n = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let k = key("up", format!("t{}", (n * 7 + t * 13) % 60));
+        let r: dedupe_core::Result<Option<Lease>> = match n % 5 {
+            0 => log
+                .claim_many(
+                    &s,
+                    &who,
+                    &[k.clone(), key("up", format!("{who}-{n}")), k.clone()],
+                    &opts(LONG),
+                )
+                .await
+                .map(|v| v.first().and_then(|a| a.lease().cloned())),
+            1 => {
+                let t0 = now_us();
+                let r = pg_claim_in(&s, &k, &opts(LONG)).await;
+                log.record_claim(&k, &who, t0, now_us(), &r);
+                r.map(|a| a.lease().cloned())
+            }
+            2 => log
+                .claim(&s, &who, &done[n % done.len()], &opts(LONG))
+                .await
+                .map(|a| a.lease().cloned()),
+            3 => log
+                .claim(
+                    &s,
+                    &who,
+                    &k,
+                    &opts(LONG).with_claim_id(cid(format!("{who}-{n}"))),
+                )
+                .await
+                .map(|a| a.lease().cloned()),
+            _ => log
+                .claim(&s, &who, &k, &opts(LONG))
+                .await
+                .map(|a| a.lease().cloned()),
+        };
+        match r {
+            Ok(Some(l)) => {
+                let out = format!("{who}-{n}").into_bytes();
+                if let Err(e) = log.complete(&s, &who, &l, &out).await {
+                    if !e.is_retryable() && !matches!(e, Error::LeaseLost { .. }) {
+                        log.flag(format!(
+                            "{who}: complete failed for good during the upgrade: {}",
+                            chain(&e)
+                        ));
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                if !e.is_retryable() {
+                    log.flag(format!(
+                        "{who}: a claim failed for good during the upgrade: {}",
+                        chain(&e)
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Retries a call a few times past the retryable errors of a table that
+/// changed under the handle.
+async fn settled<T, F, Fut>(mut f: F) -> dedupe_core::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = dedupe_core::Result<T>>,
+{
+    let mut last = None;
+    for _ in 0..4 {
+        match f().await {
+            Err(e) if e.is_retryable() => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::backend("no attempt", false, None)))
+}
+
+/// An earlier version's two-column table, five handles (one pool each) on
+/// it, records done and leases held before; then two handles call
+/// `upgrade_table` at once while six tasks keep working. Afterwards: exactly
+/// one upgrade converted the table, every record done before still answers
+/// its outcome on every handle, every lease held across the upgrade still
+/// completes (and its claim id still gets it back), every handle works again
+/// after at most a few retryable errors, and the history holds one winner
+/// per lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_upgrade_table_under_traffic_keeps_every_record_and_one_winner() {
+    let (_cluster, url) = server().await;
+    let schema = dedupe_testkit::unique_schema("advupgrade");
+    let first = pg_handle(&url, &schema, 6, 2).await;
+    create_earlier_table(&first, &schema).await;
+    first.migrate().await.expect("migrate on the earlier table");
+    let mut stores = vec![first];
+    for i in 1..5 {
+        stores.push(pg_handle(&url, &schema, 5, i % 3).await);
+    }
+    let log = Log::default();
+    let mut done = Vec::new();
+    for i in 0..20 {
+        let k = key("up", format!("d{i}"));
+        make_done(
+            &log,
+            &stores[i % stores.len()],
+            &k,
+            format!("d{i}").as_bytes(),
+        )
+        .await;
+        done.push(k);
+    }
+    let mut held = Vec::new();
+    for i in 0..10 {
+        let k = key("up", format!("h{i}"));
+        let o = opts(LONG).with_claim_id(cid(format!("held-{i}")));
+        match log.claim(&stores[i % stores.len()], "holder", &k, &o).await {
+            Ok(ClaimOutcome::Claimed(l)) => held.push((l, o)),
+            other => panic!("a fresh claim answered {other:?}"),
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..6 {
+        tasks.push(tokio::spawn(traffic(
+            log.clone(),
+            stores[t % stores.len()].clone(),
+            t,
+            done.clone(),
+            Arc::clone(&stop),
+        )));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (a, b) = (stores[0].clone(), stores[1].clone());
+    let upgrades = tokio::time::timeout(Duration::from_secs(60), async move {
+        tokio::join!(a.upgrade_table(), b.upgrade_table())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("a traffic task panicked");
+    }
+    let mut bad = Vec::new();
+    match upgrades {
+        Err(_) => bad.push("HANG: two upgrade_table calls did not return within 60 s".to_string()),
+        Ok((ra, rb)) => {
+            let converted = [&ra, &rb].iter().filter(|r| matches!(r, Ok(true))).count();
+            if converted != 1 {
+                bad.push(format!(
+                    "two concurrent upgrade_table calls answered {ra:?} and {rb:?}: exactly one must convert"
+                ));
+            }
+        }
+    }
+    let layout = key_sql(&stores[2], &schema).await;
+    if layout.cols != "key" {
+        bad.push("after upgrade_table the table still has two key columns".into());
+    }
+    let o_long = opts(LONG);
+    for (i, s) in stores.iter().enumerate() {
+        for (j, k) in done.iter().enumerate() {
+            let want = format!("d{j}").into_bytes();
+            match settled(|| s.claim(k, &o_long)).await {
+                Ok(ClaimOutcome::Duplicate { outcome, .. }) if outcome == want => {}
+                other => bad.push(format!(
+                    "handle {i}: {k}, done before the upgrade, now answers {other:?}"
+                )),
+            }
+        }
+    }
+    for (i, (l, o)) in held.iter().enumerate() {
+        let s = &stores[(i + 1) % stores.len()];
+        match settled(|| s.claim(&l.key, o)).await {
+            Ok(ClaimOutcome::Claimed(again)) if again == *l => {}
+            other => bad.push(format!(
+                "{}: a lease held across the upgrade was not handed back to its claim id: {other:?} (held {l:?})",
+                l.key
+            )),
+        }
+        match settled(|| s.complete(l, b"held-done", RETAIN)).await {
+            Ok(()) => {}
+            Err(e) => bad.push(format!(
+                "{}: a lease held across the upgrade no longer completes: {}",
+                l.key,
+                chain(&e)
+            )),
+        }
+    }
+    for (i, s) in stores.iter().enumerate() {
+        let k = key("up", format!("after{i}"));
+        match settled(|| s.claim(&k, &o_long)).await {
+            Ok(ClaimOutcome::Claimed(_)) => {}
+            other => bad.push(format!(
+                "handle {i} after the upgrade: a fresh key answered {other:?}"
+            )),
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} violations:\n  {}",
+        bad.len(),
+        bad.join("\n  ")
+    );
+    assert_history(
+        "upgrade under traffic",
+        &log,
+        CheckOpts {
+            strict_inflight: true,
+            distinct_attempts: false,
+        },
+    );
+}
