@@ -10,7 +10,24 @@ use rusqlite::ErrorCode;
 /// retryable [`Error::Timeout`]; I/O trouble and a file that cannot be opened are
 /// retryable [`Error::Unavailable`], and so is a transaction SQLite aborted (the
 /// writes of a group that another write's I/O error rolled back); anything else is a non-retryable backend error.
+///
+/// One kind of busy is not a wait that ran out: `SQLITE_BUSY_SNAPSHOT`, a
+/// write in a transaction that read first (`BEGIN DEFERRED`) after another
+/// connection committed. SQLite answers it at once, and no retry inside that
+/// transaction can succeed: it is a retryable backend error that says to roll
+/// back and begin again.
 pub(crate) fn map(e: rusqlite::Error, busy_timeout: Duration) -> Error {
+    if let rusqlite::Error::SqliteFailure(failure, _) = &e {
+        if failure.extended_code == rusqlite::ffi::SQLITE_BUSY_SNAPSHOT {
+            return Error::backend(
+                "sqlite: the transaction read before another connection committed, so it \
+                 cannot write; roll it back and begin again (BEGIN IMMEDIATE takes the \
+                 write lock first and avoids this)",
+                true,
+                Some(Box::new(e) as BoxError),
+            );
+        }
+    }
     classify(e.sqlite_error_code(), Box::new(e), busy_timeout)
 }
 

@@ -816,3 +816,50 @@ fn the_crash_judge_catches_two_live_holders() {
         "{failure}"
     );
 }
+
+/// `claim_in` in a transaction that read before another connection committed
+/// (`BEGIN DEFERRED`) cannot write: SQLite answers `SQLITE_BUSY_SNAPSHOT` at
+/// once. The store says so (a retryable backend error that says to roll back
+/// and begin again), at once, not as a wait for the lock that ran out, and the
+/// transaction wrote nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_deferred_transaction_is_told_to_begin_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("snapshot.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    let mut conn = Connection::open(&db).expect("open");
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Deferred)
+        .expect("begin");
+    // A read starts the transaction's snapshot.
+    let stored: i64 = tx
+        .query_row(
+            &format!("SELECT count(*) FROM {}", store.table_name()),
+            [],
+            |row| row.get(0),
+        )
+        .expect("read");
+    assert_eq!(stored, 0);
+    // Another connection commits after that snapshot began.
+    assert!(store
+        .claim(&key("evt_other"), &ClaimOptions::default())
+        .await
+        .expect("claim elsewhere")
+        .lease()
+        .is_some());
+    let started = Instant::now();
+    match store.claim_in(&tx, &key("evt_snap"), &ClaimOptions::default()) {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.is_retryable(), "{e}");
+            assert!(e.to_string().contains("roll it back"), "{e}");
+        }
+        other => panic!("a stale deferred transaction answered {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the store answered at once, not after a wait: {:?}",
+        started.elapsed()
+    );
+    drop(tx);
+    assert!(store.get(&key("evt_snap")).await.expect("get").is_none());
+}
