@@ -1,5 +1,6 @@
 //! The statement text of the store, built once per schema and table.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use dedupe_core::backend::check_identifier;
@@ -160,8 +161,10 @@ pub(crate) struct Tables {
     /// `PgStore::upgrade_table`); run inside a transaction that holds the
     /// migrate lock.
     pub(crate) join_key_columns: Sql,
-    /// 0 not known yet, 1 [`Layout::Joined`], 2 [`Layout::Split`].
-    known: std::sync::atomic::AtomicU8,
+    /// The layout the catalog last showed, and how many times the store has
+    /// forgotten it: `generation << 2 | code`, where code 0 is not known, 1
+    /// [`Layout::Joined`], 2 [`Layout::Split`].
+    known: std::sync::atomic::AtomicU64,
 }
 
 impl Tables {
@@ -200,28 +203,67 @@ impl Tables {
 
     /// The statements for the table's layout, if it is known.
     pub(crate) fn known(&self) -> Option<&Statements> {
-        match self.known.load(std::sync::atomic::Ordering::Acquire) {
+        match self.known.load(Ordering::Acquire) & 3 {
             1 => Some(&self.joined),
             2 => Some(&self.split),
             _ => None,
         }
     }
 
+    /// How many times the layout has been forgotten: read it before reading
+    /// the catalog, and hand it to [`learn`](Self::learn).
+    pub(crate) fn generation(&self) -> u64 {
+        self.known.load(Ordering::Acquire) >> 2
+    }
+
     /// Forgets the layout: the next call reads it from the catalog again (a
     /// statement named a column or table that is not there, so the table was
     /// converted, or dropped and made again, under the store).
     pub(crate) fn forget(&self) {
-        self.known.store(0, std::sync::atomic::Ordering::Release);
+        let _ = self
+            .known
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(((v >> 2) + 1) << 2)
+            });
     }
 
-    /// Records the layout the catalog showed and answers its statements.
-    pub(crate) fn learn(&self, layout: Layout) -> &Statements {
-        let (code, statements) = match layout {
-            Layout::Joined => (1, &self.joined),
-            Layout::Split => (2, &self.split),
-        };
-        self.known.store(code, std::sync::atomic::Ordering::Release);
-        statements
+    /// Records the layout the catalog showed, read in `generation`, and
+    /// answers its statements. A read made before a later `forget` records
+    /// nothing: the table may have been converted since (a probe that read
+    /// the earlier layout just before `upgrade_table` committed must not undo
+    /// the forget of a call that met the converted table).
+    pub(crate) fn learn(&self, layout: Layout, generation: u64) -> &Statements {
+        let _ = self.known.compare_exchange(
+            generation << 2,
+            generation << 2 | Self::code(layout),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.statements(layout)
+    }
+
+    /// Records a layout this store has just made the table have
+    /// (`upgrade_table`), whatever was known before.
+    pub(crate) fn replace(&self, layout: Layout) {
+        let _ = self
+            .known
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(((v >> 2) + 1) << 2 | Self::code(layout))
+            });
+    }
+
+    fn code(layout: Layout) -> u64 {
+        match layout {
+            Layout::Joined => 1,
+            Layout::Split => 2,
+        }
+    }
+
+    fn statements(&self, layout: Layout) -> &Statements {
+        match layout {
+            Layout::Joined => &self.joined,
+            Layout::Split => &self.split,
+        }
     }
 }
 
@@ -466,5 +508,44 @@ impl Statements {
             forget: format!("DELETE FROM {t} WHERE {is_bound} RETURNING expires_at > now()")
                 .into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Layout, Tables};
+
+    fn is(known: Option<&super::Statements>, expected: &super::Statements) -> bool {
+        known.is_some_and(|s| std::ptr::eq(s, expected))
+    }
+
+    /// A catalog read made before a `forget` records nothing, so a probe that
+    /// saw the earlier layout just before a conversion cannot undo the forget
+    /// of a call that met the converted table; a read made after it does.
+    #[test]
+    fn a_probe_older_than_a_forget_records_nothing() {
+        let tables = Tables::new("public", "dedupe_records").expect("names");
+        assert!(tables.known().is_none());
+        let before = tables.generation();
+        tables.learn(Layout::Split, before);
+        assert!(is(tables.known(), &tables.split));
+
+        let stale = tables.generation();
+        tables.forget();
+        assert!(tables.known().is_none());
+        tables.learn(Layout::Split, stale);
+        assert!(tables.known().is_none(), "a read older than the forget");
+
+        let fresh = tables.generation();
+        tables.learn(Layout::Joined, fresh);
+        assert!(is(tables.known(), &tables.joined));
+
+        tables.replace(Layout::Split);
+        assert!(is(tables.known(), &tables.split));
+        tables.learn(Layout::Joined, fresh);
+        assert!(
+            is(tables.known(), &tables.split),
+            "replace starts a new generation too"
+        );
     }
 }

@@ -497,13 +497,14 @@ impl PgStore {
     /// made by an earlier version ([`Layout::Split`]). While there is no table
     /// the statements are this version's, and the next call looks again.
     async fn learn_layout(&self, conn: &mut PgConnection) -> Result<&Statements> {
+        let generation = self.tables.generation();
         let (present, split): (bool, bool) = sqlx::query_as(text(&self.tables.probe))
             .fetch_one(conn)
             .await
             .map_err(|e| self.err(e))?;
         Ok(match (present, split) {
-            (true, true) => self.tables.learn(Layout::Split),
-            (true, false) => self.tables.learn(Layout::Joined),
+            (true, true) => self.tables.learn(Layout::Split, generation),
+            (true, false) => self.tables.learn(Layout::Joined, generation),
             (false, _) => &self.tables.joined,
         })
     }
@@ -575,9 +576,9 @@ impl PgStore {
             let schema = &self.tables.joined.schema;
             let table = &self.tables.joined.table;
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "SELECT pg_advisory_xact_lock(hashtext('dedupe-migrate:' || '{schema}.{table}'));
-                 SET LOCAL statement_timeout = 0;
-                 SET LOCAL lock_timeout = '{}ms';",
+                "SET LOCAL lock_timeout = '{}ms';
+                 SELECT pg_advisory_xact_lock(hashtext('dedupe-migrate:' || '{schema}.{table}'));
+                 SET LOCAL statement_timeout = 0;",
                 duration_millis(self.timeout)
             )))
             .execute(&mut *tx)
@@ -595,7 +596,7 @@ impl PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
             tx.commit().await.map_err(|e| self.err(e))?;
-            self.tables.learn(Layout::Joined);
+            self.tables.replace(Layout::Joined);
             Ok(true)
         }
         .await;
@@ -726,8 +727,14 @@ impl DedupeStore for PgStore {
     }
 
     /// The whole batch in one statement (`unnest` of arrays), one round trip; or,
-    /// while recent claims were of new keys, the bare batch insert first and
-    /// the one statement for the keys that have a record.
+    /// while recent claims were of new keys and the batch carries no claim id,
+    /// the bare batch insert first and the one statement for the keys that
+    /// have a record.
+    ///
+    /// A batch with a claim id always runs the one statement: it writes
+    /// nothing while a live record among the keys would not decode, where the
+    /// bare insert would have committed the new keys first, and a failed
+    /// batch with a claim id cannot give them back (see `Ops::give_back`).
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         dedupe_core::backend::check_batch(keys)?;
@@ -737,8 +744,8 @@ impl DedupeStore for PgStore {
         let (answers, had_records) = self
             .call(async |ops, conn| {
                 // As for `claim`: the bare insert first while recent claims were
-                // of new keys (see `Seen`).
-                if self.seen.expect_records() {
+                // of new keys (see `Seen`), unless the batch has a claim id.
+                if self.seen.expect_records() || opts.claim_id.is_some() {
                     let answers = ops.claim_many(conn, keys, opts).await?;
                     let lost = answers.iter().filter(|a| a.lease().is_none()).count();
                     let had_records = lost * 2 > answers.len();

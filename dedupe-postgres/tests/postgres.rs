@@ -475,6 +475,35 @@ async fn corrupt_rows_are_reported_not_guessed() {
     }
 }
 
+/// A batch with a claim id that meets a corrupt record writes nothing, even on
+/// a handle that tries the bare insert first (a new handle): such a batch
+/// cannot give keys back (a retry with its claim id may hold them), so it
+/// runs the one statement, which writes nothing while a record it reads
+/// would not decode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_a_claim_id_meeting_a_corrupt_record_writes_nothing() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("cidbatch");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO \"{schema}\".dedupe_records VALUES
+         ('pg:bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())"
+    )))
+    .execute(store.pool())
+    .await
+    .expect("plant");
+    let opts = ClaimOptions::default()
+        .with_claim_id(dedupe_core::ClaimId::new("batch-1").expect("claim id"));
+    match store.claim_many(&[key("new"), key("bad")], &opts).await {
+        Err(Error::CorruptRecord { .. }) => {}
+        other => panic!("a batch meeting a corrupt record answered {other:?}"),
+    }
+    assert!(
+        store.get(&key("new")).await.expect("get").is_none(),
+        "the batch's new key was left claimed"
+    );
+}
+
 /// A batch meeting a corrupt record fails, and the keys it won on the way are
 /// given back: a new key is claimable again at once; an expired lease it took
 /// over is free again with its attempt count still going up; a key held by
