@@ -704,8 +704,8 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
 
 /// A table made by an earlier version of `migrate` (two key columns in the
 /// database's collation, an index on `expires_at`, a CHECK on `state`) keeps
-/// working, and `migrate` leaves it as it is. (The whole conformance suite also
-/// runs on such a table: `tests/conformance.rs`.)
+/// working, and `migrate` leaves it as it is. (Twelve conformance checks
+/// also run on such a table: `tests/conformance.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_from_an_earlier_version_keeps_working() {
     let (_server, url) = support::postgres_server();

@@ -243,19 +243,6 @@ async fn pg_claim_in(
     }
 }
 
-/// What one racer saw of the race key in one phase.
-#[derive(Clone, Debug, Default)]
-struct Entry {
-    id: usize,
-    lease: Option<Lease>,
-    first: Option<ClaimOutcome>,
-    err: bool,
-    t_call: i64,
-    t_ret: i64,
-}
-
-const MODES: usize = 7;
-
 /// Claims `k` one of seven ways: claim; claim with a claim id; claim_many
 /// [k, k]; claim_many [fresh, k, fresh, k]; claim_many [k, k] with a claim
 /// id; claim_in in a transaction; claim with a fingerprint.
@@ -349,110 +336,6 @@ struct RaceCtx {
     barrier: tokio::sync::Barrier,
     board: Mutex<Board>,
     log: Log,
-}
-
-#[derive(Default)]
-struct Board {
-    p: [Vec<Entry>; 3],
-    done: [Option<(Vec<u8>, bool)>; 2],
-    released: bool,
-}
-
-fn outcome_for(round: usize, id: usize, phase: usize) -> Vec<u8> {
-    let mut v = format!("race|r{round}|t{id}|p{phase}|").into_bytes();
-    v.extend_from_slice(&[0, 255, 10, 0]);
-    v
-}
-
-fn first_winner(p: &[Entry]) -> Option<(usize, Lease)> {
-    p.iter()
-        .filter_map(|e| e.lease.clone().map(|l| (e.id, l)))
-        .min_by_key(|(i, _)| *i)
-}
-
-const KINDS: [&str; 4] = [
-    "complete",
-    "release",
-    "lapse then takeover",
-    "extend then complete",
-];
-
-fn judge_round(log: &Log, round: usize, kind: usize, b: &Board) {
-    let tag = format!("round {round} ({})", KINDS[kind]);
-    let errs = |p: &[Entry]| p.iter().any(|e| e.err);
-    let toks = |p: &[Entry]| -> HashSet<String> {
-        p.iter()
-            .filter_map(|e| e.lease.as_ref().map(|l| l.token.as_str().to_string()))
-            .collect()
-    };
-    if !errs(&b.p[0][..]) {
-        let t = toks(&b.p[0][..]);
-        let earliest = b.p[0]
-            .iter()
-            .filter_map(|e| e.lease.as_ref())
-            .map(|l| us(l.deadline))
-            .min();
-        let late = earliest.is_some_and(|d| b.p[0].iter().any(|e| e.t_call + SLACK_US >= d));
-        if t.len() != 1 && !late {
-            log.flag(format!(
-                "{tag}: {} distinct winners among {} simultaneous claims of a fresh key (exactly one expected)",
-                t.len(),
-                b.p[0].len()
-            ));
-        }
-    }
-    let w0 = first_winner(&b.p[0]);
-    let single0 = !errs(&b.p[0][..]) && toks(&b.p[0][..]).len() == 1;
-    let dup_of = |p: &[Entry], out: &[u8], phase: usize| {
-        for e in p {
-            match &e.first {
-                Some(ClaimOutcome::Duplicate { outcome, .. }) if outcome.as_slice() == out => {}
-                Some(other) => log.flag(format!(
-                    "{tag} phase {phase}: racer{} expected Duplicate with the completed outcome, got {other:?}",
-                    e.id
-                )),
-                None => {}
-            }
-        }
-    };
-    match kind {
-        0 | 3 => {
-            if let Some((out, true)) = &b.done[0] {
-                dup_of(&b.p[1][..], &out[..], 1);
-                dup_of(&b.p[2][..], &out[..], 2);
-            }
-        }
-        _ => {
-            if single0 && !errs(&b.p[1][..]) && (kind == 2 || b.released) {
-                let t = toks(&b.p[1][..]);
-                if t.len() != 1 {
-                    log.flag(format!(
-                        "{tag} phase 1: {} distinct winners after the first holder {} (exactly one expected)",
-                        t.len(),
-                        if kind == 1 { "released" } else { "let its lease lapse" }
-                    ));
-                }
-                let want = if kind == 1 {
-                    1
-                } else {
-                    w0.as_ref().map_or(0, |(_, l)| l.attempt + 1)
-                };
-                for e in &b.p[1] {
-                    if let Some(l) = &e.lease {
-                        if l.attempt != want {
-                            log.flag(format!(
-                                "{tag} phase 1: racer{} won attempt {} (expected {want})",
-                                e.id, l.attempt
-                            ));
-                        }
-                    }
-                }
-            }
-            if let Some((out, true)) = &b.done[1] {
-                dup_of(&b.p[2][..], &out[..], 2);
-            }
-        }
-    }
 }
 
 async fn racer(ctx: Arc<RaceCtx>, id: usize, store: PgStore) {
