@@ -33,7 +33,7 @@ pub use harness::{
     CheckResult, Failure, FaultSwitch, FaultyHandle, Fixture, MemoryFactory, Scale, StoreFactory,
     Verdict,
 };
-pub use report::{assert_check, run_all, run_check, CheckReport, Report};
+pub use report::{assert_check, run_all, run_check, run_selected, CheckReport, Report};
 
 #[doc(hidden)]
 pub use tokio as __tokio;

@@ -82,11 +82,31 @@ pub async fn run_check(factory: &dyn StoreFactory, name: &str) -> CheckResult {
 
 /// Runs every check, one after another, and reports on each.
 pub async fn run_all(factory: &dyn StoreFactory) -> Report {
+    run_selected(factory, |_| true).await
+}
+
+/// Runs the checks whose names `select` accepts, one after another, in suite
+/// order, and reports on each (the others are left out of the report, not
+/// counted as skipped). For a store whose whole suite already ran elsewhere:
+/// a second emulator of the same service, say, that only needs the checks
+/// where it behaves differently.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use dedupe_conformance::{run_selected, MemoryFactory};
+///
+/// let report = run_selected(&MemoryFactory, |name| name == "fresh_claim").await;
+/// assert_eq!(report.checks.len(), 1);
+/// assert!(report.all_passed(), "{report}");
+/// # }
+/// ```
+pub async fn run_selected(factory: &dyn StoreFactory, select: impl Fn(&str) -> bool) -> Report {
     let mut report = Report {
         checks: Vec::new(),
         scale: factory.scale(),
     };
-    for check in CHECKS {
+    for check in CHECKS.iter().filter(|c| select(c.name)) {
         let started = Instant::now();
         let result = (check.run)(factory).await;
         report.checks.push(CheckReport {

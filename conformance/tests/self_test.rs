@@ -752,13 +752,6 @@ fn every_check_is_tripped_by_some_broken_store() {
     assert!(untested.is_empty(), "no broken store trips {untested:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_reference_store_passes_everything() {
-    let report = run_all(&dedupe_conformance::MemoryFactory).await;
-    assert!(report.all_passed(), "{report}");
-    assert_eq!(report.checks.len(), CHECKS.len());
-}
-
 /// A store that expires natively (no explicit `expire()`): the expire check is
 /// reported as skipped, with the reason, and never counted as passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
