@@ -8,13 +8,18 @@
 //! - [`suite!`]: one line in a store's test file expands to one `#[tokio::test]`
 //!   per check, so failures name the rule that broke;
 //! - [`checks`]: the check functions themselves, to call one by one;
-//! - [`run_all`]: runs every check and returns a [`Report`] (the CLI uses it).
+//! - [`run_all`]: runs every check and returns a [`Report`] (the CLI uses it);
+//!   [`run_selected`] runs the checks a filter picks.
 //!
 //! A store plugs in through a [`StoreFactory`] that makes one isolated, empty
 //! store per check, and a [`Fixture`] that opens further handles onto it (each with
 //! its own connection) for the races.
 //!
-//! ```
+//! The whole suite takes twenty seconds or so (its checks wait for leases to
+//! pass), so this example is compiled but not run here (`conformance/tests/
+//! memory.rs` runs the suite on the same store, a test per check):
+//!
+//! ```no_run
 //! use dedupe_conformance::{run_all, MemoryFactory};
 //! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
 //! let report = run_all(&MemoryFactory).await;
