@@ -126,6 +126,25 @@ impl LeaseToken {
         Self(uuid::Uuid::new_v4().simple().to_string())
     }
 
+    /// `n` fresh tokens from one read of the OS's random source (the same
+    /// source `new_v4` reads, 16 bytes a token). Should that read fail, each
+    /// token is made on its own, as [`generate`](Self::generate) makes it.
+    pub(crate) fn generate_many(n: usize) -> Vec<Self> {
+        let mut bytes = vec![0u8; n * 16];
+        if getrandom::fill(&mut bytes).is_err() {
+            return (0..n).map(|_| Self::generate()).collect();
+        }
+        bytes
+            .chunks_exact(16)
+            .map(|chunk| {
+                let mut random = [0u8; 16];
+                random.copy_from_slice(chunk);
+                let uuid = uuid::Builder::from_random_bytes(random).into_uuid();
+                Self(uuid.simple().to_string())
+            })
+            .collect()
+    }
+
     /// Wraps a token read back from storage.
     pub(crate) fn from_stored(token: impl Into<String>) -> Self {
         Self(token.into())

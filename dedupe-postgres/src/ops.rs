@@ -285,7 +285,7 @@ impl Ops<'_> {
         let distinct = batch.distinct();
         let namespaces: Vec<&str> = distinct.iter().map(|k| k.namespace()).collect();
         let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
-        let tokens: Vec<LeaseToken> = distinct.iter().map(|_| backend::new_token()).collect();
+        let tokens: Vec<LeaseToken> = backend::new_tokens(distinct.len());
         let token_text: Vec<&str> = tokens.iter().map(LeaseToken::as_str).collect();
         let rows = claim_query(
             &self.sql.insert_new_many,
@@ -361,11 +361,8 @@ impl Ops<'_> {
         let distinct = batch.distinct();
         let namespaces: Vec<&str> = distinct.iter().map(|k| k.namespace()).collect();
         let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
-        let tokens: Vec<String> = distinct
-            .iter()
-            .map(|_| backend::new_token().to_string())
-            .collect();
-        let token_text: Vec<&str> = tokens.iter().map(String::as_str).collect();
+        let tokens = backend::new_tokens(distinct.len());
+        let token_text: Vec<&str> = tokens.iter().map(LeaseToken::as_str).collect();
         let rows = claim_query(&self.sql.claim_many, &namespaces, &ids, &token_text, opts)
             .fetch_all(&mut *conn)
             .await

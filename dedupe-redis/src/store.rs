@@ -557,8 +557,8 @@ impl RedisStore {
             )
             .arg(duration_millis(opts.lease_ttl))
             .arg(self.grace_ms);
-        for _ in keys {
-            invocation.arg(backend::new_token().as_str());
+        for token in backend::new_tokens(keys.len()) {
+            invocation.arg(token.as_str());
         }
         invocation
     }

@@ -88,6 +88,20 @@ pub fn new_token() -> LeaseToken {
     LeaseToken::generate()
 }
 
+/// `n` fresh lease tokens, as [`new_token`] makes them, from one read of the
+/// operating system's random source instead of one read each: for a batch,
+/// where a read each (a system call) was a sixth of the client's time.
+///
+/// ```
+/// let tokens = dedupe_core::backend::new_tokens(16);
+/// assert_eq!(tokens.len(), 16);
+/// let distinct: std::collections::HashSet<&str> = tokens.iter().map(|t| t.as_str()).collect();
+/// assert_eq!(distinct.len(), 16);
+/// ```
+pub fn new_tokens(n: usize) -> Vec<LeaseToken> {
+    LeaseToken::generate_many(n)
+}
+
 /// A lease token as read back from storage.
 pub fn stored_token(token: impl Into<String>) -> LeaseToken {
     LeaseToken::from_stored(token)
