@@ -101,9 +101,9 @@ fn data_parent(as_postgres: bool) -> PathBuf {
     }
 }
 
-/// Names the template data directory's options: a change to the `initdb`
-/// arguments must change it, so no cluster copies a template made otherwise.
-const TEMPLATE_VERSION: &str = "v1";
+/// The `initdb` arguments (before `-D`). The template's name is made from
+/// them, so no cluster copies a template made with other ones.
+const INITDB_ARGS: [&str; 7] = ["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"];
 
 fn chown_to_postgres(dir: &Path) {
     let ok = Command::new("chown")
@@ -193,18 +193,7 @@ impl PgCluster {
 
     fn initdb(&self, data: &Path) {
         let mut initdb = self.command("initdb");
-        initdb
-            .args([
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "-D",
-            ])
-            .arg(data);
+        initdb.args(INITDB_ARGS).arg("-D").arg(data);
         self.run(initdb, "initdb");
     }
 
@@ -216,14 +205,11 @@ impl PgCluster {
     /// make it at once, the first rename wins and the other drops its own.
     /// `None` (make the cluster with its own `initdb`) when it cannot be had.
     fn template(&self, base: &Path) -> Option<PathBuf> {
-        let name: String = self
-            .bin
-            .display()
-            .to_string()
+        let name: String = format!("{} {}", self.bin.display(), INITDB_ARGS.join(" "))
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
-        let dir = base.join(format!("dedupe-pg-template-{TEMPLATE_VERSION}-{name}"));
+        let dir = base.join(format!("dedupe-pg-template-{name}"));
         let data = dir.join("data");
         if data.join("PG_VERSION").exists() {
             return Some(data);
