@@ -1,6 +1,7 @@
 //! What a claim takes (options) and gives back (a lease, or why not).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
@@ -116,14 +117,23 @@ impl Default for ClaimOptions {
 }
 
 /// A fencing token: no other claim of the same key is ever handed the same one.
+///
+/// Cheap to clone: the text is shared.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct LeaseToken(String);
+pub struct LeaseToken(Arc<str>);
 
 impl LeaseToken {
     /// A fresh random token (128 bits from a UUIDv4, written as 32 hex digits).
     /// Store authors reach it as [`backend::new_token`](crate::backend::new_token).
     pub(crate) fn generate() -> Self {
-        Self(uuid::Uuid::new_v4().simple().to_string())
+        Self::from_uuid(uuid::Uuid::new_v4())
+    }
+
+    /// The uuid's 32 lowercase hex digits, written without the formatting
+    /// machinery (a batch makes one token a key).
+    fn from_uuid(uuid: uuid::Uuid) -> Self {
+        let mut text = [0u8; uuid::fmt::Simple::LENGTH];
+        Self(Arc::from(&*uuid.simple().encode_lower(&mut text)))
     }
 
     /// `n` fresh tokens from one read of the OS's random source (the same
@@ -139,15 +149,14 @@ impl LeaseToken {
             .map(|chunk| {
                 let mut random = [0u8; 16];
                 random.copy_from_slice(chunk);
-                let uuid = uuid::Builder::from_random_bytes(random).into_uuid();
-                Self(uuid.simple().to_string())
+                Self::from_uuid(uuid::Builder::from_random_bytes(random).into_uuid())
             })
             .collect()
     }
 
     /// Wraps a token read back from storage.
     pub(crate) fn from_stored(token: impl Into<String>) -> Self {
-        Self(token.into())
+        Self(Arc::from(token.into()))
     }
 
     /// The token as text.

@@ -1,6 +1,9 @@
 //! Keys: the identity of one logical event, and the values that travel with a claim.
 
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -88,26 +91,37 @@ fn check_text(part: &'static str, value: &str, max: usize) -> Result<(), KeyErro
 /// assert!(Key::new("stripe", "").is_err());
 /// # Ok::<(), dedupe_core::KeyError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// A key is cheap to clone: it holds `namespace:id` once, shared, so the
+/// leases and answers that carry it copy no text.
+#[derive(Clone)]
 pub struct Key {
-    namespace: String,
-    id: String,
+    /// `namespace:id`: the namespace can hold no `:`, so the first one splits.
+    joined: Arc<str>,
+    /// The namespace's length in bytes.
+    split: usize,
 }
 
 impl Key {
     /// Builds a key after validating both parts.
-    pub fn new(namespace: impl Into<String>, id: impl Into<String>) -> Result<Self, KeyError> {
-        let namespace = namespace.into();
-        let id = id.into();
-        check_text("namespace", &namespace, MAX_NAMESPACE_BYTES)?;
+    pub fn new(namespace: impl AsRef<str>, id: impl AsRef<str>) -> Result<Self, KeyError> {
+        let (namespace, id) = (namespace.as_ref(), id.as_ref());
+        check_text("namespace", namespace, MAX_NAMESPACE_BYTES)?;
         if let Some(found) = namespace
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
         {
             return Err(KeyError::NamespaceChar { found });
         }
-        check_text("id", &id, MAX_ID_BYTES)?;
-        Ok(Self { namespace, id })
+        check_text("id", id, MAX_ID_BYTES)?;
+        let mut joined = String::with_capacity(namespace.len() + 1 + id.len());
+        joined.push_str(namespace);
+        joined.push(':');
+        joined.push_str(id);
+        Ok(Self {
+            joined: joined.into(),
+            split: namespace.len(),
+        })
     }
 
     /// A key whose id is `sha256:<lowercase hex>` of the raw body, for providers that
@@ -122,7 +136,7 @@ impl Key {
     /// );
     /// # Ok::<(), dedupe_core::KeyError>(())
     /// ```
-    pub fn from_body_sha256(namespace: impl Into<String>, body: &[u8]) -> Result<Self, KeyError> {
+    pub fn from_body_sha256(namespace: impl AsRef<str>, body: &[u8]) -> Result<Self, KeyError> {
         Self::new(
             namespace,
             format!("sha256:{}", hex::encode(Sha256::digest(body))),
@@ -139,7 +153,7 @@ impl Key {
     /// # Ok::<(), dedupe_core::KeyError>(())
     /// ```
     pub fn from_event_id_or_body(
-        namespace: impl Into<String>,
+        namespace: impl AsRef<str>,
         event_id: Option<&str>,
         body: &[u8],
     ) -> Result<Self, KeyError> {
@@ -151,24 +165,64 @@ impl Key {
 
     /// The namespace (the event's source).
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        &self.joined[..self.split]
     }
 
     /// The event id inside the namespace.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.joined[self.split + 1..]
+    }
+
+    /// `namespace:id`, the form [`Display`](fmt::Display) writes, which stores
+    /// that keep a key in one column store.
+    ///
+    /// ```
+    /// use dedupe_core::Key;
+    /// assert_eq!(Key::new("gh", "d-1")?.joined(), "gh:d-1");
+    /// # Ok::<(), dedupe_core::KeyError>(())
+    /// ```
+    pub fn joined(&self) -> &str {
+        &self.joined
+    }
+}
+
+// Equality and hashing over `namespace:id` are those of the two parts, as the
+// namespace can hold no `:`; order is by namespace, then id.
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.joined == other.joined
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.joined.hash(state);
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.namespace(), self.id()).cmp(&(other.namespace(), other.id()))
     }
 }
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.namespace, self.id)
+        f.write_str(&self.joined)
     }
 }
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Key({:?}:{:?})", self.namespace, self.id)
+        write!(f, "Key({:?}:{:?})", self.namespace(), self.id())
     }
 }
 
@@ -244,6 +298,20 @@ impl fmt::Debug for Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_come_back_as_given_and_order_is_by_namespace_then_id() -> Result<(), KeyError> {
+        let key = Key::new("ns", "a:b:c")?;
+        assert_eq!((key.namespace(), key.id()), ("ns", "a:b:c"));
+        assert_eq!(key.joined(), "ns:a:b:c");
+        assert_eq!(key.to_string(), "ns:a:b:c");
+        assert_eq!(format!("{key:?}"), r#"Key("ns":"a:b:c")"#);
+        // By the joined text "a-b:y" would come first ('-' is below ':').
+        assert!(Key::new("a", "x")? < Key::new("a-b", "y")?);
+        assert_ne!(Key::new("a", "b:c")?, Key::new("a", "b")?);
+        assert_eq!(key.clone(), Key::new(String::from("ns"), "a:b:c")?);
+        Ok(())
+    }
 
     #[test]
     fn rejects_bad_parts() {

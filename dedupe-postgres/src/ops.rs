@@ -90,32 +90,26 @@ fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<(Claim
 
 /// Which of a batch's distinct keys each row of a batch statement is about,
 /// from the row's `key` column (`namespace:id`).
-struct Positions<'k>(HashMap<(&'k str, &'k str), usize>);
+struct Positions<'k>(HashMap<&'k str, usize, foldhash::fast::RandomState>);
 
 impl<'k> Positions<'k> {
     fn new(distinct: &[&'k Key]) -> Self {
-        Self(
-            distinct
-                .iter()
-                .enumerate()
-                .map(|(i, key)| ((key.namespace(), key.id()), i))
-                .collect(),
-        )
+        let mut positions = HashMap::with_capacity_and_hasher(distinct.len(), Default::default());
+        for (i, key) in distinct.iter().enumerate() {
+            positions.insert(key.joined(), i);
+        }
+        Self(positions)
     }
 
     /// The index of the row's key among the distinct keys. A row about a key
     /// the batch did not ask for fails to decode.
     fn of(&self, row: &PgRow) -> std::result::Result<usize, sqlx::Error> {
         let joined: &str = row.try_get("key")?;
-        joined
-            .split_once(':')
-            .and_then(|(namespace, id)| self.0.get(&(namespace, id)).copied())
-            .ok_or_else(|| {
-                sqlx::Error::Decode(
-                    format!("the batch statement returned a key it was not asked: {joined:?}")
-                        .into(),
-                )
-            })
+        self.0.get(joined).copied().ok_or_else(|| {
+            sqlx::Error::Decode(
+                format!("the batch statement returned a key it was not asked: {joined:?}").into(),
+            )
+        })
     }
 }
 

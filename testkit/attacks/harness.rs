@@ -30,7 +30,7 @@ fn now_us() -> i64 {
     us(SystemTime::now())
 }
 
-fn key(ns: &str, id: impl Into<String>) -> Key {
+fn key(ns: &str, id: impl AsRef<str>) -> Key {
     Key::new(ns, id).expect("a valid key")
 }
 

@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState;
+
 use crate::claim::{ClaimOptions, ClaimOutcome};
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -36,7 +38,9 @@ use crate::key::Key;
 #[derive(Debug)]
 pub struct BatchKeys<'a> {
     distinct: Vec<&'a Key>,
-    index: HashMap<&'a Key, usize>,
+    /// Hashed with foldhash, seeded per map: SipHash of every key was a
+    /// tenth of a Postgres batch's client time.
+    index: HashMap<&'a Key, usize, RandomState>,
     /// For each key of the batch, its index in `distinct`.
     slots: Vec<usize>,
 }
@@ -44,7 +48,8 @@ pub struct BatchKeys<'a> {
 impl<'a> BatchKeys<'a> {
     /// Indexes a batch.
     pub fn new(keys: &'a [Key]) -> Self {
-        let mut index: HashMap<&Key, usize> = HashMap::with_capacity(keys.len());
+        let mut index: HashMap<&Key, usize, RandomState> =
+            HashMap::with_capacity_and_hasher(keys.len(), RandomState::default());
         let mut distinct = Vec::with_capacity(keys.len());
         let slots = keys
             .iter()
@@ -91,19 +96,26 @@ impl<'a> BatchKeys<'a> {
                 None,
             ));
         }
-        let mut seen = vec![false; self.distinct.len()];
-        Ok(self
-            .slots
-            .iter()
-            .map(|&slot| {
-                let first = &distinct_answers[slot];
-                if std::mem::replace(&mut seen[slot], true) {
-                    repeat_answer(first, opts)
-                } else {
-                    first.clone()
+        if self.slots.len() == self.distinct.len() {
+            // No key repeats: the answers are already in the batch's order.
+            return Ok(distinct_answers);
+        }
+        let mut firsts: Vec<Option<ClaimOutcome>> =
+            distinct_answers.into_iter().map(Some).collect();
+        // Where each distinct key's first answer went in the batch's answers.
+        let mut placed = vec![usize::MAX; firsts.len()];
+        let mut answers: Vec<ClaimOutcome> = Vec::with_capacity(self.slots.len());
+        for &slot in &self.slots {
+            let answer = match firsts[slot].take() {
+                Some(first) => {
+                    placed[slot] = answers.len();
+                    first
                 }
-            })
-            .collect())
+                None => repeat_answer(&answers[placed[slot]], opts),
+            };
+            answers.push(answer);
+        }
+        Ok(answers)
     }
 }
 
