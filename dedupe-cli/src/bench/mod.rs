@@ -56,10 +56,13 @@ pub struct BenchArgs {
     /// Keys per claim_many in the batch workload.
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
-    /// Repetitions of each row, store and raw taking turns (store, raw, store,
-    /// raw, ...), each with fresh handles and a warm-up; the row shows each
-    /// side's median repetition by ops/s, so one noisy second on a shared
-    /// machine moves the ratio less. Errors and double wins count over all.
+    /// Repetitions of each row, store and raw taking turns in pairs whose
+    /// order alternates (store then raw, raw then store, ...), each run with
+    /// fresh handles and a warm-up. The row shows each side's median run by
+    /// ops/s, and as store/raw the median of the pairs' own ratios: a pair
+    /// runs back to back, so a spell of a slower machine moves both sides of
+    /// it, where it would move one side's median alone. Errors and double
+    /// wins count over all.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=99))]
     pub repeat: u32,
     /// Keys made done before the duplicate workload, which claims them again
@@ -409,6 +412,22 @@ async fn bench_store(
     result
 }
 
+/// The median of the paired repetitions' own store/raw ratios (the lower of
+/// the two middle ones for an even count); `None` without a pair whose raw
+/// side ran any operation.
+fn paired_ratio(store: &[(Measured, Duration)], raw: &[(Measured, Duration)]) -> Option<f64> {
+    let mut ratios: Vec<f64> = store
+        .iter()
+        .zip(raw)
+        .filter_map(|((s, se), (r, re))| {
+            let raw = report::rate(r, *re);
+            (raw > 0.0).then(|| report::rate(s, *se) / raw)
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    ratios.get(ratios.len().checked_sub(1)? / 2).copied()
+}
+
 /// The repetition with the median rate (the lower of the two middle ones for an
 /// even count), carrying the errors of every repetition.
 fn median(mut reps: Vec<(Measured, Duration)>) -> Option<(Measured, Duration)> {
@@ -444,7 +463,11 @@ async fn measure_store(
             ));
             let mut reps: [Vec<(Measured, Duration)>; 2] = [Vec::new(), Vec::new()];
             for rep in 0..args.repeat {
-                for (m, mode) in ["store", "raw"].into_iter().enumerate() {
+                // Store first in even repetitions, raw first in odd ones, so
+                // a machine that drifts faster or slower favours neither.
+                let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
+                for m in order {
+                    let mode = ["store", "raw"][m];
                     let label = |phase: &str| {
                         if workload == Workload::Duplicate {
                             format!("w{w}")
@@ -486,10 +509,14 @@ async fn measure_store(
                 }
             }
             let [store_reps, raw_reps] = reps;
+            let paired = paired_ratio(&store_reps, &raw_reps);
             if let (Some(s), Some(r)) = (median(store_reps), median(raw_reps)) {
                 let mut row =
                     Row::new(&shown, opener.url().scheme(), workload, concurrency, &s, &r);
                 row.stored_keys = args.prefill;
+                if let Some(paired) = paired {
+                    row.store_over_raw = paired;
+                }
                 rows.push(row);
             }
             progress.inc(1);
@@ -568,6 +595,38 @@ mod tests {
         let (lower, _) = median(vec![run(300, 0), run(100, 0)]).expect("a row");
         assert_eq!(lower.ops, 100, "an even count shows the lower middle");
         assert!(median(Vec::new()).is_none());
+    }
+
+    /// store/raw of repeated runs is the median of each pair's own ratio: a
+    /// slow spell that slows both sides of one pair does not move it, where
+    /// the sides' medians taken apart would pair a slow run with a fast one.
+    #[test]
+    fn repeated_rows_take_the_median_of_the_pairs_ratios() {
+        let run = |ops: u64| {
+            (
+                Measured {
+                    ops,
+                    ..Measured::default()
+                },
+                Duration::from_secs(1),
+            )
+        };
+        let runs = |ops: &[u64]| ops.iter().map(|&n| run(n)).collect::<Vec<_>>();
+        // Pairs at 0.9, 0.9 and 0.5 of raw, the machine twice as fast during
+        // the second and third: the sides' medians apart (1,000 and 2,000)
+        // would say 0.5.
+        let (store, raw) = (runs(&[900, 1800, 1000]), runs(&[1000, 2000, 2000]));
+        let ratio = paired_ratio(&store, &raw).expect("a ratio");
+        assert!((ratio - 0.9).abs() < 1e-9, "{ratio}");
+        let apart =
+            median(store).expect("a run").0.ops as f64 / median(raw).expect("a run").0.ops as f64;
+        assert!((apart - 0.5).abs() < 1e-9, "{apart}");
+        assert_eq!(
+            paired_ratio(&[run(5)], &[run(0)]),
+            None,
+            "no raw operations, no ratio"
+        );
+        assert_eq!(paired_ratio(&[], &[]), None);
     }
 
     /// A broken store: every claim wins.
