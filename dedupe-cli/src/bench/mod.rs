@@ -621,6 +621,10 @@ mod tests {
         let apart =
             median(store).expect("a run").0.ops as f64 / median(raw).expect("a run").0.ops as f64;
         assert!((apart - 0.5).abs() < 1e-9, "{apart}");
+        // Pairs at 1.0, 0.9 and 0.2: matched by repetition the median is 0.9;
+        // each side sorted before pairing, or one side reversed, gives 0.5.
+        let ratio = paired_ratio(&runs(&[1000, 900, 400]), &runs(&[1000, 1000, 2000]));
+        assert!((ratio.expect("a ratio") - 0.9).abs() < 1e-9, "{ratio:?}");
         assert_eq!(
             paired_ratio(&[run(5)], &[run(0)]),
             None,
