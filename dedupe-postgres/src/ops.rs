@@ -2,7 +2,6 @@
 //! of the store's pool, or the caller's transaction), so the trait methods and the
 //! transactional `*_in` methods share one code path.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use dedupe_core::backend::{
@@ -88,29 +87,16 @@ fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<(Claim
     Ok((answer, won))
 }
 
-/// Which of a batch's distinct keys each row of a batch statement is about,
-/// from the row's `key` column (`namespace:id`).
-struct Positions<'k>(HashMap<&'k str, usize, foldhash::fast::RandomState>);
-
-impl<'k> Positions<'k> {
-    fn new(distinct: &[&'k Key]) -> Self {
-        let mut positions = HashMap::with_capacity_and_hasher(distinct.len(), Default::default());
-        for (i, key) in distinct.iter().enumerate() {
-            positions.insert(key.joined(), i);
-        }
-        Self(positions)
-    }
-
-    /// The index of the row's key among the distinct keys. A row about a key
-    /// the batch did not ask for fails to decode.
-    fn of(&self, row: &PgRow) -> std::result::Result<usize, sqlx::Error> {
-        let joined: &str = row.try_get("key")?;
-        self.0.get(joined).copied().ok_or_else(|| {
-            sqlx::Error::Decode(
-                format!("the batch statement returned a key it was not asked: {joined:?}").into(),
-            )
-        })
-    }
+/// Which of a batch's distinct keys a row of a batch statement is about, from
+/// the row's `key` column (`namespace:id`). A row about a key the batch did
+/// not ask for fails to decode.
+fn position(batch: &BatchKeys<'_>, row: &PgRow) -> std::result::Result<usize, sqlx::Error> {
+    let joined: &str = row.try_get("key")?;
+    batch.position_of(joined).ok_or_else(|| {
+        sqlx::Error::Decode(
+            format!("the batch statement returned a key it was not asked: {joined:?}").into(),
+        )
+    })
 }
 
 impl Ops<'_> {
@@ -295,9 +281,8 @@ impl Ops<'_> {
         // those keys back before it is answered.
         let answered: Result<(Vec<ClaimOutcome>, bool)> = async {
             let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
-            let positions = Positions::new(distinct);
             for row in &rows {
-                let index = positions.of(row).map_err(|e| self.err(e))?;
+                let index = position(&batch, row).map_err(|e| self.err(e))?;
                 let deadline: i64 = row.try_get("expires_ms").map_err(|e| self.err(e))?;
                 answers[index] = Some(ClaimOutcome::Claimed(Lease {
                     key: distinct[index].clone(),
@@ -363,10 +348,9 @@ impl Ops<'_> {
             .map_err(|e| self.err(e))?;
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
         let mut decoded = Ok(());
-        let positions = Positions::new(distinct);
         for row in &rows {
             let answer = (|| {
-                let index = positions.of(row).map_err(|e| self.err(e))?;
+                let index = position(&batch, row).map_err(|e| self.err(e))?;
                 Ok((index, answer_from_row(distinct[index], row, opts)?.0))
             })();
             match answer {
