@@ -2,18 +2,19 @@
 
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures_util::FutureExt;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
 
-use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease, MIN_TTL};
+use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease};
 use crate::error::Error;
 use crate::key::Key;
 use crate::retention::Retention;
 use crate::store::DedupeStore;
 use crate::traced::TracedStore;
+use crate::work::{Drained, Holder, Settle, Tasks, Worked};
 
 /// First byte of an outcome the [`Deduper`] stored for work that succeeded.
 const SUCCEEDED: u8 = 0x01;
@@ -98,6 +99,21 @@ pub enum HandleError<E> {
         /// Why it was not recorded.
         source: Error,
     },
+    /// The work ran past [`Deduper::with_max_work_time`]: it was dropped mid-way
+    /// and its claim released (`released` is the store's answer), so the next
+    /// delivery runs it again.
+    TimedOut {
+        /// The bound it ran past.
+        limit: Duration,
+        /// The store's answer to the release.
+        released: Result<(), Error>,
+    },
+    /// [`Deduper::shutdown`] ran out of grace while the work ran: it was dropped
+    /// mid-way and its claim released.
+    Aborted {
+        /// The store's answer to the release.
+        released: Result<(), Error>,
+    },
 }
 
 impl<E: fmt::Display> fmt::Display for HandleError<E> {
@@ -115,6 +131,15 @@ impl<E: fmt::Display> fmt::Display for HandleError<E> {
             HandleError::NotRecorded { source, .. } => {
                 write!(f, "work succeeded but was not recorded: {source}")
             }
+            HandleError::TimedOut { limit, .. } => {
+                write!(
+                    f,
+                    "work ran past its bound of {limit:?}; dropped, claim released"
+                )
+            }
+            HandleError::Aborted { .. } => {
+                write!(f, "work aborted by shutdown; claim released")
+            }
         }
     }
 }
@@ -124,41 +149,7 @@ impl<E: std::error::Error + 'static> std::error::Error for HandleError<E> {
         match self {
             HandleError::Store(e) | HandleError::NotRecorded { source: e, .. } => Some(e),
             HandleError::Work { error, .. } => Some(error),
-        }
-    }
-}
-
-/// Releases a lease when dropped while still armed: the work's future was dropped
-/// (request cancelled, timeout) before it settled the claim.
-struct ReleaseOnDrop {
-    store: Arc<dyn DedupeStore>,
-    lease: Option<Lease>,
-}
-
-impl ReleaseOnDrop {
-    fn disarm(&mut self) -> Option<Lease> {
-        self.lease.take()
-    }
-}
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let store = Arc::clone(&self.store);
-                runtime.spawn(async move {
-                    if let Err(error) = store.release(&lease).await {
-                        tracing::warn!(key = %lease.key, %error, "release after cancelled work failed; the lease passes at its deadline");
-                    }
-                });
-            }
-            Err(_) => tracing::warn!(
-                key = %lease.key,
-                "work dropped outside a Tokio runtime; the lease passes at its deadline"
-            ),
+            HandleError::TimedOut { .. } | HandleError::Aborted { .. } => None,
         }
     }
 }
@@ -190,9 +181,32 @@ impl Drop for ReleaseOnDrop {
 /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 /// ```
 ///
-/// If the work panics, the claim is released before the panic carries on. If the
-/// future returned by `run` is dropped mid-work, the claim is released on a task
-/// spawned on the current Tokio runtime.
+/// # What happens when
+///
+/// The claim and the work run in a Tokio task of their own; the future `run`
+/// returns only awaits that task. So:
+///
+/// - **The caller's future is dropped** (client gone, timeout, a `select!`
+///   that took another branch): the work goes on to its end and settles its
+///   claim as if nothing happened. Nothing frees the claim while the work may
+///   still be running, so no second delivery runs it meanwhile: copies are
+///   answered [`Handled::InFlight`] until it is done, then
+///   [`Handled::Duplicate`].
+/// - **The work panics**: the claim is released, then the panic carries on in
+///   the caller (`run` resumes it).
+/// - **The work fails**: released, or kept as a failure ([`OnFailure`]).
+/// - **The work runs past [`with_max_work_time`](Self::with_max_work_time)**:
+///   it is dropped and its claim released: [`HandleError::TimedOut`].
+/// - **[`shutdown`](Self::shutdown)**: no new work starts; running work is
+///   waited for up to the grace, then dropped and its claim released
+///   ([`HandleError::Aborted`]).
+/// - **The process crashes**: nothing is released; the lease passes at its
+///   deadline and the next delivery takes the event over (attempt 2). Work with
+///   effects outside the store should pass the key downstream as that call's
+///   own idempotency key, so the takeover's repeat is a no-op there too (see
+///   the example on [`run`](Self::run)).
+///
+/// Clones share the store, the settings and the set of running tasks.
 #[derive(Debug, Clone)]
 pub struct Deduper {
     store: Arc<dyn DedupeStore>,
@@ -200,6 +214,8 @@ pub struct Deduper {
     retention: Retention,
     on_failure: OnFailure,
     heartbeat: bool,
+    max_work_time: Option<Duration>,
+    tasks: Arc<Tasks>,
 }
 
 impl Deduper {
@@ -212,6 +228,8 @@ impl Deduper {
             retention: Retention::default(),
             on_failure: OnFailure::default(),
             heartbeat: false,
+            max_work_time: None,
+            tasks: Arc::default(),
         }
     }
 
@@ -224,6 +242,11 @@ impl Deduper {
         self
     }
 
+    /// The lease TTL of each claim.
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+
     /// Checks the settings: `Ok` when every run can use them.
     ///
     /// ```
@@ -233,7 +256,11 @@ impl Deduper {
     /// assert!(Deduper::new(MemoryStore::new()).with_lease_ttl(Duration::ZERO).validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<(), Error> {
-        check_ttl("lease ttl", self.lease_ttl)
+        check_ttl("lease ttl", self.lease_ttl)?;
+        if let Some(limit) = self.max_work_time {
+            check_ttl("max work time", limit)?;
+        }
+        Ok(())
     }
 
     /// Sets how long done records are kept, per namespace.
@@ -250,11 +277,23 @@ impl Deduper {
 
     /// Keeps the lease alive while the work runs: every third of the lease TTL it
     /// is extended by a full TTL, so work longer than the lease is not taken over.
-    /// Off by default: a heartbeat also keeps a hung worker's lease alive for as
-    /// long as its process lives. If an extension finds the lease lost, the work
-    /// goes on and its completion reports [`HandleError::NotRecorded`].
+    /// The extension runs beside the work, which goes on meanwhile. Off by
+    /// default: a heartbeat also keeps a hung worker's lease alive for as long
+    /// as its process lives (bound it with
+    /// [`with_max_work_time`](Self::with_max_work_time)). If an extension finds
+    /// the lease lost, the work goes on and its completion reports
+    /// [`HandleError::NotRecorded`].
     pub fn with_heartbeat(mut self, on: bool) -> Self {
         self.heartbeat = on;
+        self
+    }
+
+    /// Bounds how long the work may run: past `limit` it is dropped, its claim
+    /// released (the next delivery runs it again), and the run answers
+    /// [`HandleError::TimedOut`]; this is logged at `ERROR` and counted
+    /// (`dedupe_work_total{outcome="timed_out"}`). Unbounded by default.
+    pub fn with_max_work_time(mut self, limit: Duration) -> Self {
+        self.max_work_time = Some(limit);
         self
     }
 
@@ -264,11 +303,34 @@ impl Deduper {
     }
 
     /// Runs `work` once for `key`, with the default claim options.
+    ///
+    /// The work's lease is its own, and so is its key: pass the key on to the
+    /// services the work calls as their idempotency key, so that the one case
+    /// where the work can run twice (the process crashed mid-work and a later
+    /// delivery took the event over) is a no-op downstream too:
+    ///
+    /// ```
+    /// use dedupe_core::{Deduper, Handled, Key, MemoryStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let deduper = Deduper::new(MemoryStore::new());
+    /// let key = Key::new("stripe", "evt_1P9x")?;
+    /// let handled = deduper
+    ///     .run(&key, |lease| async move {
+    ///         // e.g. POST /v1/refunds with `Idempotency-Key: <key>`: Stripe
+    ///         // answers a repeat with the first refund instead of a second.
+    ///         let idempotency_key = lease.key.to_string();
+    ///         Ok::<_, std::io::Error>(format!("refund under {idempotency_key}").into_bytes())
+    ///     })
+    ///     .await?;
+    /// assert!(matches!(handled, Handled::Ran { attempt: 1, .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
     pub async fn run<F, Fut, E>(&self, key: &Key, work: F) -> Result<Handled, HandleError<E>>
     where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<Vec<u8>, E>>,
-        E: fmt::Display,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<u8>, E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
     {
         self.run_with(key, ClaimOptions::new(self.lease_ttl), work)
             .await
@@ -284,116 +346,155 @@ impl Deduper {
         work: F,
     ) -> Result<Handled, HandleError<E>>
     where
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<u8>, E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        opts.validate().map_err(HandleError::Store)?;
+        let this = self.clone();
+        let key = key.clone();
+        let task = self
+            .spawn(async move { this.claim_and_run(key, opts, work).await }.in_current_span())
+            .map_err(HandleError::Store)?;
+        match task.await {
+            Ok(Ok(handled)) => handled,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(join) => Err(HandleError::Store(Error::unavailable(
+                format!("the run's task ended early: {join}"),
+                None,
+            ))),
+        }
+    }
+
+    /// Spawns `fut` as a task of this `Deduper` (and its clones): one that
+    /// [`shutdown`](Self::shutdown) waits for. Dropping the handle detaches it;
+    /// the task goes on. For integrations that claim and [`hold`](Self::hold)
+    /// in a task of their own (the webhook receiver); refused once shutdown
+    /// has begun.
+    pub fn spawn<F>(&self, fut: F) -> Result<JoinHandle<F::Output>, Error>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(fut)
+    }
+
+    /// Runs `work` under `lease` in the calling task: the heartbeat (when on)
+    /// beside it, the time bound, the shutdown deadline; then settles the claim
+    /// as the work says ([`Settle`]). This is the lifecycle [`run`](Self::run)
+    /// uses; call it from a task of [`spawn`](Self::spawn), never from a future
+    /// someone else may drop.
+    pub async fn hold<T, W>(&self, lease: Lease, work: W) -> Worked<T>
+    where
+        W: Future<Output = (T, Settle)>,
+    {
+        self.holder(self.lease_ttl)
+            .hold(&self.tasks, lease, work)
+            .await
+    }
+
+    /// Stops starting work and waits up to `grace` for the running work of
+    /// this `Deduper` and its clones to finish; work still running then is
+    /// dropped and its claims released. Runs started afterwards answer
+    /// [`HandleError::Store`] with a retryable error.
+    pub async fn shutdown(&self, grace: Duration) -> Drained {
+        self.tasks.shutdown(grace).await
+    }
+
+    fn holder(&self, ttl: Duration) -> Holder {
+        Holder {
+            store: Arc::clone(&self.store),
+            ttl,
+            heartbeat: self.heartbeat,
+            max_time: self.max_work_time,
+        }
+    }
+
+    /// The run's task: claim, hold the work, and say what happened (a panic
+    /// of the work comes back as its payload, its claim released).
+    async fn claim_and_run<F, Fut, E>(
+        self,
+        key: Key,
+        opts: ClaimOptions,
+        work: F,
+    ) -> Result<Result<Handled, HandleError<E>>, Box<dyn std::any::Any + Send>>
+    where
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Vec<u8>, E>>,
         E: fmt::Display,
     {
-        opts.validate().map_err(HandleError::Store)?;
-        let lease = match self.store.claim(key, &opts).await {
+        let lease = match self.store.claim(&key, &opts).await {
             Ok(ClaimOutcome::Claimed(lease)) => lease,
             Ok(ClaimOutcome::Duplicate { outcome, .. }) => {
-                return unframe(key, outcome).map_err(HandleError::Store)
+                return Ok(unframe(&key, outcome).map_err(HandleError::Store))
             }
             Ok(ClaimOutcome::InFlight { deadline, .. }) => {
-                return Ok(Handled::InFlight { deadline })
+                return Ok(Ok(Handled::InFlight { deadline }))
             }
-            Ok(ClaimOutcome::Mismatch { .. }) => return Ok(Handled::Mismatch),
-            Err(e) => return Err(HandleError::Store(e)),
+            Ok(ClaimOutcome::Mismatch { .. }) => return Ok(Ok(Handled::Mismatch)),
+            Err(e) => return Ok(Err(HandleError::Store(e))),
         };
         let attempt = lease.attempt;
-        let mut guard = ReleaseOnDrop {
-            store: Arc::clone(&self.store),
-            lease: Some(lease.clone()),
-        };
-        let running = AssertUnwindSafe(work(lease.clone())).catch_unwind();
-        let result = if self.heartbeat {
-            self.with_heartbeat_on(&lease, opts.lease_ttl, running)
-                .await
-        } else {
-            running.await
-        };
-        guard.disarm();
         let retention = self.retention.for_namespace(key.namespace());
-        match result {
-            Err(panic) => {
-                if let Err(error) = self.store.release(&lease).await {
-                    tracing::warn!(%error, "release after a panic in the work failed");
-                }
-                std::panic::resume_unwind(panic)
-            }
-            Ok(Ok(outcome)) => match self
-                .store
-                .complete(&lease, &framed(SUCCEEDED, &outcome), retention)
-                .await
-            {
-                Ok(()) => Ok(Handled::Ran { outcome, attempt }),
-                Err(source) => Err(HandleError::NotRecorded { outcome, source }),
-            },
-            Ok(Err(error)) => {
-                let claim = match self.on_failure {
-                    OnFailure::Release => self
-                        .store
-                        .release(&lease)
-                        .await
-                        .map(|()| OnFailure::Release),
-                    OnFailure::Keep => {
+        let on_failure = self.on_failure;
+        let limit = self
+            .store
+            .capabilities()
+            .max_outcome_bytes
+            .saturating_sub(1);
+        let running = work(lease.clone());
+        let worked = self
+            .holder(opts.lease_ttl)
+            .hold(&self.tasks, lease, async move {
+                let result = running.await;
+                let settle = match (&result, on_failure) {
+                    (Ok(outcome), _) => Settle::Complete {
+                        outcome: framed(SUCCEEDED, outcome),
+                        retention,
+                    },
+                    (Err(_), OnFailure::Release) => Settle::Release,
+                    (Err(error), OnFailure::Keep) => {
                         // A long error message is cut to what the store keeps, so
                         // the failure is always stored and never run again.
-                        let limit = self
-                            .store
-                            .capabilities()
-                            .max_outcome_bytes
-                            .saturating_sub(1);
                         let text = error.to_string();
                         let mut end = text.len().min(limit);
                         while !text.is_char_boundary(end) {
                             end -= 1;
                         }
-                        self.store
-                            .complete(&lease, &framed(FAILED, &text.as_bytes()[..end]), retention)
-                            .await
-                            .map(|()| OnFailure::Keep)
+                        Settle::Complete {
+                            outcome: framed(FAILED, &text.as_bytes()[..end]),
+                            retention,
+                        }
                     }
                 };
-                Err(HandleError::Work { error, claim })
-            }
-        }
-    }
-}
-
-impl Deduper {
-    /// Drives `running` to its end, extending `lease` every third of `ttl`.
-    async fn with_heartbeat_on<T>(
-        &self,
-        lease: &Lease,
-        ttl: Duration,
-        running: impl Future<Output = T>,
-    ) -> T {
-        let mut running = std::pin::pin!(running);
-        let every = (ttl / 3).max(MIN_TTL);
-        let mut current = lease.clone();
-        loop {
-            let beat = std::pin::pin!(tokio::time::sleep(every));
-            match futures_util::future::select(running.as_mut(), beat).await {
-                futures_util::future::Either::Left((done, _)) => return done,
-                futures_util::future::Either::Right(((), _)) => {
-                    match self.store.extend(&current, ttl).await {
-                        Ok(extended) => current = extended,
-                        Err(error) if error.is_retryable() => {
-                            // The store is briefly away: beat again next time, the
-                            // lease may still be ours.
-                            tracing::warn!(key = %lease.key, %error, "heartbeat failed; trying again next beat");
-                        }
-                        Err(error) => {
-                            // Lost: stop beating, let the work finish; its
-                            // completion tells the caller what happened.
-                            tracing::warn!(key = %lease.key, %error, "heartbeat could not extend the lease");
-                            return running.await;
-                        }
-                    }
+                (result, settle)
+            })
+            .await;
+        Ok(match worked {
+            Worked::Returned {
+                value: Ok(outcome),
+                settled,
+            } => match settled {
+                Ok(()) => Ok(Handled::Ran { outcome, attempt }),
+                Err(source) => Err(HandleError::NotRecorded { outcome, source }),
+            },
+            Worked::Returned {
+                value: Err(error),
+                settled,
+            } => Err(HandleError::Work {
+                error,
+                claim: settled.map(|()| on_failure),
+            }),
+            Worked::Panicked { payload, released } => {
+                if let Err(error) = released {
+                    tracing::warn!(%error, "release after a panic in the work failed");
                 }
+                return Err(payload);
             }
-        }
+            Worked::TimedOut { limit, released } => Err(HandleError::TimedOut { limit, released }),
+            Worked::Aborted { released } => Err(HandleError::Aborted { released }),
+        })
     }
 }
 

@@ -40,6 +40,7 @@ mod record;
 mod retention;
 mod store;
 mod traced;
+mod work;
 
 pub use capabilities::{Capabilities, DEFAULT_MAX_OUTCOME_BYTES};
 pub use claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken, MAX_BATCH_KEYS, MAX_TTL, MIN_TTL};
@@ -55,6 +56,7 @@ pub use record::{Record, RecordState, RecordStateKind};
 pub use retention::Retention;
 pub use store::DedupeStore;
 pub use traced::TracedStore;
+pub use work::{Drained, Settle, Worked};
 
 /// The attribute that implements [`DedupeStore`] (re-exported, so that store
 /// crates and their users name one version).

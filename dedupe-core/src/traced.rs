@@ -1,6 +1,6 @@
 //! Tracing written once, for every store.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tracing::field::Empty;
@@ -18,6 +18,14 @@ use crate::store::DedupeStore;
 /// when the call returns, the answer (`claimed`, `in-flight`, `duplicate`,
 /// `mismatch`, `ok`, a count) or the error. Errors that mean the store is in
 /// trouble are logged at `WARN`; a lost lease, which is an answer, at `DEBUG`.
+///
+/// Every call is also counted through the [`metrics`] facade (a no-op until the
+/// application installs a recorder, such as a Prometheus exporter):
+///
+/// | metric | labels | what |
+/// |---|---|---|
+/// | `dedupe_store_calls_total` | `operation`, `answer` | calls by answer: `claimed`, `in_flight`, `duplicate`, `mismatch` (claims; a batch counts each key), `ok`, `lease_lost`, `error` |
+/// | `dedupe_store_call_seconds` | `operation` | how long each call took (histogram) |
 ///
 /// [`Deduper`](crate::Deduper) wraps its store in one, so every store, a third
 /// party's included, is traced the same way without writing a line of tracing.
@@ -49,6 +57,37 @@ impl<S> TracedStore<S> {
     /// Unwraps it.
     pub fn into_inner(self) -> S {
         self.inner
+    }
+}
+
+/// The metric label of a claim's answer.
+fn claim_label(outcome: &ClaimOutcome) -> &'static str {
+    match outcome {
+        ClaimOutcome::Claimed(_) => "claimed",
+        ClaimOutcome::InFlight { .. } => "in_flight",
+        ClaimOutcome::Duplicate { .. } => "duplicate",
+        ClaimOutcome::Mismatch { .. } => "mismatch",
+    }
+}
+
+/// Counts a finished call: its answers (`labels` gives one label per answer,
+/// several for a batch) and how long it took.
+fn measure<T>(
+    operation: &'static str,
+    started: Instant,
+    result: &Result<T>,
+    answers: impl FnOnce(&T, &mut dyn FnMut(&'static str)),
+) {
+    metrics::histogram!("dedupe_store_call_seconds", "operation" => operation)
+        .record(started.elapsed().as_secs_f64());
+    let mut count = |answer: &'static str| {
+        metrics::counter!("dedupe_store_calls_total", "operation" => operation, "answer" => answer)
+            .increment(1);
+    };
+    match result {
+        Ok(value) => answers(value, &mut count),
+        Err(Error::LeaseLost { .. }) => count("lease_lost"),
+        Err(_) => count("error"),
     }
 }
 
@@ -87,42 +126,54 @@ macro_rules! span {
 #[async_trait]
 impl<S: DedupeStore> DedupeStore for TracedStore<S> {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+        let started = Instant::now();
         let span = span!("dedupe.claim", key = key);
         let result = self.inner.claim(key, opts).instrument(span.clone()).await;
+        measure("claim", started, &result, |a, count| count(claim_label(a)));
         finish(&span, result, |a| a.kind().to_string())
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+        let started = Instant::now();
         let span = span!("dedupe.complete", key = lease.key);
         let result = self
             .inner
             .complete(lease, outcome, retention)
             .instrument(span.clone())
             .await;
+        measure("complete", started, &result, |_, count| count("ok"));
         finish(&span, result, |()| "ok".into())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        let started = Instant::now();
         let span = span!("dedupe.release", key = lease.key);
         let result = self.inner.release(lease).instrument(span.clone()).await;
+        measure("release", started, &result, |_, count| count("ok"));
         finish(&span, result, |()| "ok".into())
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let started = Instant::now();
         let span = span!("dedupe.extend", key = lease.key);
         let result = self.inner.extend(lease, ttl).instrument(span.clone()).await;
+        measure("extend", started, &result, |_, count| count("ok"));
         finish(&span, result, |_| "ok".into())
     }
 
     async fn expire(&self) -> Result<u64> {
+        let started = Instant::now();
         let span = span!("dedupe.expire");
         let result = self.inner.expire().instrument(span.clone()).await;
+        measure("expire", started, &result, |_, count| count("ok"));
         finish(&span, result, |n| format!("{n} removed"))
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        let started = Instant::now();
         let span = span!("dedupe.get", key = key);
         let result = self.inner.get(key).instrument(span.clone()).await;
+        measure("get", started, &result, |_, count| count("ok"));
         finish(&span, result, |r| match r {
             Some(record) => format!("{:?}", record.state.kind()),
             None => "absent".into(),
@@ -130,12 +181,15 @@ impl<S: DedupeStore> DedupeStore for TracedStore<S> {
     }
 
     async fn forget(&self, key: &Key) -> Result<bool> {
+        let started = Instant::now();
         let span = span!("dedupe.forget", key = key);
         let result = self.inner.forget(key).instrument(span.clone()).await;
+        measure("forget", started, &result, |_, count| count("ok"));
         finish(&span, result, |live| format!("live={live}"))
     }
 
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+        let started = Instant::now();
         let span = tracing::info_span!(
             "dedupe.claim_many",
             keys = keys.len(),
@@ -147,6 +201,9 @@ impl<S: DedupeStore> DedupeStore for TracedStore<S> {
             .claim_many(keys, opts)
             .instrument(span.clone())
             .await;
+        measure("claim_many", started, &result, |answers, count| {
+            answers.iter().for_each(|a| count(claim_label(a)))
+        });
         finish(&span, result, |answers| {
             let won = answers.iter().filter(|a| a.lease().is_some()).count();
             format!("{won} claimed of {}", answers.len())

@@ -192,44 +192,255 @@ async fn a_panic_in_the_work_releases_the_claim() {
     );
 }
 
+/// The caller's future dropped mid-work (a client gone, a timeout): the work
+/// goes on under its claim, a copy meanwhile is told it is in flight (it does
+/// not run the work a second time), and once the work ends its outcome is the
+/// one stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropping_the_run_mid_work_releases_the_claim() {
+async fn dropping_the_run_mid_work_leaves_the_work_running_under_its_claim() {
     let store = MemoryStore::new();
     let deduper = Deduper::new(Arc::new(store.clone()));
     let k = key("cancelled");
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish) = tokio::sync::oneshot::channel::<()>();
     let task = {
-        let (deduper, k) = (deduper.clone(), k.clone());
+        let (deduper, k, runs) = (deduper.clone(), k.clone(), Arc::clone(&runs));
         tokio::spawn(async move {
             deduper
-                .run(&k, |_| async move {
+                .run(&k, move |_| async move {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     started_tx.send(()).expect("signal");
-                    std::future::pending::<Result<Vec<u8>, Declined>>().await
+                    finish.await.expect("told to finish");
+                    Ok::<_, Declined>(b"first".to_vec())
                 })
                 .await
         })
     };
     started.await.expect("work started");
-    assert!(
-        store.get(&k).await.expect("get").is_some(),
-        "the work runs under a claim"
-    );
     task.abort();
     assert!(task.await.is_err_and(|e| e.is_cancelled()));
-    // The release runs on a task spawned from Drop; wait for its effect, bounded.
+    let copy = {
+        let runs = Arc::clone(&runs);
+        deduper
+            .run(&k, move |_| async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, Declined>(b"second".to_vec())
+            })
+            .await
+            .expect("copy")
+    };
+    assert!(
+        matches!(copy, Handled::InFlight { .. }),
+        "a copy while the dropped run's work goes on answered {copy:?}"
+    );
+    finish_tx.send(()).expect("the work is still running");
     let since = Instant::now();
-    while store.get(&k).await.expect("get").is_some() {
+    let record = loop {
+        let record = store.get(&k).await.expect("get").expect("record");
+        if matches!(record.state, RecordState::Done { .. }) {
+            break record;
+        }
         assert!(
             since.elapsed() < Duration::from_secs(5),
-            "the dropped run never released its claim"
+            "the dropped run's work never completed"
+        );
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(record.attempts, 1);
+    let again = deduper
+        .run(&k, |_| async { Ok::<_, Declined>(b"third".to_vec()) })
+        .await
+        .expect("rerun");
+    assert_eq!(
+        again,
+        Handled::Duplicate {
+            outcome: b"first".to_vec()
+        }
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// Work past `with_max_work_time` is dropped and its claim released: the run
+/// says so, and the next delivery runs the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_past_its_time_bound_is_dropped_and_released() {
+    let store = MemoryStore::new();
+    let deduper =
+        Deduper::new(Arc::new(store.clone())).with_max_work_time(Duration::from_millis(100));
+    let k = key("bounded");
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let result = {
+        let guard = SetOnDrop(Arc::clone(&dropped));
+        deduper
+            .run(&k, move |_| async move {
+                let _guard = guard;
+                std::future::pending::<Result<Vec<u8>, Declined>>().await
+            })
+            .await
+    };
+    match result {
+        Err(HandleError::TimedOut { limit, released }) => {
+            assert_eq!(limit, Duration::from_millis(100));
+            released.expect("released");
+        }
+        other => panic!("a run past its bound answered {other:?}"),
+    }
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the work still runs"
+    );
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "the claim was kept"
+    );
+    let again = deduper
+        .run(&k, |_| async { Ok::<_, Declined>(b"ok".to_vec()) })
+        .await
+        .expect("rerun");
+    assert!(
+        matches!(again, Handled::Ran { attempt: 1, .. }),
+        "{again:?}"
+    );
+}
+
+/// Shutdown waits for running work within its grace, aborts (and releases)
+/// what runs past it, and refuses new runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_then_aborts_and_refuses_new_work() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(Arc::new(store.clone()));
+    let (quick, stuck) = (key("quick"), key("stuck"));
+    let quick_run = {
+        let (d, k) = (deduper.clone(), quick.clone());
+        tokio::spawn(async move {
+            d.run(&k, |_| async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, Declined>(b"quick".to_vec())
+            })
+            .await
+        })
+    };
+    let stuck_run = {
+        let (d, k) = (deduper.clone(), stuck.clone());
+        tokio::spawn(async move {
+            d.run(&k, |_| async {
+                std::future::pending::<Result<Vec<u8>, Declined>>().await
+            })
+            .await
+        })
+    };
+    let since = Instant::now();
+    while store.len() < 2 {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "the runs never claimed"
         );
         tokio::task::yield_now().await;
     }
-    let again = deduper
-        .run(&k, |_| async { Ok::<_, Declined>(b"second".to_vec()) })
+    let drained = deduper.shutdown(Duration::from_millis(600)).await;
+    assert_eq!((drained.running, drained.aborted), (2, 1), "{drained:?}");
+    assert!(matches!(
+        quick_run.await.expect("join"),
+        Ok(Handled::Ran { .. })
+    ));
+    assert!(matches!(
+        stuck_run.await.expect("join"),
+        Err(HandleError::Aborted { released: Ok(()) })
+    ));
+    let record = store.get(&quick).await.expect("get").expect("record");
+    assert!(matches!(record.state, RecordState::Done { .. }));
+    assert!(
+        store.get(&stuck).await.expect("get").is_none(),
+        "the aborted claim was kept"
+    );
+    let late = deduper
+        .run(&key("late"), |_| async { Ok::<_, Declined>(Vec::new()) })
+        .await;
+    assert!(
+        matches!(&late, Err(HandleError::Store(e)) if e.is_retryable()),
+        "a run after shutdown answered {late:?}"
+    );
+}
+
+/// A heartbeat whose extend is slow does not freeze the work: the work is
+/// polled while the extend is on its way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_heartbeat_does_not_freeze_the_work() {
+    #[derive(Debug, Clone)]
+    struct SlowExtend(MemoryStore);
+    #[dedupe_core::async_trait]
+    impl DedupeStore for SlowExtend {
+        async fn claim(
+            &self,
+            key: &Key,
+            opts: &ClaimOptions,
+        ) -> dedupe_core::Result<dedupe_core::ClaimOutcome> {
+            self.0.claim(key, opts).await
+        }
+        async fn complete(
+            &self,
+            lease: &dedupe_core::Lease,
+            outcome: &[u8],
+            retention: Duration,
+        ) -> dedupe_core::Result<()> {
+            self.0.complete(lease, outcome, retention).await
+        }
+        async fn release(&self, lease: &dedupe_core::Lease) -> dedupe_core::Result<()> {
+            self.0.release(lease).await
+        }
+        async fn extend(
+            &self,
+            lease: &dedupe_core::Lease,
+            ttl: Duration,
+        ) -> dedupe_core::Result<dedupe_core::Lease> {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            self.0.extend(lease, ttl).await
+        }
+        async fn expire(&self) -> dedupe_core::Result<u64> {
+            self.0.expire().await
+        }
+        async fn get(&self, key: &Key) -> dedupe_core::Result<Option<dedupe_core::Record>> {
+            self.0.get(key).await
+        }
+        async fn forget(&self, key: &Key) -> dedupe_core::Result<bool> {
+            self.0.forget(key).await
+        }
+    }
+    let deduper = Deduper::new(SlowExtend(MemoryStore::new()))
+        .with_lease_ttl(Duration::from_millis(900))
+        .with_heartbeat(true);
+    let handled = deduper
+        .run(&key("beating"), |_| async {
+            // 1.2 s of 10 ms steps: the heartbeat's 400 ms extends fall inside.
+            let mut widest = Duration::ZERO;
+            let mut last = Instant::now();
+            for _ in 0..120 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                widest = widest.max(last.elapsed());
+                last = Instant::now();
+            }
+            Ok::<_, Declined>(format!("{}", widest.as_millis()).into_bytes())
+        })
         .await
-        .expect("rerun");
-    assert!(matches!(again, Handled::Ran { .. }));
+        .expect("run");
+    let Handled::Ran { outcome, .. } = handled else {
+        panic!("{handled:?}")
+    };
+    let widest: u64 = String::from_utf8(outcome)
+        .expect("text")
+        .parse()
+        .expect("ms");
+    assert!(
+        widest < 300,
+        "the work stood still for {widest} ms while the lease was extended"
+    );
 }
 
 #[tokio::test]
@@ -268,9 +479,9 @@ async fn work_that_outlives_its_lease_is_reported_not_recorded() {
     let deduper = Deduper::new(Arc::new(store.clone())).with_lease_ttl(Duration::from_millis(20));
     let k = key("slow");
     let result = deduper
-        .run(&k, |lease| {
+        .run(&k, {
             let store = store.clone();
-            async move {
+            move |lease| async move {
                 tokio::time::sleep_until((Instant::now() + Duration::from_millis(40)).into()).await;
                 // Another delivery takes the event over after the deadline.
                 let taken = store
@@ -312,9 +523,9 @@ async fn heartbeat_keeps_long_work_from_being_taken_over() {
         .with_heartbeat(true);
     let k = key("long-work");
     let handled = deduper
-        .run(&k, |_lease| {
+        .run(&k, {
             let (store, k) = (store.clone(), k.clone());
-            async move {
+            move |_lease| async move {
                 // The work lasts more than three lease TTLs; other copies arrive
                 // after the first TTL and after the second.
                 for _ in 0..2 {
@@ -357,7 +568,10 @@ async fn a_kept_failure_too_long_for_the_store_is_cut_and_still_kept() {
     let k = key("long-failure");
     let text = "é".repeat(200 * 1024); // 400 KiB of two-byte characters
     match deduper
-        .run(&k, |_| async { Err::<Vec<u8>, _>(Long(text.clone())) })
+        .run(&k, {
+            let text = text.clone();
+            |_| async move { Err::<Vec<u8>, _>(Long(text)) }
+        })
         .await
     {
         Err(HandleError::Work {

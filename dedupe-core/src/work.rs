@@ -1,0 +1,306 @@
+//! Work held under a lease: the one lifecycle the [`Deduper`](crate::Deduper)
+//! and the webhook receiver share.
+//!
+//! Work runs in a Tokio task of its own, never inside the caller's future, so
+//! a caller that goes away (a client that disconnects, a provider that times
+//! out, a cancelled `select!`) cannot stop the work half way and free its claim
+//! for a second run while the first may still be going on. While the work
+//! runs, a heartbeat extends the lease beside it (the work is polled all the
+//! while); a time bound and a shutdown deadline may end it early, and then the
+//! claim is released. When the work returns, its claim is settled as the work
+//! says: completed with an outcome, released, or left as the work settled it
+//! itself.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::FutureExt;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::claim::{Lease, MIN_TTL};
+use crate::error::Error;
+use crate::record::RecordState;
+use crate::store::DedupeStore;
+
+/// What to do with a claim once its work has returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// Complete the claim with this outcome, kept for `retention`: later
+    /// claims are answered `Duplicate` with it.
+    Complete {
+        /// The outcome bytes to store.
+        outcome: Vec<u8>,
+        /// How long the done record answers duplicates.
+        retention: Duration,
+    },
+    /// Release the claim: the next delivery runs the work again.
+    Release,
+    /// The work completed or released the lease itself (in the transaction of
+    /// its own writes, say): nothing more to do.
+    Settled,
+}
+
+/// How held work ended, and what became of its claim.
+#[derive(Debug)]
+pub enum Worked<T> {
+    /// The work returned `value`; `settled` is what the store said to the
+    /// settlement the work asked for (`Err(LeaseLost)` when the lease was
+    /// taken over meanwhile).
+    Returned {
+        /// What the work returned.
+        value: T,
+        /// The store's answer to the completion or release.
+        settled: Result<(), Error>,
+    },
+    /// The work panicked; its claim was released (`released` says whether the
+    /// store took the release). `payload` is the panic's, to resume it.
+    Panicked {
+        /// The panic payload.
+        payload: Box<dyn Any + Send>,
+        /// The store's answer to the release.
+        released: Result<(), Error>,
+    },
+    /// The work ran past its time bound: it was dropped mid-way and its claim
+    /// released.
+    TimedOut {
+        /// The bound it ran past.
+        limit: Duration,
+        /// The store's answer to the release.
+        released: Result<(), Error>,
+    },
+    /// Shutdown's grace ran out while the work ran: it was dropped mid-way and
+    /// its claim released.
+    Aborted {
+        /// The store's answer to the release.
+        released: Result<(), Error>,
+    },
+}
+
+/// What [`Deduper::shutdown`](crate::Deduper::shutdown) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Tasks running when shutdown began.
+    pub running: usize,
+    /// Of those, how many were still running when the grace ran out and were
+    /// aborted (their claims released).
+    pub aborted: usize,
+}
+
+/// The tasks of a `Deduper` and its clones: tracked so shutdown can wait for
+/// them, and cancellable so it can end them past its grace.
+#[derive(Debug, Default)]
+pub(crate) struct Tasks {
+    tracker: TaskTracker,
+    abort: CancellationToken,
+}
+
+impl Tasks {
+    pub(crate) fn spawn<F>(&self, fut: F) -> Result<JoinHandle<F::Output>, Error>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        if self.tracker.is_closed() {
+            return Err(Error::unavailable(
+                "shutting down: no new work is started",
+                None,
+            ));
+        }
+        Ok(self.tracker.spawn(fut))
+    }
+
+    pub(crate) async fn shutdown(&self, grace: Duration) -> Drained {
+        self.tracker.close();
+        let running = self.tracker.len();
+        let aborted = match tokio::time::timeout(grace, self.tracker.wait()).await {
+            Ok(()) => 0,
+            Err(_) => {
+                let left = self.tracker.len();
+                tracing::warn!(
+                    left,
+                    ?grace,
+                    "shutdown grace ran out: aborting held work and releasing its claims"
+                );
+                self.abort.cancel();
+                self.tracker.wait().await;
+                left
+            }
+        };
+        Drained { running, aborted }
+    }
+
+    pub(crate) fn cancelled(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.abort.cancelled()
+    }
+}
+
+/// Counts one settled piece of work (`dedupe_work_total`, by outcome).
+fn count(outcome: &'static str) {
+    metrics::counter!("dedupe_work_total", "outcome" => outcome).increment(1);
+}
+
+/// The lifecycle itself, on a store the caller has behind a `TracedStore`.
+#[derive(Debug, Clone)]
+pub(crate) struct Holder {
+    pub(crate) store: Arc<dyn DedupeStore>,
+    pub(crate) ttl: Duration,
+    pub(crate) heartbeat: bool,
+    pub(crate) max_time: Option<Duration>,
+}
+
+impl Holder {
+    /// Runs `work` to its end (or its bound), beating the lease beside it when
+    /// asked, then settles the claim. Runs in the caller's task: callers spawn
+    /// it (see `Tasks::spawn`) so nothing outside can drop it half way.
+    pub(crate) async fn hold<T, W>(&self, tasks: &Tasks, lease: Lease, work: W) -> Worked<T>
+    where
+        W: Future<Output = (T, Settle)>,
+    {
+        let current = Mutex::new(lease);
+        let running = AssertUnwindSafe(work).catch_unwind();
+        let beating = async {
+            if self.heartbeat {
+                self.beat(&current).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let bounded = async {
+            let work = async {
+                tokio::select! {
+                    biased;
+                    done = running => done,
+                    never = beating => match never {},
+                }
+            };
+            match self.max_time {
+                Some(limit) => tokio::time::timeout(limit, work).await.map_err(|_| limit),
+                None => Ok(work.await),
+            }
+        };
+        let ended = tokio::select! {
+            ended = bounded => Some(ended),
+            () = tasks.cancelled() => None,
+        };
+        let lease = current
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match ended {
+            Some(Ok(Ok((value, settle)))) => {
+                let settled = self.settle(&lease, settle).await;
+                Worked::Returned { value, settled }
+            }
+            Some(Ok(Err(payload))) => {
+                tracing::error!(key = %lease.key, "the work panicked; releasing its claim");
+                count("panicked");
+                let released = self.store.release(&lease).await;
+                Worked::Panicked { payload, released }
+            }
+            Some(Err(limit)) => {
+                tracing::error!(key = %lease.key, ?limit, "the work ran past its time bound; dropped it and released its claim");
+                count("timed_out");
+                let released = self.store.release(&lease).await;
+                Worked::TimedOut { limit, released }
+            }
+            None => {
+                count("aborted");
+                let released = self.store.release(&lease).await;
+                Worked::Aborted { released }
+            }
+        }
+    }
+
+    /// Extends the lease every third of the TTL, forever; stops beating (but
+    /// never returns) once the store says the lease is lost. The extend runs
+    /// beside the work, which is polled meanwhile.
+    async fn beat(&self, current: &Mutex<Lease>) -> std::convert::Infallible {
+        let every = (self.ttl / 3).max(MIN_TTL);
+        loop {
+            tokio::time::sleep(every).await;
+            let lease = current
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            match self.store.extend(&lease, self.ttl).await {
+                Ok(extended) => {
+                    *current
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = extended
+                }
+                Err(error) if error.is_retryable() => {
+                    // The store is briefly away: the lease may still be ours.
+                    tracing::warn!(key = %lease.key, %error, "heartbeat failed; trying again next beat");
+                }
+                Err(error) => {
+                    // Lost: let the work finish; its settlement says what happened.
+                    tracing::warn!(key = %lease.key, %error, "heartbeat could not extend the lease");
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+
+    async fn settle(&self, lease: &Lease, settle: Settle) -> Result<(), Error> {
+        let (result, outcome) = match settle {
+            Settle::Settled => (Ok(()), "settled"),
+            Settle::Release => (self.store.release(lease).await, "released"),
+            Settle::Complete { outcome, retention } => {
+                (self.complete(lease, &outcome, retention).await, "completed")
+            }
+        };
+        match &result {
+            Ok(()) => count(outcome),
+            Err(Error::LeaseLost { .. }) => {
+                tracing::error!(key = %lease.key, "the work finished after its lease was taken over: the event may have been processed twice");
+                count("lease_lost");
+            }
+            Err(error) => {
+                tracing::error!(key = %lease.key, %error, "the work finished but its claim could not be settled; the lease passes at its deadline");
+                count("not_settled");
+            }
+        }
+        result
+    }
+
+    /// Completes, retrying a store that is briefly away while the lease lasts.
+    /// A retry answered `LeaseLost` may be about this call's own first write
+    /// (its answer was lost): the record then says, and is read.
+    async fn complete(
+        &self,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let mut wait = Duration::from_millis(50);
+        let mut retried = false;
+        let started = Instant::now();
+        loop {
+            match self.store.complete(lease, outcome, retention).await {
+                Err(e) if e.is_retryable() && SystemTime::now() + wait < lease.deadline => {
+                    tracing::warn!(key = %lease.key, error = %e, elapsed = ?started.elapsed(), "completion failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                    retried = true;
+                }
+                Err(lost @ Error::LeaseLost { .. }) if retried => {
+                    return match self.store.get(&lease.key).await {
+                        Ok(Some(record))
+                            if record.token == lease.token
+                                && matches!(record.state, RecordState::Done { .. }) =>
+                        {
+                            Ok(())
+                        }
+                        _ => Err(lost),
+                    };
+                }
+                other => return other,
+            }
+        }
+    }
+}
