@@ -1,9 +1,11 @@
 //! The idempotency key of a delivery: the provider's stable event id, never a
 //! per-attempt value, or the SHA-256 of the raw body where there is no id.
 
-use dedupe_core::Key;
+use dedupe_core::{Fingerprint, Key};
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
+
+use crate::signature::Verified;
 
 /// Headers that name one HTTP attempt, not the event: a retry carries a new
 /// value. They are recorded beside the key (logs, the ledger) and never used as
@@ -14,9 +16,17 @@ pub const PER_ATTEMPT_HEADERS: &[&str] = &["x-delivery-id", "x-request-id", "x-a
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeySource {
-    /// A header whose value is stable across retries (`webhook-id`,
-    /// `X-GitHub-Delivery`, `X-Shopify-Webhook-Id`).
+    /// A header whose value is stable across retries (`X-Shopify-Webhook-Id`).
     Header(String),
+    /// Several headers, all required, their values joined with `/` (GitHub's
+    /// `X-GitHub-Hook-ID` and `X-GitHub-Delivery`).
+    Headers(Vec<String>),
+    /// The Standard Webhooks message id: on a signed route, exactly the id
+    /// the verified signature covered (from `webhook-id` or `svix-id`,
+    /// whichever was signed), never an unsigned header beside it; on an
+    /// unsigned route, the `webhook-id` or `svix-id` header (refused when both
+    /// are sent and differ).
+    SignedId,
     /// A JSON pointer into the body (`/id` for Stripe-like bodies).
     JsonPointer(String),
     /// The SHA-256 of the raw body, as `sha256:<hex>`.
@@ -39,23 +49,65 @@ pub enum KeyError {
     BadId(String),
 }
 
+/// What a delivery's payload fingerprint covers. A claim whose fingerprint
+/// differs from the stored one is a *mismatch* (see [`OnMismatch`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PayloadFingerprint {
+    /// The SHA-256 of the whole raw body (the default).
+    #[default]
+    Body,
+    /// The values at these JSON pointers (`/type`, `/data`), encoded
+    /// canonically (object keys sorted, so key order does not count): fields
+    /// a provider re-renders between attempts (Stripe's `pending_webhooks`, an
+    /// attempt counter, a render time) are left out. A pointer with nothing
+    /// there counts as absent.
+    JsonPointers(Vec<String>),
+    /// No fingerprint: the key alone decides; a mismatch cannot happen.
+    Nothing,
+}
+
+/// What a delivery whose key is known with another payload fingerprint gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnMismatch {
+    /// 422: the same key was delivered before with a different payload. The
+    /// default on routes without a signature check, where a mismatch is
+    /// someone reusing an id.
+    Refuse,
+    /// Answer it as the duplicate it is (the stored response, or 409 while
+    /// the first is in flight), and log and count it. The default on signed
+    /// routes: the sender is authenticated, and a provider that re-rendered
+    /// the body of a resend must not get a 4xx (a retry storm, or on GitHub,
+    /// which never retries, a lost event).
+    Replay,
+}
+
 /// How a delivery's key is derived: the first source that gives an id wins.
 ///
 /// ```
 /// use dedupe_webhook::KeyRule;
 ///
-/// let rule = KeyRule::stripe();
+/// let rule = KeyRule::stripe("billing");
 /// let key = rule.derive(&http::HeaderMap::new(), br#"{"id":"evt_1","type":"x"}"#)?;
-/// assert_eq!(key.key.to_string(), "stripe:evt_1");
+/// assert_eq!(key.key.to_string(), "billing:evt_1");
 /// // No id: the body's hash, so an identical body is still one event.
 /// let key = KeyRule::body_id("hooks").derive(&http::HeaderMap::new(), br#"{"n":1}"#)?;
 /// assert!(key.key.id().starts_with("sha256:"));
 /// # Ok::<(), dedupe_webhook::KeyError>(())
 /// ```
+///
+/// Every preset takes the consumer's namespace: **one namespace per
+/// consumer**. Two routes that receive the same provider's events for two
+/// purposes (`/hooks/stripe/billing`, `/hooks/stripe/fulfilment`) on one store
+/// take two namespaces, or the second never runs its handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRule {
     namespace: String,
     sources: Vec<KeySource>,
+    fingerprint: PayloadFingerprint,
+    on_mismatch: Option<OnMismatch>,
+    body_limit: Option<usize>,
 }
 
 /// A derived key and where it came from.
@@ -75,45 +127,82 @@ impl KeyRule {
         Self {
             namespace: namespace.into(),
             sources,
+            fingerprint: PayloadFingerprint::Body,
+            on_mismatch: None,
+            body_limit: None,
         }
     }
 
-    /// Standard Webhooks: the `webhook-id` header (the same on every retry).
-    pub fn standard_webhooks() -> Self {
-        Self::new("standard", vec![KeySource::Header("webhook-id".into())])
+    /// Standard Webhooks senders, Svix among them: the message id the
+    /// signature covered (`webhook-id`, or Svix's `svix-id`), the same on every
+    /// retry ([`KeySource::SignedId`]).
+    pub fn standard_webhooks(namespace: impl Into<String>) -> Self {
+        Self::new(namespace, vec![KeySource::SignedId])
     }
 
-    /// GitHub: `X-GitHub-Delivery` (kept on redelivery); a delivery without it
-    /// is refused rather than keyed by its body.
+    /// GitHub: `X-GitHub-Hook-ID` and `X-GitHub-Delivery`, joined
+    /// (`<hook id>/<delivery guid>`). The delivery GUID alone is not enough:
+    /// GitHub sends one GUID per event to every hook and App that receives it,
+    /// with different payloads, so two hooks on one store would share keys. A
+    /// redelivery keeps both headers. A delivery without them is refused
+    /// rather than keyed by its body. Bodies up to 25 MB (GitHub's cap) are
+    /// accepted by default: GitHub never retries, so a 413 loses the event.
     ///
-    /// GitHub signs the body only, not this header: whoever captured a signed
-    /// delivery can send it again under another delivery id, and it is then a
-    /// new key. The payload fingerprint does not help there; keep the secret
-    /// and the transport (TLS) tight.
-    pub fn github() -> Self {
-        Self::new(
-            "github",
-            vec![KeySource::Header("x-github-delivery".into())],
-        )
+    /// GitHub signs the body only, not these headers: whoever captured a
+    /// signed delivery can send it again under another delivery id, and it is
+    /// then a new key. Keep the secret and the transport (TLS) tight.
+    pub fn github(namespace: impl Into<String>) -> Self {
+        let mut rule = Self::new(
+            namespace,
+            vec![KeySource::Headers(vec![
+                "x-github-hook-id".into(),
+                "x-github-delivery".into(),
+            ])],
+        );
+        rule.body_limit = Some(GITHUB_BODY_LIMIT);
+        rule
     }
 
-    /// Shopify: `X-Shopify-Webhook-Id` (the same on every retry); a delivery
-    /// without it is refused. The header is not signed (see [`KeyRule::github`]).
-    pub fn shopify() -> Self {
+    /// Shopify: `X-Shopify-Webhook-Id`, the same on every retry of one
+    /// delivery; a delivery without it is refused. The header is not signed
+    /// (see [`KeyRule::github`]).
+    ///
+    /// Shopify may also deliver one event more than once under different
+    /// webhook ids (it documents duplicates); [`KeyRule::shopify_event`] keys
+    /// on the event instead.
+    pub fn shopify(namespace: impl Into<String>) -> Self {
         Self::new(
-            "shopify",
+            namespace,
             vec![KeySource::Header("x-shopify-webhook-id".into())],
         )
     }
 
+    /// Shopify, keyed on the event: `X-Shopify-Topic` and
+    /// `X-Shopify-Event-Id`, joined. This also folds copies of one event that
+    /// Shopify sent under different webhook ids, which [`KeyRule::shopify`]
+    /// processes each time. The trade-off: two subscriptions to the same topic
+    /// that point at this route are processed once between them, and
+    /// deliveries without `X-Shopify-Event-Id` (older API versions) are
+    /// refused; give such a route [`KeyRule::shopify`].
+    pub fn shopify_event(namespace: impl Into<String>) -> Self {
+        Self::new(
+            namespace,
+            vec![KeySource::Headers(vec![
+                "x-shopify-topic".into(),
+                "x-shopify-event-id".into(),
+            ])],
+        )
+    }
+
     /// The generic rule of a Standard Webhooks sender or any JSON body: the
-    /// `webhook-id` header (signed by Standard Webhooks), else the body's
-    /// top-level `id`, else the body hash.
+    /// message id the signature covered (or the `webhook-id` / `svix-id`
+    /// header on an unsigned route), else the body's top-level `id`, else the
+    /// body hash.
     pub fn generic(namespace: impl Into<String>) -> Self {
         Self::new(
             namespace,
             vec![
-                KeySource::Header("webhook-id".into()),
+                KeySource::SignedId,
                 KeySource::JsonPointer("/id".into()),
                 KeySource::BodyHash,
             ],
@@ -121,8 +210,8 @@ impl KeyRule {
     }
 
     /// Stripe: the body's top-level `id` (`evt_...`).
-    pub fn stripe() -> Self {
-        Self::new("stripe", vec![KeySource::JsonPointer("/id".into())])
+    pub fn stripe(namespace: impl Into<String>) -> Self {
+        Self::new(namespace, vec![KeySource::JsonPointer("/id".into())])
     }
 
     /// Any provider whose body has a top-level `id`; the body hash otherwise.
@@ -131,6 +220,72 @@ impl KeyRule {
             namespace,
             vec![KeySource::JsonPointer("/id".into()), KeySource::BodyHash],
         )
+    }
+
+    /// Sets what the payload fingerprint covers (default: the whole body).
+    ///
+    /// ```
+    /// use dedupe_webhook::{KeyRule, PayloadFingerprint};
+    /// // Stripe re-renders live fields such as `pending_webhooks` between
+    /// // attempts; the event's type and data do not change.
+    /// let rule = KeyRule::stripe("billing")
+    ///     .fingerprint(PayloadFingerprint::JsonPointers(vec!["/type".into(), "/data".into()]));
+    /// let a = rule.fingerprint_of(br#"{"id":"evt_1","type":"x","data":{"a":1},"pending_webhooks":2}"#);
+    /// let b = rule.fingerprint_of(br#"{"pending_webhooks":1,"data":{"a":1},"type":"x","id":"evt_1"}"#);
+    /// assert_eq!(a, b);
+    /// ```
+    pub fn fingerprint(mut self, fingerprint: PayloadFingerprint) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// Sets what a mismatch gets; by default [`OnMismatch::Replay`] on a route
+    /// with a signature check and [`OnMismatch::Refuse`] without.
+    pub fn on_mismatch(mut self, on_mismatch: OnMismatch) -> Self {
+        self.on_mismatch = Some(on_mismatch);
+        self
+    }
+
+    /// What a mismatch gets on a route that is (`signed`) or is not signed.
+    pub fn mismatch_policy(&self, signed: bool) -> OnMismatch {
+        self.on_mismatch.unwrap_or(if signed {
+            OnMismatch::Replay
+        } else {
+            OnMismatch::Refuse
+        })
+    }
+
+    /// The body limit this provider needs, when it is not the receiver's
+    /// default (GitHub: 25 MB).
+    pub fn provider_body_limit(&self) -> Option<usize> {
+        self.body_limit
+    }
+
+    /// The payload fingerprint of `payload` under this rule (`None` with
+    /// [`PayloadFingerprint::Nothing`]). A payload that is not JSON has its
+    /// pointers all absent.
+    pub fn fingerprint_of(&self, payload: &[u8]) -> Option<Fingerprint> {
+        match &self.fingerprint {
+            PayloadFingerprint::Body => Some(Fingerprint::sha256(payload)),
+            PayloadFingerprint::Nothing => None,
+            PayloadFingerprint::JsonPointers(pointers) => {
+                let json: Option<serde_json::Value> = serde_json::from_slice(payload).ok();
+                let mut canonical = Vec::new();
+                for pointer in pointers {
+                    canonical.extend_from_slice(pointer.as_bytes());
+                    canonical.push(0);
+                    match json.as_ref().and_then(|j| j.pointer(pointer)) {
+                        Some(value) => {
+                            canonical.push(1);
+                            write_canonical(value, &mut canonical);
+                        }
+                        None => canonical.push(0),
+                    }
+                    canonical.push(0);
+                }
+                Some(Fingerprint::sha256(&canonical))
+            }
+        }
     }
 
     /// The key namespace.
@@ -145,21 +300,39 @@ impl KeyRule {
             .any(|s| matches!(s, KeySource::JsonPointer(_)))
     }
 
-    /// Derives the key of a delivery. Reads the body as JSON only when a JSON
-    /// pointer source is tried.
+    /// Derives the key of a delivery on an unsigned route. Reads the body as
+    /// JSON only when a JSON pointer source is tried.
     pub fn derive(&self, headers: &HeaderMap, body: &[u8]) -> Result<DerivedKey, KeyError> {
+        self.derive_verified(headers, body, None)
+    }
+
+    /// Derives the key of a delivery whose signature was checked: `verified`
+    /// is what the check found ([`KeySource::SignedId`] takes its id and reads
+    /// no header). `None` for an unsigned route.
+    pub fn derive_verified(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        verified: Option<&Verified>,
+    ) -> Result<DerivedKey, KeyError> {
         let mut json: Option<serde_json::Value> = None;
         for source in &self.sources {
             let id = match source {
-                KeySource::Header(name) => match headers.get(name.as_str()) {
-                    None => None,
-                    Some(v) => Some(
-                        v.to_str()
-                            .map_err(|_| KeyError::BadId(format!("{name} is not visible ASCII")))?
-                            .trim()
-                            .to_string(),
-                    ),
+                KeySource::SignedId => match verified {
+                    Some(verified) => verified.id.clone(),
+                    None => unsigned_message_id(headers)?,
                 },
+                KeySource::Headers(names) => {
+                    let mut parts = Vec::with_capacity(names.len());
+                    for name in names {
+                        match header_text(headers, name)? {
+                            Some(v) => parts.push(v),
+                            None => break,
+                        }
+                    }
+                    (parts.len() == names.len()).then(|| parts.join("/"))
+                }
+                KeySource::Header(name) => header_text(headers, name)?,
                 KeySource::JsonPointer(pointer) => {
                     if json.is_none() {
                         json = Some(
@@ -203,7 +376,7 @@ impl KeyRule {
                 if id.chars().any(char::is_control) {
                     return Err(KeyError::BadId("event id holds control characters".into()));
                 }
-                let key = Key::new(self.namespace.as_str(), id.as_str())
+                let key = Key::new(self.namespace.as_str(), escape_id(&id))
                     .map_err(|e| KeyError::BadId(e.to_string()))?;
                 return Ok(DerivedKey {
                     key,
@@ -217,11 +390,91 @@ impl KeyRule {
             .iter()
             .map(|s| match s {
                 KeySource::Header(h) => format!("header {h}"),
+                KeySource::Headers(hs) => format!("headers {}", hs.join(" + ")),
+                KeySource::SignedId => "the signed webhook-id / svix-id".into(),
                 KeySource::JsonPointer(p) => format!("body {p}"),
                 KeySource::BodyHash => "the body hash".into(),
             })
             .collect();
         Err(KeyError::NoId(looked.join(", ")))
+    }
+}
+
+/// Largest body GitHub sends (its documented cap: 25 MB).
+pub(crate) const GITHUB_BODY_LIMIT: usize = 25 * 1024 * 1024;
+
+/// A provider's id as the key's id. Body-hash keys are `sha256:<hex>`: an id
+/// that starts with `sha256:` (or with the escape's own `id:`) gets `id:` in
+/// front, so no provider id can ever equal a body-hash key, and two different
+/// ids never map to one key.
+fn escape_id(id: &str) -> std::borrow::Cow<'_, str> {
+    if id.starts_with("sha256:") || id.starts_with("id:") {
+        std::borrow::Cow::Owned(format!("id:{id}"))
+    } else {
+        std::borrow::Cow::Borrowed(id)
+    }
+}
+
+/// A header's value, trimmed; refused when not visible ASCII or sent twice.
+fn header_text(headers: &HeaderMap, name: &str) -> Result<Option<String>, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::BadId(format!("{name} sent more than once")));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| KeyError::BadId(format!("{name} is not visible ASCII")))?;
+    Ok(Some(text.trim().to_string()))
+}
+
+/// The Standard Webhooks message id of an unsigned delivery: `webhook-id` or
+/// Svix's `svix-id`; both with different values is ambiguous and refused.
+fn unsigned_message_id(headers: &HeaderMap) -> Result<Option<String>, KeyError> {
+    match (
+        header_text(headers, "webhook-id")?,
+        header_text(headers, "svix-id")?,
+    ) {
+        (Some(a), Some(b)) if a != b => Err(KeyError::BadId(
+            "webhook-id and svix-id name different messages".into(),
+        )),
+        (Some(a), _) => Ok(Some(a)),
+        (None, b) => Ok(b),
+    }
+}
+
+/// JSON written with object keys sorted and no white space, whatever the
+/// order they arrived in.
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(Value::String(k.clone()).to_string().as_bytes());
+                out.push(b':');
+                write_canonical(v, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(b']');
+        }
+        other => out.extend_from_slice(other.to_string().as_bytes()),
     }
 }
 
@@ -252,24 +505,115 @@ mod tests {
         let body = br#"{"id":"evt_9f3","amount":2500}"#;
         let attempt1 = h(&[("x-delivery-id", "del_a1")]);
         let attempt2 = h(&[("x-delivery-id", "del_b2")]);
-        let a = KeyRule::stripe().derive(&attempt1, body).expect("key");
-        let b = KeyRule::stripe().derive(&attempt2, body).expect("key");
+        let a = KeyRule::stripe("stripe")
+            .derive(&attempt1, body)
+            .expect("key");
+        let b = KeyRule::stripe("stripe")
+            .derive(&attempt2, body)
+            .expect("key");
         assert_eq!(a.key, b.key);
         assert_eq!(a.key.to_string(), "stripe:evt_9f3");
         assert_eq!(a.delivery_id.as_deref(), Some("del_a1"));
         assert_eq!(b.delivery_id.as_deref(), Some("del_b2"));
 
-        let gh = h(&[("x-github-delivery", "72d3162e"), ("x-delivery-id", "x")]);
-        let k = KeyRule::github().derive(&gh, b"{}").expect("key");
-        assert_eq!(k.key.to_string(), "github:72d3162e");
+        let gh = h(&[
+            ("x-github-delivery", "72d3162e"),
+            ("x-github-hook-id", "101"),
+            ("x-delivery-id", "x"),
+        ]);
+        let k = KeyRule::github("github").derive(&gh, b"{}").expect("key");
+        assert_eq!(k.key.to_string(), "github:101/72d3162e");
+        // One GUID, two hooks: two keys.
+        let other_hook = h(&[
+            ("x-github-delivery", "72d3162e"),
+            ("x-github-hook-id", "202"),
+        ]);
+        let k2 = KeyRule::github("github")
+            .derive(&other_hook, b"{}")
+            .expect("key");
+        assert_ne!(k.key, k2.key);
         let sw = h(&[("webhook-id", "msg_1")]);
-        let k = KeyRule::standard_webhooks()
+        let k = KeyRule::standard_webhooks("standard")
             .derive(&sw, b"{}")
             .expect("key");
         assert_eq!(k.key.to_string(), "standard:msg_1");
+        let svix = h(&[("svix-id", "msg_2")]);
+        let k = KeyRule::standard_webhooks("standard")
+            .derive(&svix, b"{}")
+            .expect("key");
+        assert_eq!(k.key.to_string(), "standard:msg_2");
+        let both = h(&[("svix-id", "msg_2"), ("webhook-id", "msg_3")]);
+        assert!(matches!(
+            KeyRule::standard_webhooks("standard").derive(&both, b"{}"),
+            Err(KeyError::BadId(_))
+        ));
+        // Signed: the verified id, whatever unsigned header sits beside it.
+        let verified = Verified {
+            id: Some("msg_signed".into()),
+        };
+        let k = KeyRule::standard_webhooks("standard")
+            .derive_verified(&both, b"{}", Some(&verified))
+            .expect("key");
+        assert_eq!(k.key.to_string(), "standard:msg_signed");
         let sh = h(&[("x-shopify-webhook-id", "b54557e4")]);
-        let k = KeyRule::shopify().derive(&sh, b"{}").expect("key");
+        let k = KeyRule::shopify("shopify").derive(&sh, b"{}").expect("key");
         assert_eq!(k.key.to_string(), "shopify:b54557e4");
+        let sh = h(&[
+            ("x-shopify-topic", "orders/create"),
+            ("x-shopify-event-id", "e-1"),
+        ]);
+        let k = KeyRule::shopify_event("shop")
+            .derive(&sh, b"{}")
+            .expect("key");
+        assert_eq!(k.key.to_string(), "shop:orders/create/e-1");
+    }
+
+    #[test]
+    fn no_provider_id_equals_a_body_hash_key() {
+        let body = br#"{"n":1}"#;
+        let hashed = KeyRule::body_id("hooks")
+            .derive(&HeaderMap::new(), body)
+            .expect("key");
+        let forged = format!(r#"{{"id":"{}"}}"#, hashed.key.id());
+        let from_id = KeyRule::body_id("hooks")
+            .derive(&HeaderMap::new(), forged.as_bytes())
+            .expect("key");
+        assert_ne!(from_id.key, hashed.key);
+        assert_eq!(from_id.key.id(), format!("id:{}", hashed.key.id()));
+        // The escape is one to one: an id that starts with the escape differs.
+        let escaped = format!(r#"{{"id":"id:{}"}}"#, hashed.key.id());
+        let other = KeyRule::body_id("hooks")
+            .derive(&HeaderMap::new(), escaped.as_bytes())
+            .expect("key");
+        assert_ne!(other.key, from_id.key);
+        assert_eq!(from_id.event_id.as_deref(), Some(hashed.key.id()));
+    }
+
+    #[test]
+    fn pointer_fingerprints_ignore_what_they_do_not_cover() {
+        let rule = KeyRule::stripe("s").fingerprint(PayloadFingerprint::JsonPointers(vec![
+            "/type".into(),
+            "/data".into(),
+        ]));
+        let a = rule.fingerprint_of(br#"{"type":"t","data":{"x":1,"y":[1,2]},"attempt":1}"#);
+        let b = rule.fingerprint_of(br#"{"attempt":2,"data":{"y":[1,2],"x":1},"type":"t"}"#);
+        let c = rule.fingerprint_of(br#"{"type":"t","data":{"x":2,"y":[1,2]}}"#);
+        let absent = rule.fingerprint_of(br#"{"type":"t"}"#);
+        let null = rule.fingerprint_of(br#"{"type":"t","data":null}"#);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(absent, null, "absent and null are two payloads");
+        assert_eq!(
+            KeyRule::stripe("s")
+                .fingerprint(PayloadFingerprint::Nothing)
+                .fingerprint_of(b"x"),
+            None
+        );
+        assert_ne!(
+            KeyRule::stripe("s").fingerprint_of(br#"{"a":1}"#),
+            KeyRule::stripe("s").fingerprint_of(br#"{"a": 1}"#),
+            "the default covers the raw bytes"
+        );
     }
 
     #[test]
@@ -289,7 +633,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_a_typed_error() {
-        let rule = KeyRule::stripe();
+        let rule = KeyRule::stripe("stripe");
         assert!(matches!(
             rule.derive(&HeaderMap::new(), b"not json"),
             Err(KeyError::NotJson(_))
@@ -327,7 +671,7 @@ mod tests {
             Err(KeyError::BadId(_))
         ));
         assert!(matches!(
-            KeyRule::github().derive(&HeaderMap::new(), b"{}"),
+            KeyRule::github("github").derive(&HeaderMap::new(), b"{}"),
             Err(KeyError::NoId(_))
         ));
     }

@@ -14,7 +14,9 @@ use crate::Webhook;
 
 /// Wraps a route so every request goes through [`Webhook::handle`]: the route's
 /// handler runs only for the one delivery that claimed the event, and finds it
-/// as a [`WebhookEvent`](crate::WebhookEvent) extractor.
+/// as a [`WebhookEvent`](crate::WebhookEvent) extractor. A handler that reads
+/// the body again (`Json`, `Bytes`) may read as much as the receiver accepted
+/// ([`Webhook::body_limit`]): the layer sets axum's `DefaultBodyLimit` to it.
 #[derive(Debug, Clone)]
 pub struct WebhookLayer {
     hook: Arc<Webhook>,
@@ -63,7 +65,8 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let hook = Arc::clone(&self.hook);
-        let inner = self.inner.clone();
+        let inner =
+            axum::extract::DefaultBodyLimit::max(hook.body_limit_bytes()).layer(self.inner.clone());
         Box::pin(async move {
             let response = hook
                 .handle(req, |req| async move {

@@ -30,7 +30,7 @@
 //!     Json(serde_json::json!({ "processed": event.key.to_string() }))
 //! }
 //!
-//! let stripe = Webhook::new(Arc::new(MemoryStore::new()), KeyRule::stripe())
+//! let stripe = Webhook::new(Arc::new(MemoryStore::new()), KeyRule::stripe("stripe"))
 //!     .verifier(Verifier::new(Scheme::Stripe, ["whsec_test_secret"])?);
 //! let app: Router = Router::new().route("/hooks/stripe", post(on_payment).route_layer(stripe.layer()));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -41,10 +41,13 @@ mod layer;
 mod receiver;
 mod signature;
 
-pub use key::{delivery_id, DerivedKey, KeyError, KeyRule, KeySource, PER_ATTEMPT_HEADERS};
+pub use key::{
+    delivery_id, DerivedKey, KeyError, KeyRule, KeySource, OnMismatch, PayloadFingerprint,
+    PER_ATTEMPT_HEADERS,
+};
 pub use layer::{WebhookLayer, WebhookService};
 pub use receiver::{Answer, Completed, Webhook, WebhookEvent, REPLAY_HEADER};
-pub use signature::{Scheme, SecretError, SignatureError, Verifier};
+pub use signature::{Scheme, SecretError, SignatureError, Verified, Verifier};
 
 /// The README's examples, compiled as doctests.
 #[cfg(doctest)]

@@ -1,18 +1,23 @@
 //! The receiving path: read the body (bounded), verify the signature, derive the
-//! key, claim it, run the app's handler, then complete with its response or
-//! release on failure. Duplicates are answered with the stored response.
+//! key; then, in a task of its own that the request only awaits, claim it, run
+//! the app's handler under the claim, and complete with its response or release
+//! on failure. Duplicates are answered with the stored response.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
-use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease};
+use dedupe_core::{
+    ClaimOptions, ClaimOutcome, DedupeStore, Deduper, Drained, Error, Fingerprint, Key, Lease,
+    OnFailure, RecordState, Settle, Worked,
+};
 use http::{header, HeaderValue, Request, StatusCode};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 
-use crate::key::{DerivedKey, KeyRule};
+use crate::key::{DerivedKey, KeyRule, OnMismatch};
 use crate::signature::Verifier;
 
 /// The header that marks an answer replayed from a stored response.
@@ -31,6 +36,12 @@ pub enum Answer {
     InFlight,
     /// The same key with another payload (422).
     Mismatch,
+    /// The same key with another payload on a route whose policy is
+    /// [`OnMismatch::Replay`]: answered as a duplicate (the stored response).
+    MismatchReplayed,
+    /// Over the receiver's concurrency limit (503 with `Retry-After`); nothing
+    /// was claimed.
+    Busy,
     /// The body is over the limit (413).
     TooLarge,
     /// The body is not JSON, or holds no usable id (400).
@@ -42,8 +53,17 @@ pub enum Answer {
     /// The store could not be reached (503); nothing was recorded.
     Unavailable,
     /// The handler failed; the claim was released so a retry runs it (its
-    /// status, usually 500).
+    /// status, usually 500), or kept with [`Webhook::on_failure`].
     Failed,
+    /// The handler panicked; the claim was released (500).
+    Panicked,
+    /// The handler ran past [`Webhook::max_handler_time`]: it was aborted and
+    /// its claim released (503 with `Retry-After`).
+    HandlerTimeout,
+    /// The handler finished after its lease was taken over by another
+    /// delivery: its response is answered, but the event may have been
+    /// processed twice (logged at `ERROR`).
+    LeaseLost,
     /// The store refused the request for a reason a retry does not fix (500).
     Error,
 }
@@ -56,12 +76,17 @@ impl Answer {
             Answer::Replayed => "replayed",
             Answer::InFlight => "in_flight",
             Answer::Mismatch => "mismatch",
+            Answer::MismatchReplayed => "mismatch_replayed",
+            Answer::Busy => "busy",
             Answer::TooLarge => "too_large",
             Answer::BadRequest => "bad_request",
             Answer::TimedOut => "timed_out",
             Answer::Unauthorized => "unauthorized",
             Answer::Unavailable => "unavailable",
             Answer::Failed => "failed",
+            Answer::Panicked => "panicked",
+            Answer::HandlerTimeout => "handler_timeout",
+            Answer::LeaseLost => "lease_lost",
             Answer::Error => "error",
         }
     }
@@ -81,6 +106,10 @@ pub struct WebhookEvent {
     pub lease: Lease,
     /// The raw body, as verified.
     pub body: Bytes,
+    /// The event's JSON: the body itself, or for a form-encoded delivery
+    /// (GitHub's `application/x-www-form-urlencoded` content type) its
+    /// `payload` field. The handler's request carries this as its body.
+    pub payload: Bytes,
     /// How long the stored response is kept.
     pub retention: Duration,
 }
@@ -186,42 +215,60 @@ fn mark_replay(response: &mut Response, key: &Key) {
     response.extensions_mut().insert(Answer::Replayed);
 }
 
-/// Releases a lease if the handler's future is dropped before it finished (the
-/// client went away, the server is shutting down, the handler panicked).
-struct ReleaseOnDrop {
-    store: Arc<dyn DedupeStore>,
-    lease: Option<Lease>,
-}
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            let store = Arc::clone(&self.store);
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    if let Err(e) = store.release(&lease).await {
-                        tracing::warn!(key = %lease.key, error = %e, "could not release an abandoned claim; it frees itself when its lease passes");
-                    }
-                });
-            }
-        }
-    }
-}
-
 /// A webhook receiver over one store: its key rule, signature check and limits.
 ///
 /// Use it as a tower layer on an axum route ([`Webhook::layer`]), or call
-/// [`Webhook::handle`] from middleware of your own.
+/// [`Webhook::handle`] from middleware of your own. Clones share the store, the
+/// running handlers and the concurrency limit.
+///
+/// # What a provider sees
+///
+/// The claim and the handler run in a task of their own, which the request
+/// only awaits:
+///
+/// | what happens | the delivery | a copy meanwhile | a copy afterwards |
+/// |---|---|---|---|
+/// | the handler answers 2xx | its response | 409 + `Retry-After` | the stored response, `Idempotent-Replay: true` |
+/// | the provider gives up (timeout, disconnect) mid-handler | (gone) | 409 + `Retry-After`: the handler goes on | the stored response of the first delivery |
+/// | the handler answers non-2xx | its response | 409 | runs again (claim released); with [`on_failure`](Self::on_failure) `Keep`, the stored failure |
+/// | the handler panics | 500 | 409 | runs again (claim released) |
+/// | past [`max_handler_time`](Self::max_handler_time) | 503 + `Retry-After` (handler aborted) | 409 | runs again (claim released) |
+/// | [`shutdown`](Self::shutdown) | new deliveries 503 + `Retry-After`; running handlers finish within the grace, then are aborted and released | | |
+/// | the process crashes | (connection reset) | 409 until the lease passes | runs again as a takeover (attempt 2) |
+///
+/// A crash mid-handler is the one case where a handler runs twice. Give the
+/// services your handler calls the event's key as their own idempotency key
+/// (Stripe's `Idempotency-Key` header, say):
+///
+/// ```
+/// use dedupe_webhook::WebhookEvent;
+///
+/// async fn refund(event: WebhookEvent, http: &reqwest_like::Client) {
+///     // The takeover after a crash sends the same key: Stripe answers it
+///     // with the first refund instead of making a second.
+///     http.post("https://api.stripe.com/v1/refunds")
+///         .header("Idempotency-Key", event.key.to_string())
+///         .send();
+/// }
+/// # mod reqwest_like {
+/// #     pub struct Client;
+/// #     pub struct Request;
+/// #     impl Client { pub fn post(&self, _: &str) -> Request { Request } }
+/// #     impl Request { pub fn header(self, _: &str, _: String) -> Self { self } pub fn send(self) {} }
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Webhook {
-    store: Arc<dyn DedupeStore>,
+    deduper: Deduper,
     rule: KeyRule,
     verifier: Option<Verifier>,
-    body_limit: usize,
+    body_limit: Option<usize>,
     lease: Duration,
     retention: Duration,
     require_json: bool,
     read_timeout: Duration,
+    on_failure: OnFailure,
+    slots: Option<Arc<Semaphore>>,
 }
 
 impl std::fmt::Debug for Webhook {
@@ -229,13 +276,16 @@ impl std::fmt::Debug for Webhook {
         f.debug_struct("Webhook")
             .field("rule", &self.rule)
             .field("verifier", &self.verifier)
-            .field("body_limit", &self.body_limit)
+            .field("body_limit", &self.limit())
             .field("lease", &self.lease)
             .field("retention", &self.retention)
+            .field("on_failure", &self.on_failure)
             .finish_non_exhaustive()
     }
 }
 
+/// A JSON error answer. `message` is ours: never a store's or a driver's text,
+/// which can name hosts, tables or credentials.
 fn json_error(status: StatusCode, answer: Answer, message: String) -> Response {
     let mut response = (
         status,
@@ -252,8 +302,44 @@ fn retry_after(response: &mut Response, secs: u64) {
         .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
 }
 
+/// A 503 with `Retry-After`: come back, nothing was recorded.
+fn come_back(answer: Answer, message: &str, secs: u64) -> Response {
+    let mut response = json_error(StatusCode::SERVICE_UNAVAILABLE, answer, message.into());
+    retry_after(&mut response, secs);
+    response
+}
+
+/// Counts an answer (`dedupe_webhook_deliveries_total`, by namespace and
+/// answer) and its latency (`dedupe_webhook_seconds`, by answer).
+fn counted(namespace: &str, started: Instant, response: Response) -> Response {
+    let answer = response
+        .extensions()
+        .get::<Answer>()
+        .copied()
+        .unwrap_or(Answer::Error);
+    metrics::counter!(
+        "dedupe_webhook_deliveries_total",
+        "namespace" => namespace.to_string(),
+        "answer" => answer.as_str()
+    )
+    .increment(1);
+    metrics::histogram!("dedupe_webhook_seconds", "answer" => answer.as_str())
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// A request that passed every check before the claim.
+struct Accepted {
+    body: Bytes,
+    payload: Bytes,
+    derived: DerivedKey,
+    fingerprint: Option<Fingerprint>,
+    on_mismatch: OnMismatch,
+}
+
 impl Webhook {
-    /// Default largest body accepted.
+    /// Default largest body accepted, for providers without a larger need of
+    /// their own (GitHub's rule asks for 25 MB).
     pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
     /// Default bound on reading a body.
     pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -268,14 +354,18 @@ impl Webhook {
     /// A receiver keyed by `rule` on `store`, with no signature check.
     pub fn new(store: Arc<dyn DedupeStore>, rule: KeyRule) -> Self {
         Self {
-            store,
+            deduper: Deduper::new(store)
+                .with_lease_ttl(Self::DEFAULT_LEASE)
+                .with_heartbeat(true),
             rule,
             verifier: None,
-            body_limit: Self::DEFAULT_BODY_LIMIT,
+            body_limit: None,
             lease: Self::DEFAULT_LEASE,
             retention: Self::DEFAULT_RETENTION,
             require_json: true,
             read_timeout: Self::DEFAULT_READ_TIMEOUT,
+            on_failure: OnFailure::Release,
+            slots: None,
         }
     }
 
@@ -292,15 +382,37 @@ impl Webhook {
         self
     }
 
-    /// Largest body accepted (default 1 MiB); larger ones answer 413.
+    /// Largest body accepted; larger ones answer 413. Default: what the key
+    /// rule's provider needs ([`KeyRule::provider_body_limit`]: GitHub 25 MB),
+    /// else [`DEFAULT_BODY_LIMIT`](Self::DEFAULT_BODY_LIMIT) (1 MiB).
+    ///
+    /// Through [`layer`](Self::layer), a handler that reads the body again
+    /// (`Json`, `Bytes`) gets this limit too, in place of axum's own 2 MB
+    /// `DefaultBodyLimit`. A handler called from [`handle`](Self::handle) in
+    /// middleware of your own should sit under
+    /// `axum::extract::DefaultBodyLimit::max(limit)`, or read
+    /// [`WebhookEvent::payload`] instead of the body.
     pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.body_limit = bytes;
+        self.body_limit = Some(bytes);
         self
     }
 
-    /// How long a claim holds the event (default 60 s).
+    /// The body limit in force.
+    pub fn body_limit_bytes(&self) -> usize {
+        self.body_limit
+            .or(self.rule.provider_body_limit())
+            .unwrap_or(Self::DEFAULT_BODY_LIMIT)
+    }
+
+    fn limit(&self) -> usize {
+        self.body_limit_bytes()
+    }
+
+    /// How long a claim holds the event (default 60 s); the lease of a running
+    /// handler is extended every third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self.deduper = self.deduper.with_lease_ttl(lease);
         self
     }
 
@@ -317,14 +429,48 @@ impl Webhook {
         self
     }
 
+    /// What a non-2xx response of the handler does to the claim: release it so
+    /// the provider's retry runs the handler again (the default), or keep it
+    /// (the response is stored, and replayed to every later delivery; for
+    /// handlers that must not run twice whatever happened).
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// Bounds how long a handler may run: past `limit` it is aborted, its
+    /// claim released, the delivery answered 503 with `Retry-After`, and this
+    /// is logged and counted (`handler_timeout`). Unbounded by default (the
+    /// heartbeat keeps a slow handler's claim).
+    pub fn max_handler_time(mut self, limit: Duration) -> Self {
+        self.deduper = self.deduper.with_max_work_time(limit);
+        self
+    }
+
+    /// At most `limit` handlers at once (across clones); a delivery past it is
+    /// answered 503 with `Retry-After` before anything is claimed, instead of
+    /// queueing without bound. Unlimited by default.
+    pub fn max_concurrency(mut self, limit: usize) -> Self {
+        self.slots = Some(Arc::new(Semaphore::new(limit)));
+        self
+    }
+
+    /// Stops taking deliveries (new ones get 503 with `Retry-After`) and waits
+    /// up to `grace` for the running handlers of this receiver and its clones;
+    /// handlers still running then are aborted and their claims released. Call
+    /// it after the server stopped accepting connections.
+    pub async fn shutdown(&self, grace: Duration) -> Drained {
+        self.deduper.shutdown(grace).await
+    }
+
     /// The key rule.
     pub fn rule(&self) -> &KeyRule {
         &self.rule
     }
 
-    /// The store.
+    /// The store (behind the `TracedStore` every call goes through).
     pub fn store(&self) -> &Arc<dyn DedupeStore> {
-        &self.store
+        self.deduper.store()
     }
 
     /// This receiver as a tower layer, for `axum::Router::route_layer`.
@@ -335,8 +481,8 @@ impl Webhook {
     /// Runs one request through the receiving path with this receiver's rule.
     pub async fn handle<F, Fut>(&self, req: Request<Body>, handler: F) -> Response
     where
-        F: FnOnce(Request<Body>) -> Fut,
-        Fut: Future<Output = Response>,
+        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
     {
         self.handle_with_rule(&self.rule, req, handler).await
     }
@@ -350,85 +496,84 @@ impl Webhook {
         handler: F,
     ) -> Response
     where
-        F: FnOnce(Request<Body>) -> Fut,
-        Fut: Future<Output = Response>,
+        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
+        Fut: Future<Output = Response> + Send + 'static,
     {
-        let (mut parts, body) = req.into_parts();
-        let body = match self.accept_body(&parts.headers, body).await {
-            Ok(body) => body,
-            Err(refused) => return refused,
-        };
-        let DerivedKey {
-            key,
-            event_id,
-            delivery_id,
-        } = match rule.derive(&parts.headers, &body) {
-            Ok(derived) => derived,
-            Err(e) => {
-                return json_error(StatusCode::BAD_REQUEST, Answer::BadRequest, e.to_string())
-            }
+        use tracing::Instrument;
+        let started = Instant::now();
+        let namespace = rule.namespace();
+        let (parts, body) = req.into_parts();
+        let accepted = match self.accept(rule, &parts.headers, body).await {
+            Ok(accepted) => accepted,
+            Err(refused) => return counted(namespace, started, refused),
         };
         let span = tracing::Span::current();
-        span.record("key", tracing::field::display(&key));
-        if let Some(d) = &delivery_id {
+        span.record("key", tracing::field::display(&accepted.derived.key));
+        if let Some(d) = &accepted.derived.delivery_id {
             span.record("delivery", d.as_str());
         }
-        let lease = match self.claim(&key, &body).await {
-            Ok(lease) => lease,
-            Err(answered) => return answered,
+        let permit = match &self.slots {
+            None => None,
+            Some(slots) => match Arc::clone(slots).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    tracing::warn!("concurrency limit reached");
+                    let busy = come_back(Answer::Busy, "too many deliveries at once", 1);
+                    return counted(namespace, started, busy);
+                }
+            },
         };
-
-        let mut guard = ReleaseOnDrop {
-            store: Arc::clone(&self.store),
-            lease: Some(lease.clone()),
+        // From here the delivery is a task of its own: dropping this request
+        // (the provider gave up) neither stops the handler nor frees its claim.
+        let this = self.clone();
+        let owned_namespace = namespace.to_string();
+        let task = self.deduper.spawn(
+            async move {
+                let response = this.process(accepted, parts, handler).await;
+                drop(permit);
+                counted(&owned_namespace, started, response)
+            }
+            .in_current_span(),
+        );
+        let task = match task {
+            Ok(task) => task,
+            Err(_) => {
+                let closing = come_back(Answer::Unavailable, "the receiver is shutting down", 5);
+                return counted(namespace, started, closing);
+            }
         };
-        parts.extensions.insert(WebhookEvent {
-            key: key.clone(),
-            event_id,
-            delivery_id,
-            lease: lease.clone(),
-            body: body.clone(),
-            retention: self.retention,
-        });
-        let (response, current) = self
-            .run_with_heartbeat(lease, handler(Request::from_parts(parts, Body::from(body))))
-            .await;
-
-        if response.extensions().get::<Completed>().is_some() {
-            guard.lease = None;
-            let mut response = response;
-            response.extensions_mut().insert(Answer::Processed);
-            return response;
+        match task.await {
+            Ok(response) => response,
+            Err(e) => {
+                tracing::error!(error = %e, "the delivery's task ended early");
+                json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    Answer::Error,
+                    "the delivery could not be processed".into(),
+                )
+            }
         }
-        // From here on the guard must not release: a failed handler is released
-        // below and a successful one is completed, each in a task of its own so
-        // it happens even if this request is dropped while waiting.
-        guard.lease = None;
-        if !response.status().is_success() {
-            self.release_after_failure(current).await;
-            let mut response = response;
-            response.extensions_mut().insert(Answer::Failed);
-            return response;
-        }
-        self.complete_with_response(current, response).await
     }
 
     /// Reads the body (bounded in size and time), checks the signature before
-    /// anything else, and the JSON when required; a refusal is the response to
-    /// send.
-    async fn accept_body(
+    /// anything else, unwraps a form-encoded payload, checks the JSON when
+    /// required, and derives the key and fingerprint; a refusal is the
+    /// response to send.
+    async fn accept(
         &self,
+        rule: &KeyRule,
         headers: &http::HeaderMap,
         body: Body,
-    ) -> Result<axum::body::Bytes, Response> {
+    ) -> Result<Accepted, Response> {
+        let limit = self.limit();
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > DRAIN_LIMIT.max(self.body_limit) as u64) {
+        if declared.is_some_and(|n| n > DRAIN_LIMIT.max(limit) as u64) {
             return Err(self.too_large()); // not worth reading to answer politely
         }
-        let read = tokio::time::timeout(self.read_timeout, read_body(body, self.body_limit)).await;
+        let read = tokio::time::timeout(self.read_timeout, read_body(body, limit)).await;
         let Ok(read) = read else {
             return Err(json_error(
                 StatusCode::REQUEST_TIMEOUT,
@@ -447,172 +592,184 @@ impl Webhook {
                 ))
             }
         };
-        if let Some(verifier) = &self.verifier {
-            if let Err(e) = verifier.verify(headers, &body, SystemTime::now()) {
-                tracing::info!(error = %e, "signature refused");
-                return Err(json_error(
-                    StatusCode::UNAUTHORIZED,
-                    Answer::Unauthorized,
-                    e.to_string(),
-                ));
-            }
-        }
-        if self.require_json {
-            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
-                return Err(json_error(
-                    StatusCode::BAD_REQUEST,
-                    Answer::BadRequest,
-                    format!("body is not JSON: {e}"),
-                ));
-            }
-        }
-        Ok(body)
-    }
-
-    /// Claims `key` with the body's SHA-256 as fingerprint: the lease, or the
-    /// response every other answer gets (a replay, 409 with `Retry-After`, 422,
-    /// or the store's error).
-    async fn claim(&self, key: &Key, body: &[u8]) -> Result<Lease, Response> {
-        let opts = ClaimOptions::new(self.lease).with_fingerprint(Fingerprint::sha256(body));
-        match self.store.claim(key, &opts).await {
-            Ok(ClaimOutcome::Claimed(lease)) => Ok(lease),
-            Ok(ClaimOutcome::Duplicate { outcome, .. }) => {
-                Err(match StoredResponse::decode(&outcome) {
-                    Some(stored) => stored.into_response(key),
-                    None => {
-                        // Completed by something other than this receiver: the event
-                        // was processed, and that is all there is to say.
-                        let mut response = (
-                            StatusCode::OK,
-                            axum::Json(
-                                serde_json::json!({"duplicate": true, "key": key.to_string()}),
-                            ),
-                        )
-                            .into_response();
-                        mark_replay(&mut response, key);
-                        response
-                    }
-                })
-            }
-            Ok(ClaimOutcome::InFlight { deadline, .. }) => {
-                let wait = deadline
-                    .duration_since(SystemTime::now())
-                    .map(|d| d.as_secs() + 1)
-                    .unwrap_or(1);
-                let mut response = json_error(
-                    StatusCode::CONFLICT,
-                    Answer::InFlight,
-                    format!("{key} is being processed by another delivery"),
-                );
-                retry_after(&mut response, wait);
-                Err(response)
-            }
-            Ok(ClaimOutcome::Mismatch { .. }) => Err(json_error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Answer::Mismatch,
-                format!("{key} was delivered before with a different payload"),
-            )),
-            Err(e) => Err(store_error(&e)),
-        }
-    }
-
-    /// Runs the handler while the lease is extended every third of its length,
-    /// so a slow handler keeps its claim instead of losing it to a retry;
-    /// answers its response and the lease as last extended.
-    async fn run_with_heartbeat(
-        &self,
-        lease: Lease,
-        run: impl Future<Output = Response>,
-    ) -> (Response, Lease) {
-        tokio::pin!(run);
-        let mut current = lease;
-        let beat = (self.lease / 3).max(Duration::from_millis(1));
-        let response = loop {
-            tokio::select! {
-                response = &mut run => break response,
-                () = tokio::time::sleep(beat) => {
-                    match self.store.extend(&current, self.lease).await {
-                        Ok(extended) => current = extended,
-                        Err(e) => tracing::warn!(error = %e, "could not extend the lease of a running handler"),
-                    }
+        let verified = match &self.verifier {
+            None => None,
+            Some(verifier) => match verifier.verify(headers, &body, SystemTime::now()) {
+                Ok(verified) => Some(verified),
+                Err(e) => {
+                    tracing::info!(error = %e, "signature refused");
+                    return Err(json_error(
+                        StatusCode::UNAUTHORIZED,
+                        Answer::Unauthorized,
+                        e.to_string(),
+                    ));
                 }
-            }
+            },
         };
-        (response, current)
-    }
-
-    /// Releases the claim of a handler that failed, in a task of its own.
-    async fn release_after_failure(&self, lease: Lease) {
-        let store = Arc::clone(&self.store);
-        match tokio::spawn(async move { store.release(&lease).await }).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "could not release after a failed handler; the claim frees itself when its lease passes")
+        let bad =
+            |message: String| json_error(StatusCode::BAD_REQUEST, Answer::BadRequest, message);
+        let payload = match form_payload(headers, &body) {
+            Some(Ok(payload)) => payload,
+            Some(Err(message)) => return Err(bad(message)),
+            None => body.clone(),
+        };
+        if self.require_json {
+            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&payload) {
+                return Err(bad(format!("body is not JSON: {e}")));
             }
-            Err(e) => tracing::warn!(error = %e, "the release task failed"),
         }
+        let derived = rule
+            .derive_verified(headers, &payload, verified.as_ref())
+            .map_err(|e| bad(e.to_string()))?;
+        Ok(Accepted {
+            fingerprint: rule.fingerprint_of(&payload),
+            on_mismatch: rule.mismatch_policy(self.verifier.is_some()),
+            body,
+            payload,
+            derived,
+        })
     }
 
-    /// The work is done: reads the response and stores it as the outcome, in
-    /// a task of its own so it finishes even if this request is dropped; then
-    /// answers the response.
-    async fn complete_with_response(&self, lease: Lease, response: Response) -> Response {
-        let this = self.clone();
-        let finished = tokio::spawn(async move {
-            let (head, body) = response.into_parts();
-            let max = this.store.capabilities().max_outcome_bytes;
-            let body = axum::body::to_bytes(body, RESPONSE_LIMIT).await;
-            let content_type = head
-                .headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok());
-            let mut outcome = match &body {
-                Ok(bytes) => WebhookEvent::outcome_for(head.status, content_type, bytes),
-                Err(_) => WebhookEvent::outcome_for(head.status, None, b""),
-            };
-            if outcome.len() > max {
-                tracing::warn!(
-                    bytes = outcome.len(),
-                    "response too large to store; duplicates get its status and an empty body"
-                );
-                outcome = WebhookEvent::outcome_for(head.status, None, b"");
-            }
-            match this.complete(&lease, &outcome).await {
-                Ok(()) => {}
-                Err(e @ Error::LeaseLost { .. }) => tracing::error!(
-                    error = %e,
-                    "the handler finished after its lease was taken over: the event may have been processed twice"
-                ),
-                // Answering an error would make the provider retry work that is done.
-                Err(e) => tracing::error!(error = %e, "the handler succeeded but its completion was not stored"),
-            }
-            (head, body.unwrap_or_default())
-        })
-        .await;
-        match finished {
-            Ok((mut head, body)) => {
-                head.extensions.insert(Answer::Processed);
+    /// The delivery's task: claim, then run the handler under the claim and
+    /// settle it; or answer what the claim found.
+    async fn process<F, Fut>(
+        self,
+        accepted: Accepted,
+        mut parts: http::request::Parts,
+        handler: F,
+    ) -> Response
+    where
+        F: FnOnce(Request<Body>) -> Fut,
+        Fut: Future<Output = Response>,
+    {
+        let Accepted {
+            body,
+            payload,
+            derived,
+            fingerprint,
+            on_mismatch,
+        } = accepted;
+        let key = derived.key;
+        let mut opts = ClaimOptions::new(self.lease);
+        if let Some(fingerprint) = fingerprint {
+            opts = opts.with_fingerprint(fingerprint);
+        }
+        let lease = match self.deduper.store().claim(&key, &opts).await {
+            Ok(ClaimOutcome::Claimed(lease)) => lease,
+            Ok(ClaimOutcome::Duplicate { outcome, .. }) => return replay(&key, &outcome),
+            Ok(ClaimOutcome::InFlight { deadline, .. }) => return in_flight(&key, deadline),
+            Ok(ClaimOutcome::Mismatch { .. }) => return self.mismatch(&key, on_mismatch).await,
+            Err(e) => return store_error(&e),
+        };
+        if body != payload {
+            parts.headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        parts.extensions.insert(WebhookEvent {
+            key,
+            event_id: derived.event_id,
+            delivery_id: derived.delivery_id,
+            lease: lease.clone(),
+            body,
+            payload: payload.clone(),
+            retention: self.retention,
+        });
+        let request = Request::from_parts(parts, Body::from(payload));
+        let (retention, on_failure) = (self.retention, self.on_failure);
+        let max_outcome = self.deduper.store().capabilities().max_outcome_bytes;
+        let worked = self
+            .deduper
+            .hold(lease, async move {
+                let response = handler(request).await;
+                let by_handler = response.extensions().get::<Completed>().is_some();
+                let (head, body) = response.into_parts();
+                let body = axum::body::to_bytes(body, RESPONSE_LIMIT).await;
+                let success = head.status.is_success();
+                let settle = if by_handler {
+                    Settle::Settled
+                } else if success || on_failure == OnFailure::Keep {
+                    let content_type = head
+                        .headers
+                        .get(header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok());
+                    let mut outcome = match &body {
+                        Ok(bytes) => WebhookEvent::outcome_for(head.status, content_type, bytes),
+                        Err(_) => WebhookEvent::outcome_for(head.status, None, b""),
+                    };
+                    if outcome.len() > max_outcome {
+                        tracing::warn!(
+                            bytes = outcome.len(),
+                            "response too large to store; duplicates get its status and an empty body"
+                        );
+                        outcome = WebhookEvent::outcome_for(head.status, None, b"");
+                    }
+                    Settle::Complete { outcome, retention }
+                } else {
+                    Settle::Release
+                };
+                ((head, body.unwrap_or_default(), success), settle)
+            })
+            .await;
+        match worked {
+            Worked::Returned {
+                value: (mut head, body, success),
+                settled,
+            } => {
+                let answer = match (&settled, success) {
+                    (Err(Error::LeaseLost { .. }), _) => Answer::LeaseLost,
+                    (_, true) => Answer::Processed,
+                    (_, false) => Answer::Failed,
+                };
+                // Answering an error after a successful handler would make the
+                // provider retry work that is done: the response goes out.
+                head.extensions.insert(answer);
                 Response::from_parts(head, Body::from(body))
             }
-            Err(e) => json_error(
+            Worked::Panicked { .. } => json_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                Answer::Error,
-                format!("storing the response failed: {e}"),
+                Answer::Panicked,
+                "the handler panicked; the event will be processed again".into(),
+            ),
+            Worked::TimedOut { limit, .. } => come_back(
+                Answer::HandlerTimeout,
+                &format!("the handler ran past {limit:?} and was stopped; retry"),
+                1,
+            ),
+            Worked::Aborted { .. } => come_back(
+                Answer::Unavailable,
+                "the receiver shut down while the handler ran; retry",
+                5,
             ),
         }
     }
 
-    /// Completes, retrying a store that is briefly unavailable within the lease.
-    async fn complete(&self, lease: &Lease, outcome: &[u8]) -> Result<(), Error> {
-        let mut wait = Duration::from_millis(50);
-        loop {
-            match self.store.complete(lease, outcome, self.retention).await {
-                Err(e) if e.is_retryable() && SystemTime::now() + wait < lease.deadline => {
-                    tokio::time::sleep(wait).await;
-                    wait *= 2;
+    /// The same key with another fingerprint: 422, or with
+    /// [`OnMismatch::Replay`] the duplicate's answer (logged and counted).
+    async fn mismatch(&self, key: &Key, on_mismatch: OnMismatch) -> Response {
+        if on_mismatch == OnMismatch::Refuse {
+            return json_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Answer::Mismatch,
+                format!("{key} was delivered before with a different payload"),
+            );
+        }
+        tracing::warn!(%key, "a signed delivery of a known key with a different payload: answered as a duplicate");
+        match self.deduper.store().get(key).await {
+            Ok(Some(record)) => match record.state {
+                RecordState::Done { outcome, .. } => {
+                    let mut response = replay(key, &outcome);
+                    response.extensions_mut().insert(Answer::MismatchReplayed);
+                    response
                 }
-                other => return other,
-            }
+                RecordState::InFlight { lease_deadline } => in_flight(key, lease_deadline),
+            },
+            // Gone between the claim and the read (released, expired): come
+            // back, the next claim decides.
+            Ok(None) => in_flight(key, SystemTime::now()),
+            Err(e) => store_error(&e),
         }
     }
 
@@ -620,9 +777,59 @@ impl Webhook {
         json_error(
             StatusCode::PAYLOAD_TOO_LARGE,
             Answer::TooLarge,
-            format!("body over {} bytes", self.body_limit),
+            format!("body over {} bytes", self.limit()),
         )
     }
+}
+
+/// The stored response of a done record, marked as a replay.
+fn replay(key: &Key, outcome: &[u8]) -> Response {
+    match StoredResponse::decode(outcome) {
+        Some(stored) => stored.into_response(key),
+        None => {
+            // Completed by something other than this receiver: the event was
+            // processed, and that is all there is to say.
+            let mut response = (
+                StatusCode::OK,
+                axum::Json(serde_json::json!({"duplicate": true, "key": key.to_string()})),
+            )
+                .into_response();
+            mark_replay(&mut response, key);
+            response
+        }
+    }
+}
+
+/// 409 with `Retry-After` until the holder's lease passes.
+fn in_flight(key: &Key, deadline: SystemTime) -> Response {
+    let wait = deadline
+        .duration_since(SystemTime::now())
+        .map(|d| d.as_secs() + 1)
+        .unwrap_or(1);
+    let mut response = json_error(
+        StatusCode::CONFLICT,
+        Answer::InFlight,
+        format!("{key} is being processed by another delivery"),
+    );
+    retry_after(&mut response, wait);
+    response
+}
+
+/// The `payload` field of a form-encoded delivery (GitHub's
+/// `application/x-www-form-urlencoded` content type); `None` for any other
+/// content type.
+fn form_payload(headers: &http::HeaderMap, body: &[u8]) -> Option<Result<Bytes, String>> {
+    let content_type = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    if !essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        return None;
+    }
+    Some(
+        form_urlencoded::parse(body)
+            .find(|(name, _)| name == "payload")
+            .map(|(_, value)| Bytes::from(value.into_owned().into_bytes()))
+            .ok_or_else(|| "a form-encoded delivery without a payload field".to_string()),
+    )
 }
 
 enum BodyError {
@@ -682,19 +889,17 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyError> {
 fn store_error(e: &Error) -> Response {
     if e.is_retryable() {
         tracing::warn!(error = %e, "store unavailable");
-        let mut response = json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
+        come_back(
             Answer::Unavailable,
-            "the idempotency store is unavailable; nothing was recorded".into(),
-        );
-        retry_after(&mut response, 1);
-        response
+            "the idempotency store is unavailable; nothing was recorded",
+            1,
+        )
     } else {
         tracing::error!(error = %e, "store refused the claim");
         json_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             Answer::Error,
-            format!("the idempotency store refused the claim: {e}"),
+            "the idempotency store refused the delivery; see the receiver's log".into(),
         )
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! | scheme | header | signed bytes | encoding | replay window |
 //! |---|---|---|---|---|
-//! | Standard Webhooks | `webhook-signature: v1,<b64> v1,<b64>` with `webhook-id`, `webhook-timestamp` | `{id}.{timestamp}.{body}` | base64; secret `whsec_<base64 key>` | yes |
+//! | Standard Webhooks | `webhook-signature: v1,<b64> v1,<b64>` with `webhook-id`, `webhook-timestamp` (Svix: the same as `svix-signature`, `svix-id`, `svix-timestamp`) | `{id}.{timestamp}.{body}` | base64; secret `whsec_<base64 key>` | yes |
 //! | Stripe | `Stripe-Signature: t=<ts>,v1=<hex>,v1=<hex>` | `{t}.{body}` | hex; the secret string is the key | yes |
 //! | GitHub | `X-Hub-Signature-256: sha256=<hex>` | the body | hex | none signed |
 //! | Shopify | `X-Shopify-Hmac-Sha256: <b64>` | the body | base64 | none signed |
@@ -51,6 +51,24 @@ pub enum SignatureError {
     #[error("no signature matches")]
     NoMatch,
 }
+
+/// What a signature check found: the parts of the request the signature
+/// covered that the key may come from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Verified {
+    /// The message id the signature covered (Standard Webhooks and Svix:
+    /// `webhook-id` or `svix-id`, whichever header set was signed); `None` for
+    /// schemes that sign no id.
+    pub id: Option<String>,
+}
+
+/// The header names of Standard Webhooks, and Svix's names for the same
+/// three headers: a request is checked with one set, never a mix.
+const STANDARD_HEADERS: [[&str; 3]; 2] = [
+    ["webhook-id", "webhook-timestamp", "webhook-signature"],
+    ["svix-id", "svix-timestamp", "svix-signature"],
+];
 
 /// A configuration error: a secret that is not in its scheme's format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -175,16 +193,38 @@ impl Verifier {
         self.scheme
     }
 
-    /// Checks the request's signature over `body` at time `now`.
+    /// Checks the request's signature over `body` at time `now`, and answers
+    /// what it covered ([`Verified`]).
+    ///
+    /// Standard Webhooks requests are read with the `webhook-*` headers or
+    /// with Svix's `svix-*` names: each set whose signature header is present
+    /// is checked on its own, and the first that verifies is the one whose id
+    /// is answered.
     pub fn verify(
         &self,
         headers: &HeaderMap,
         body: &[u8],
         now: SystemTime,
-    ) -> Result<(), SignatureError> {
+    ) -> Result<Verified, SignatureError> {
         match self.scheme {
-            Scheme::StandardWebhooks => self.verify_standard(headers, body, now),
-            Scheme::Stripe => self.verify_stripe(headers, body, now),
+            Scheme::StandardWebhooks => {
+                let mut first_error = None;
+                for names in STANDARD_HEADERS {
+                    if !headers.contains_key(names[2]) {
+                        continue;
+                    }
+                    match self.verify_standard(names, headers, body, now) {
+                        Ok(id) => return Ok(Verified { id: Some(id) }),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                Err(first_error.unwrap_or(SignatureError::Missing("webhook-signature")))
+            }
+            Scheme::Stripe => self
+                .verify_stripe(headers, body, now)
+                .map(|()| Verified::default()),
             Scheme::GitHub => {
                 let value = header(headers, "x-hub-signature-256")?;
                 let hex_sig = value
@@ -197,7 +237,7 @@ impl Verifier {
                     header: "x-hub-signature-256",
                     reason: "not hex",
                 })?;
-                self.check(&[&sig], &[body])
+                self.check(&[&sig], &[body]).map(|()| Verified::default())
             }
             Scheme::Shopify => {
                 let value = header(headers, "x-shopify-hmac-sha256")?;
@@ -207,27 +247,29 @@ impl Verifier {
                         header: "x-shopify-hmac-sha256",
                         reason: "not base64",
                     })?;
-                self.check(&[&sig], &[body])
+                self.check(&[&sig], &[body]).map(|()| Verified::default())
             }
         }
     }
 
+    /// Checks one set of Standard Webhooks headers; answers the signed id.
     fn verify_standard(
         &self,
+        [id_name, ts_name, sig_name]: [&'static str; 3],
         headers: &HeaderMap,
         body: &[u8],
         now: SystemTime,
-    ) -> Result<(), SignatureError> {
-        let id = header(headers, "webhook-id")?;
-        let ts_text = header(headers, "webhook-timestamp")?;
-        let ts = parse_timestamp(ts_text, "webhook-timestamp")?;
+    ) -> Result<String, SignatureError> {
+        let id = header(headers, id_name)?;
+        let ts_text = header(headers, ts_name)?;
+        let ts = parse_timestamp(ts_text, ts_name)?;
         self.check_fresh(ts, now)?;
-        let value = header(headers, "webhook-signature")?;
+        let value = header(headers, sig_name)?;
         let mut sigs = Vec::new();
         for entry in value.split(' ').filter(|e| !e.is_empty()) {
             let Some((version, b64)) = entry.split_once(',') else {
                 return Err(SignatureError::Malformed {
-                    header: "webhook-signature",
+                    header: sig_name,
                     reason: "expected v1,<base64> entries",
                 });
             };
@@ -243,7 +285,8 @@ impl Verifier {
         self.check(
             &sigs,
             &[id.as_bytes(), b".", ts_text.as_bytes(), b".", body],
-        )
+        )?;
+        Ok(id.to_string())
     }
 
     fn verify_stripe(
@@ -405,10 +448,57 @@ mod tests {
             "x-hub-signature-256",
             "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17".into(),
         )]);
-        assert_eq!(v.verify(&h, b"Hello, World!", SystemTime::now()), Ok(()));
+        assert!(v.verify(&h, b"Hello, World!", SystemTime::now()).is_ok());
         assert_eq!(
             v.verify(&h, b"Hello, World", SystemTime::now()),
             Err(SignatureError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn svix_header_names_are_read_and_the_signed_set_names_the_id() {
+        let v = Verifier::new(Scheme::StandardWebhooks, ["whsec_c2VjcmV0LWtleS1ieXRlcw=="])
+            .expect("secret");
+        let body = br#"{"type":"invoice.paid"}"#;
+        let signed = v.sign("msg_svix", now_secs(), body);
+        let svix: Vec<(&'static str, String)> = signed
+            .iter()
+            .map(|(k, val)| {
+                let name = match *k {
+                    "webhook-id" => "svix-id",
+                    "webhook-timestamp" => "svix-timestamp",
+                    _ => "svix-signature",
+                };
+                (name, val.clone())
+            })
+            .collect();
+        let found = v
+            .verify(&headers(&svix), body, SystemTime::now())
+            .expect("svix");
+        assert_eq!(found.id.as_deref(), Some("msg_svix"));
+        // An unsigned webhook-id beside the signed svix set does not name the
+        // message, and a webhook-signature that fails does not hide the svix one.
+        let mut mixed = svix.clone();
+        mixed.push(("webhook-id", "msg_forged".into()));
+        mixed.push(("webhook-timestamp", now_secs().to_string()));
+        mixed.push(("webhook-signature", "v1,AAAA".into()));
+        let found = v
+            .verify(&headers(&mixed), body, SystemTime::now())
+            .expect("mixed");
+        assert_eq!(found.id.as_deref(), Some("msg_svix"));
+        // Ids are not mixed across sets: svix-signature with a webhook-id only.
+        let crossed = vec![
+            ("webhook-id", "msg_svix".to_string()),
+            svix[1].clone(),
+            svix[2].clone(),
+        ];
+        assert_eq!(
+            v.verify(&headers(&crossed), body, SystemTime::now()),
+            Err(SignatureError::Missing("svix-id"))
+        );
+        assert_eq!(
+            v.verify(&HeaderMap::new(), body, SystemTime::now()),
+            Err(SignatureError::Missing("webhook-signature"))
         );
     }
 
@@ -429,10 +519,9 @@ mod tests {
                 "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=".into(),
             ),
         ]);
-        assert_eq!(
-            v.verify(&h, br#"{"test": 2432232314}"#, SystemTime::now()),
-            Ok(())
-        );
+        assert!(v
+            .verify(&h, br#"{"test": 2432232314}"#, SystemTime::now())
+            .is_ok());
     }
 
     #[test]
@@ -449,9 +538,9 @@ mod tests {
             };
             let v = Verifier::new(scheme, [secret]).expect("secret");
             let h = headers(&v.sign("evt_1", now_secs(), b"{\"id\":\"evt_1\"}"));
-            assert_eq!(
-                v.verify(&h, b"{\"id\":\"evt_1\"}", SystemTime::now()),
-                Ok(()),
+            assert!(
+                v.verify(&h, b"{\"id\":\"evt_1\"}", SystemTime::now())
+                    .is_ok(),
                 "{scheme:?}"
             );
             assert_eq!(
@@ -469,17 +558,16 @@ mod tests {
         let both = Verifier::new(Scheme::Stripe, ["whsec_new", "whsec_old"]).expect("secrets");
         let at = now_secs();
         let body = b"{}";
-        assert_eq!(
-            both.verify(&headers(&old.sign("", at, body)), body, SystemTime::now()),
-            Ok(())
-        );
+        assert!(both
+            .verify(&headers(&old.sign("", at, body)), body, SystemTime::now())
+            .is_ok());
         // One header carrying two v1 signatures (Stripe during its own rotation).
         let a = &old.sign("", at, body)[0].1;
         let b = &new.sign("", at, body)[0].1;
         let v1b = b.split(',').nth(1).expect("v1");
         let h = headers(&[("stripe-signature", format!("{a},{v1b}"))]);
-        assert_eq!(new.verify(&h, body, SystemTime::now()), Ok(()));
-        assert_eq!(old.verify(&h, body, SystemTime::now()), Ok(()));
+        assert!(new.verify(&h, body, SystemTime::now()).is_ok());
+        assert!(old.verify(&h, body, SystemTime::now()).is_ok());
         let other = Verifier::new(Scheme::Stripe, ["whsec_other"]).expect("secret");
         assert_eq!(
             other.verify(&h, body, SystemTime::now()),
@@ -492,15 +580,14 @@ mod tests {
         let v = Verifier::new(Scheme::Stripe, ["whsec_x"]).expect("secret");
         let good = &v.sign("", now_secs(), b"{}")[0].1;
         let h = headers(&[("stripe-signature", format!("{good},v1=zz-not-hex"))]);
-        assert_eq!(v.verify(&h, b"{}", SystemTime::now()), Ok(()));
+        assert!(v.verify(&h, b"{}", SystemTime::now()).is_ok());
         let sw = Verifier::new(Scheme::StandardWebhooks, ["whsec_c2VjcmV0"]).expect("secret");
         let signed = sw.sign("msg", now_secs(), b"{}");
         let mut pairs = signed.clone();
         pairs[2].1 = format!("v1,!!notbase64!! {}", signed[2].1);
-        assert_eq!(
-            sw.verify(&headers(&pairs), b"{}", SystemTime::now()),
-            Ok(())
-        );
+        assert!(sw
+            .verify(&headers(&pairs), b"{}", SystemTime::now())
+            .is_ok());
     }
 
     #[test]
@@ -518,7 +605,7 @@ mod tests {
                 );
             }
             let h = headers(&v.sign("evt", now_secs() - 299, b"{}"));
-            assert_eq!(v.verify(&h, b"{}", SystemTime::now()), Ok(()));
+            assert!(v.verify(&h, b"{}", SystemTime::now()).is_ok());
         }
     }
 

@@ -91,7 +91,7 @@ proptest! {
         let verifier = Verifier::new(scheme, ["whsec_c2VjcmV0LWtleQ=="]).expect("secret");
         match verifier.verify(&headers, &body, SystemTime::now()) {
             // Random bytes matching an HMAC-SHA256 would be a broken MAC.
-            Ok(()) => prop_assert!(false, "random headers verified"),
+            Ok(_) => prop_assert!(false, "random headers verified"),
             Err(SignatureError::Missing(_) | SignatureError::Malformed { .. }
                 | SignatureError::Stale { .. } | SignatureError::NoMatch) => {}
             Err(other) => prop_assert!(false, "untyped refusal {other:?}"),
@@ -108,10 +108,10 @@ proptest! {
         pointer in "(/[a-z~01]{0,4}){0,3}",
     ) {
         for rule in [
-            KeyRule::stripe(),
-            KeyRule::github(),
-            KeyRule::shopify(),
-            KeyRule::standard_webhooks(),
+            KeyRule::stripe("stripe"),
+            KeyRule::github("github"),
+            KeyRule::shopify("shopify"),
+            KeyRule::standard_webhooks("standard"),
             KeyRule::generic("hooks"),
             KeyRule::new("custom", vec![KeySource::JsonPointer(pointer.clone()), KeySource::BodyHash]),
         ] {
@@ -145,7 +145,7 @@ proptest! {
         for (name, value) in verifier.sign(&id, now(), &body) {
             headers.insert(name, value.parse().expect("value"));
         }
-        prop_assert_eq!(verifier.verify(&headers, &body, SystemTime::now()), Ok(()));
+        prop_assert!(verifier.verify(&headers, &body, SystemTime::now()).is_ok());
         let mut changed = body.clone();
         if changed.is_empty() {
             changed.push(0);

@@ -162,8 +162,11 @@ async fn every_answer(store: Arc<dyn DedupeStore>) {
     }
     counts.delay_ms.store(0, Ordering::SeqCst);
 
-    // A delivery dropped mid-handler (client gone) releases its claim.
-    counts.delay_ms.store(10_000, Ordering::SeqCst);
+    // A delivery dropped mid-handler (the provider gave up): the handler goes
+    // on under its claim; a copy meanwhile is told to come back, and a copy
+    // after it finished gets the first delivery's response. One run.
+    counts.delay_ms.store(600, Ordering::SeqCst);
+    let before = counts.runs.load(Ordering::SeqCst);
     let dropped = r#"{"id":"evt_dropped"}"#;
     let call = app.clone().oneshot(post_json(dropped, "del_j1"));
     assert!(
@@ -173,22 +176,32 @@ async fn every_answer(store: Arc<dyn DedupeStore>) {
         "the slow handler answered"
     );
     counts.delay_ms.store(0, Ordering::SeqCst);
-    let released = {
-        let mut answered = StatusCode::CONFLICT;
-        for _ in 0..100 {
-            answered = send(&app, post_json(dropped, "del_j2")).await.0;
-            if answered != StatusCode::CONFLICT {
+    let (status, headers, _) = send(&app, post_json(dropped, "del_j2")).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a copy ran beside the abandoned handler"
+    );
+    assert!(headers.contains_key("retry-after"));
+    let (status, headers, body) = {
+        let mut answered = send(&app, post_json(dropped, "del_j3")).await;
+        for _ in 0..200 {
+            if answered.0 != StatusCode::CONFLICT {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+            answered = send(&app, post_json(dropped, "del_j3")).await;
         }
         answered
     };
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(headers["idempotent-replay"], "true");
+    let replayed: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(
-        released,
-        StatusCode::OK,
-        "the abandoned claim was not released"
+        replayed["delivery"], "del_j1",
+        "the stored response is not the first delivery's"
     );
+    assert_eq!(counts.runs.load(Ordering::SeqCst), before + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

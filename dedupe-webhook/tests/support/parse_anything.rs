@@ -46,7 +46,7 @@ pub fn parse_anything(data: &[u8]) -> Result<(), String> {
         let verifier = Verifier::new(scheme, ["whsec_c2VjcmV0LWtleQ=="])
             .map_err(|e| format!("the test secret was refused: {e}"))?;
         match verifier.verify(&headers, body, SystemTime::now()) {
-            Ok(()) => return Err(format!("{scheme:?}: random input verified")),
+            Ok(_) => return Err(format!("{scheme:?}: random input verified")),
             Err(
                 SignatureError::Missing(_)
                 | SignatureError::Malformed { .. }
@@ -61,10 +61,10 @@ pub fn parse_anything(data: &[u8]) -> Result<(), String> {
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .unwrap_or_else(|| "/id".to_string());
     for rule in [
-        KeyRule::stripe(),
-        KeyRule::github(),
-        KeyRule::shopify(),
-        KeyRule::standard_webhooks(),
+        KeyRule::stripe("stripe"),
+        KeyRule::github("github"),
+        KeyRule::shopify("shopify"),
+        KeyRule::standard_webhooks("standard"),
         KeyRule::generic("hooks"),
         KeyRule::new(
             "custom",
