@@ -121,7 +121,7 @@ pub async fn race(args: RaceArgs) -> Result<bool, Error> {
                     let key = Key::new("race", format!("evt_{event:06}"))?;
                     let effects = side_effects.clone();
                     let answer = deduper
-                        .run(&key, |_lease| async move {
+                        .run(&key, move |_lease| async move {
                             tokio::time::sleep(work).await;
                             effects[event as usize].fetch_add(1, Ordering::SeqCst);
                             Ok::<_, std::convert::Infallible>(format!("done {event}").into_bytes())

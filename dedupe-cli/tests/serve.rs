@@ -18,11 +18,32 @@ const STRIPE_SECRET: &str = "whsec_serve_test_secret";
 /// A running `dedupe serve`, killed on drop.
 struct Serve {
     child: Child,
+    /// The public listener (deliveries).
     base: String,
+    /// The admin listener (ledger, metrics).
+    admin: String,
 }
 
 impl Serve {
     fn start(store: &str, work_ms: u64) -> Self {
+        Self::with(
+            store,
+            work_ms,
+            &[
+                "--secret",
+                &format!("stripe={STRIPE_SECRET}"),
+                "--unsigned",
+                "hooks",
+                "--body-limit",
+                "65536",
+            ],
+            &[],
+        )
+    }
+
+    /// `dedupe serve` on `store` with the test hooks, an admin listener and
+    /// `extra` arguments and environment variables.
+    fn with(store: &str, work_ms: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dedupe"))
             .args([
                 "serve",
@@ -30,17 +51,15 @@ impl Serve {
                 store,
                 "--listen",
                 "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
                 "--work-ms",
                 &work_ms.to_string(),
-                "--secret",
-                &format!("stripe={STRIPE_SECRET}"),
-                "--unsigned",
-                "hooks",
                 "--fail-on-header",
                 "x-test-fail",
-                "--body-limit",
-                "65536",
             ])
+            .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -50,12 +69,17 @@ impl Serve {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("first line");
-        let base = line
+        let mut addresses = line
             .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        Self { child, base }
+            .filter(|w| w.starts_with("http://"))
+            .map(str::to_string);
+        let base = addresses
+            .next()
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        let admin = addresses
+            .next()
+            .unwrap_or_else(|| panic!("no admin address in {line:?}"));
+        Self { child, base, admin }
     }
 }
 
@@ -98,18 +122,32 @@ async fn deliver(
     (status, headers, response.text().await.unwrap_or_default())
 }
 
-/// Ledger rows for `key` (all rows when `None`), read through `GET /hooks`.
-async fn rows(http: &reqwest::Client, base: &str, key: Option<&str>) -> Vec<Value> {
-    let ledger: Value = http
-        .get(format!("{base}/hooks"))
-        .send()
-        .await
-        .expect("GET /hooks")
-        .json()
-        .await
-        .expect("ledger JSON");
-    let all = ledger["ledger"].as_array().cloned().unwrap_or_default();
-    assert_eq!(ledger["rows"].as_u64(), Some(all.len() as u64));
+/// Ledger rows for `key` (all rows when `None`), read page by page through
+/// `GET /hooks` on the admin listener.
+async fn rows(http: &reqwest::Client, admin: &str, key: Option<&str>) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = format!("{admin}/hooks?limit=50");
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={a}"));
+        }
+        let page: Value = http
+            .get(url)
+            .send()
+            .await
+            .expect("GET /hooks")
+            .json()
+            .await
+            .expect("ledger JSON");
+        let rows = page["ledger"].as_array().cloned().unwrap_or_default();
+        assert_eq!(page["rows"].as_u64(), Some(rows.len() as u64));
+        all.extend(rows);
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => break,
+        }
+    }
     all.into_iter()
         .filter(|r| key.is_none_or(|k| r["key"] == k))
         .collect()
@@ -150,7 +188,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replay"], "true");
     assert_eq!(serde_json::from_str::<Value>(&second).expect("json"), first);
-    let ledger = rows(&http, base, Some(&key)).await;
+    let ledger = rows(&http, &serve.admin, Some(&key)).await;
     assert_eq!(ledger.len(), 1, "{ledger:?}");
     assert_eq!(ledger[0]["delivery_id"], "del_a1");
     assert_eq!(ledger[0]["event_id"], id.as_str());
@@ -176,7 +214,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
             }
         }
         assert_eq!(processed, 1, "round {round}: {processed} copies processed");
-        let ledger = rows(&http, base, Some(&format!("hooks:{id}"))).await;
+        let ledger = rows(&http, &serve.admin, Some(&format!("hooks:{id}"))).await;
         assert_eq!(ledger.len(), 1, "round {round}: {ledger:?}");
     }
 
@@ -192,7 +230,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
     let (status, headers, _) = deliver(&http, &hooks, &anonymous, "del_n2", &[]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replay"], "true");
-    assert_eq!(rows(&http, base, Some(&key)).await.len(), 1);
+    assert_eq!(rows(&http, &serve.admin, Some(&key)).await.len(), 1);
 
     // The same id with another payload: 422, no row.
     let id = unique("mismatch");
@@ -215,12 +253,14 @@ async fn whole_path(serve: &Serve, rounds: usize) {
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{text}");
     assert_eq!(
-        rows(&http, base, Some(&format!("hooks:{id}"))).await.len(),
+        rows(&http, &serve.admin, Some(&format!("hooks:{id}")))
+            .await
+            .len(),
         1
     );
 
     // Not JSON, and over the size limit: 400 and 413, nothing written.
-    let before = rows(&http, base, None).await.len();
+    let before = rows(&http, &serve.admin, None).await.len();
     let (status, _, _) = deliver(&http, &hooks, "{\"id\": \"evt_broken\"", "d3", &[]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let big = format!(
@@ -247,14 +287,16 @@ async fn whole_path(serve: &Serve, rounds: usize) {
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}: {text}");
     }
     assert_eq!(
-        rows(&http, base, None).await.len(),
+        rows(&http, &serve.admin, None).await.len(),
         before,
         "a refused request wrote a row"
     );
     let (status, _, text) = deliver(&http, &stripe, &body, "s2", &sign(&signer, now_secs())).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     assert_eq!(
-        rows(&http, base, Some(&format!("stripe:{id}"))).await.len(),
+        rows(&http, &serve.admin, Some(&format!("stripe:{id}")))
+            .await
+            .len(),
         1
     );
 
@@ -279,13 +321,15 @@ async fn whole_path(serve: &Serve, rounds: usize) {
     let (status, _, _) = deliver(&http, &hooks, &body, "f1", &fail).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
-        rows(&http, base, Some(&format!("hooks:{id}"))).await.len(),
+        rows(&http, &serve.admin, Some(&format!("hooks:{id}")))
+            .await
+            .len(),
         0
     );
     let (status, headers, _) = deliver(&http, &hooks, &body, "f2", &[]).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("idempotent-replay").is_none());
-    let ledger = rows(&http, base, Some(&format!("hooks:{id}"))).await;
+    let ledger = rows(&http, &serve.admin, Some(&format!("hooks:{id}"))).await;
     assert_eq!(ledger.len(), 1);
     assert_eq!(ledger[0]["delivery_id"], "f2");
 
@@ -297,7 +341,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
         .expect("healthz");
     assert_eq!(health.status(), StatusCode::OK);
     let metrics = http
-        .get(format!("{base}/metrics"))
+        .get(format!("{}/metrics", serve.admin))
         .send()
         .await
         .expect("metrics")
@@ -341,7 +385,7 @@ async fn store_stopped(serve: &Serve, mut down: impl FnMut(bool)) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(processed, "the receiver did not recover");
-    let ledger = rows(&http, &serve.base, Some(&format!("hooks:{id}"))).await;
+    let ledger = rows(&http, &serve.admin, Some(&format!("hooks:{id}"))).await;
     assert_eq!(ledger.len(), 1, "{ledger:?}");
     assert_eq!(ledger[0]["delivery_id"], "o2");
 }
@@ -454,7 +498,396 @@ async fn graceful_shutdown_finishes_in_flight_deliveries() {
         deliver(&http, &format!("{}/hooks", again.base), body, "del_2", &[]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["idempotent-replay"], "true");
-    let ledger = rows(&http, &again.base, Some("hooks:evt_shutdown")).await;
+    let ledger = rows(&http, &again.admin, Some("hooks:evt_shutdown")).await;
     assert_eq!(ledger.len(), 1, "{ledger:?}");
     assert_eq!(ledger[0]["delivery_id"], "del_1");
+}
+
+/// Lines of the effect log (the business step's side effect, written when it
+/// starts) for `key`.
+fn effects(log: &std::path::Path, key: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split(' ').next() == Some(key))
+        .count()
+}
+
+async fn wait_for_exit(serve: &mut Serve) {
+    for _ in 0..300 {
+        if let Some(status) = serve.child.try_wait().expect("try_wait") {
+            assert!(status.success(), "dedupe serve exited with {status}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("dedupe serve did not exit after SIGTERM");
+}
+
+/// A side effect outside the store (a line in a file, written when the
+/// handler starts) happens once per event across: the seeds' case (the
+/// sender gives up before a slow handler ends, and retries 0.2 s later), a
+/// retry after the work, a burst of 64 copies, and a shutdown mid-handler
+/// whose provider already gave up, followed by a new process and a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_effect_runs_once_per_event_across_timeouts_bursts_and_restarts() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("hooks.db").display());
+    let log = dir.path().join("effects.log");
+    let log_arg = log.display().to_string();
+    let args = ["--effect-log", log_arg.as_str()];
+    let mut serve = Serve::with(&url, 2500, &args, &[]);
+    let http = client();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .expect("client");
+    let hooks = format!("{}/hooks", serve.base);
+
+    // The seeds' case: 2.5 s of work, a sender that waits 1 s.
+    let slow = r#"{"id":"evt_abc123","type":"payment.succeeded"}"#;
+    let gave_up = impatient
+        .post(&hooks)
+        .header("x-delivery-id", "del_1")
+        .body(slow)
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, headers, text) = deliver(&http, &hooks, slow, "del_2", &[]).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "the retry ran the work again: {text}"
+    );
+    assert!(headers.contains_key("retry-after"));
+
+    // 64 copies of another event at once, while the first still works.
+    let burst = r#"{"id":"evt_burst"}"#;
+    let replies = futures_util::future::join_all((0..64).map(|i| {
+        let (http, hooks) = (http.clone(), hooks.clone());
+        async move { deliver(&http, &hooks, burst, &format!("b{i}"), &[]).await }
+    }))
+    .await;
+    let processed = replies
+        .iter()
+        .filter(|(s, h, _)| *s == StatusCode::OK && h.get("idempotent-replay").is_none())
+        .count();
+    assert_eq!(processed, 1);
+
+    // After the first event's work: its first delivery's response.
+    let (status, headers, text) = deliver(&http, &hooks, slow, "del_3", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(headers["idempotent-replay"], "true");
+    let replayed: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(replayed["delivery_id"], "del_1");
+
+    // Shutdown mid-handler, the sender gone: the handler finishes in the
+    // drain, a new process replays it.
+    let last = r#"{"id":"evt_restart"}"#;
+    let gave_up = impatient
+        .post(&hooks)
+        .header("x-delivery-id", "r1")
+        .body(last)
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()));
+    let pid = serve.child.id().to_string();
+    let term = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(term.is_ok_and(|s| s.success()));
+    wait_for_exit(&mut serve).await;
+    let again = Serve::with(&url, 0, &args, &[]);
+    let (status, headers, text) =
+        deliver(&http, &format!("{}/hooks", again.base), last, "r2", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(
+        headers["idempotent-replay"], "true",
+        "the drained handler's outcome was lost"
+    );
+
+    for key in ["hooks:evt_abc123", "hooks:evt_burst", "hooks:evt_restart"] {
+        assert_eq!(
+            effects(&log, key),
+            1,
+            "{key}: {:?}",
+            std::fs::read_to_string(&log)
+        );
+        assert_eq!(rows(&http, &again.admin, Some(key)).await.len(), 1, "{key}");
+    }
+}
+
+/// Two named routes of one provider are two consumers: one Stripe event sent
+/// to both runs both handlers (two namespaces), each secret its own (from a
+/// file and from the environment, never argv); a resend to one is a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_routes_of_one_provider_are_two_consumers() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("hooks.db").display());
+    let file = dir.path().join("secrets");
+    std::fs::write(&file, "# billing's endpoint\nbilling=whsec_billing\n").expect("write");
+    let file_arg = file.display().to_string();
+    let serve = Serve::with(
+        &url,
+        0,
+        &[
+            "--route",
+            "billing=stripe",
+            "--route",
+            "fulfilment=stripe",
+            "--secret-file",
+            &file_arg,
+        ],
+        &[("DEDUPE_SECRET_FULFILMENT", "whsec_fulfilment")],
+    );
+    let http = client();
+    let body = r#"{"id":"evt_both","type":"checkout.session.completed"}"#;
+    for (route, secret) in [
+        ("billing", "whsec_billing"),
+        ("fulfilment", "whsec_fulfilment"),
+    ] {
+        let signer = Verifier::new(Scheme::Stripe, [secret]).expect("secret");
+        let signed = signer.sign("", now_secs(), body.as_bytes());
+        let url = format!("{}/hooks/{route}", serve.base);
+        let (status, headers, text) = deliver(&http, &url, body, "d1", &signed).await;
+        assert_eq!(status, StatusCode::OK, "{route}: {text}");
+        assert!(
+            headers.get("idempotent-replay").is_none(),
+            "{route} did not run"
+        );
+        let (status, headers, _) = deliver(&http, &url, body, "d2", &signed).await;
+        assert_eq!(
+            (status, headers.contains_key("idempotent-replay")),
+            (StatusCode::OK, true)
+        );
+        // The other route's secret does not sign for this one.
+        let wrong = Verifier::new(Scheme::Stripe, ["whsec_other"]).expect("secret");
+        let (status, _, _) = deliver(
+            &http,
+            &url,
+            body,
+            "d3",
+            &wrong.sign("", now_secs(), body.as_bytes()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(
+        rows(&http, &serve.admin, Some("billing:evt_both"))
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(
+        rows(&http, &serve.admin, Some("fulfilment:evt_both"))
+            .await
+            .len(),
+        1
+    );
+    // Not in argv: `ps` shows no secret.
+    let cmdline =
+        std::fs::read_to_string(format!("/proc/{}/cmdline", serve.child.id())).unwrap_or_default();
+    assert!(!cmdline.contains("whsec_"), "{cmdline}");
+}
+
+/// With a secret configured, the ledger and the metrics are not served on
+/// the public listener; the admin listener serves them, the ledger a page at
+/// a time. Without any secret (the seeds' demo) the public listener serves
+/// the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_surface_is_apart_from_the_public_listener() {
+    let serve = Serve::start("memory:", 0);
+    let http = client();
+    for path in ["/hooks", "/metrics"] {
+        let response = http
+            .get(format!("{}{path}", serve.base))
+            .send()
+            .await
+            .expect("GET");
+        assert_ne!(
+            response.status(),
+            StatusCode::OK,
+            "{path} on the public listener"
+        );
+        assert!(!response.text().await.unwrap_or_default().contains("ledger"));
+    }
+    let hooks = format!("{}/hooks", serve.base);
+    for i in 0..5 {
+        let (status, _, _) = deliver(
+            &http,
+            &hooks,
+            &format!(r#"{{"id":"evt_page_{i}"}}"#),
+            "d",
+            &[],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let page: Value = http
+        .get(format!("{}/hooks?limit=2", serve.admin))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(page["rows"], 2);
+    let next = page["next"].as_str().expect("a next cursor").to_string();
+    let rest: Value = http
+        .get(format!("{}/hooks?limit=10&after={next}", serve.admin))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(rest["rows"], 3);
+    assert!(rest["next"].is_null());
+    let keys: std::collections::BTreeSet<String> = page["ledger"]
+        .as_array()
+        .into_iter()
+        .chain(rest["ledger"].as_array())
+        .flatten()
+        .map(|r| r["key"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(keys.len(), 5, "{keys:?}");
+    let bad = http
+        .get(format!("{}/hooks?after=not-a-cursor", serve.admin))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
+    // The seeds' demo: no secret, the ledger on the public listener.
+    let demo = Serve::with("memory:", 0, &[], &[]);
+    let (status, _, _) = deliver(
+        &http,
+        &format!("{}/hooks", demo.base),
+        r#"{"id":"evt_9f3"}"#,
+        "del_b2",
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let ledger: Value = http
+        .get(format!("{}/hooks", demo.base))
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ledger["rows"], 1);
+}
+
+/// The value of the Prometheus sample `name{labels...}`, 0 when absent.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// After a scripted sequence, every counter says what happened: deliveries
+/// by answer, store calls by answer, settled work by outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_every_answer() {
+    let serve = Serve::with("memory:", 300, &["--max-handler-secs", "1"], &[]);
+    let http = client();
+    let hooks = format!("{}/hooks", serve.base);
+    // Two processed, one replayed, one mismatch, one failed (released), one
+    // in flight (a copy while the first runs).
+    deliver(&http, &hooks, r#"{"id":"m1"}"#, "a", &[]).await;
+    deliver(&http, &hooks, r#"{"id":"m1"}"#, "b", &[]).await;
+    deliver(&http, &hooks, r#"{"id":"m1","x":1}"#, "c", &[]).await;
+    deliver(
+        &http,
+        &hooks,
+        r#"{"id":"m2"}"#,
+        "d",
+        &[("x-test-fail", "1".into())],
+    )
+    .await;
+    let (first, copy) = tokio::join!(deliver(&http, &hooks, r#"{"id":"m3"}"#, "e", &[]), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        deliver(&http, &hooks, r#"{"id":"m3"}"#, "f", &[]).await
+    });
+    assert_eq!((first.0, copy.0), (StatusCode::OK, StatusCode::CONFLICT));
+    let text = http
+        .get(format!("{}/metrics", serve.admin))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let deliveries = |answer| {
+        sample(
+            &text,
+            "dedupe_webhook_deliveries_total",
+            &[("namespace", "hooks"), ("answer", answer)],
+        )
+    };
+    assert_eq!(deliveries("processed"), 2.0, "{text}");
+    assert_eq!(deliveries("replayed"), 1.0, "{text}");
+    assert_eq!(deliveries("mismatch"), 1.0, "{text}");
+    assert_eq!(deliveries("failed"), 1.0, "{text}");
+    assert_eq!(deliveries("in_flight"), 1.0, "{text}");
+    let calls = |operation, answer| {
+        sample(
+            &text,
+            "dedupe_store_calls_total",
+            &[("operation", operation), ("answer", answer)],
+        )
+    };
+    assert_eq!(calls("claim", "claimed"), 3.0, "{text}");
+    assert_eq!(calls("claim", "duplicate"), 1.0, "{text}");
+    assert_eq!(calls("claim", "mismatch"), 1.0, "{text}");
+    assert_eq!(calls("claim", "in_flight"), 1.0, "{text}");
+    assert_eq!(calls("release", "ok"), 1.0, "{text}");
+    assert_eq!(
+        sample(&text, "dedupe_work_total", &[("outcome", "released")]),
+        1.0,
+        "{text}"
+    );
+    assert!(text.contains("dedupe_store_call_seconds"), "{text}");
+
+    // A handler past --max-handler-secs: aborted, released, counted.
+    let bounded = Serve::with("memory:", 1000, &["--max-handler-secs", "0.2"], &[]);
+    let (status, headers, _) = deliver(
+        &http,
+        &format!("{}/hooks", bounded.base),
+        r#"{"id":"m4"}"#,
+        "g",
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.contains_key("retry-after"));
+    let text = http
+        .get(format!("{}/metrics", bounded.admin))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(
+        sample(
+            &text,
+            "dedupe_webhook_deliveries_total",
+            &[("answer", "handler_timeout")]
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "dedupe_work_total", &[("outcome", "timed_out")]),
+        1.0,
+        "{text}"
+    );
 }

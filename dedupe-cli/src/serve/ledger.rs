@@ -22,6 +22,8 @@ use serde::Serialize;
 /// One processed event.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Row {
+    /// Its place in the ledger: the cursor of `GET /hooks?after=`.
+    pub seq: String,
     /// The idempotency key.
     pub key: String,
     /// The provider's event id, if the key came from one.
@@ -35,6 +37,7 @@ pub struct Row {
 impl Row {
     fn of(event: &WebhookEvent) -> Self {
         Self {
+            seq: String::new(),
             key: event.key.to_string(),
             event_id: event.event_id.clone(),
             delivery_id: event.delivery_id.clone(),
@@ -96,9 +99,22 @@ pub enum Ledger {
     },
     InProcess {
         store: Arc<dyn DedupeStore>,
-        rows: Mutex<Vec<Row>>,
+        rows: Mutex<InProcessRows>,
     },
 }
+
+/// The in-process ledger: rows in order, numbered from 1.
+#[derive(Default)]
+pub struct InProcessRows {
+    rows: Vec<Row>,
+    next: u64,
+}
+
+/// Ledger rows a page reads, and the rows a prune deletes per statement.
+const PRUNE_BATCH: i64 = 1000;
+
+/// The Dynamo ledger's one partition: rows sort by `sk`, `<at_ms, 15 digits>#<id>`.
+const DYNAMO_PARTITION: &str = "rows";
 
 fn sqlite_err(e: dedupe_sqlite::rusqlite::Error) -> Error {
     Error::unavailable("ledger (sqlite)", Some(Box::new(e)))
@@ -179,7 +195,7 @@ impl Ledger {
                     Arc::clone(&store),
                     Ledger::InProcess {
                         store,
-                        rows: Mutex::new(Vec::new()),
+                        rows: Mutex::new(InProcessRows::default()),
                     },
                 )
             }
@@ -240,7 +256,11 @@ impl Ledger {
                 };
                 let mut put = Put::builder()
                     .table_name(table.as_str())
-                    .item("pk", AttributeValue::S(uuid_like()))
+                    .item("pk", AttributeValue::S(DYNAMO_PARTITION.into()))
+                    .item(
+                        "sk",
+                        AttributeValue::S(format!("{:015}#{}", row.at_ms, uuid_like())),
+                    )
                     .item("key", AttributeValue::S(row.key.clone()))
                     .item("at_ms", AttributeValue::N(row.at_ms.to_string()));
                 if let Some(id) = &row.event_id {
@@ -268,71 +288,105 @@ impl Ledger {
                     Err(e) => Err(e),
                 };
                 if done.is_ok() {
-                    rows.lock().unwrap_or_else(|e| e.into_inner()).push(row);
+                    let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
+                    rows.next += 1;
+                    let mut row = row;
+                    row.seq = rows.next.to_string();
+                    rows.rows.push(row);
                 }
                 done
             }
         }
     }
 
-    /// Every row, oldest first.
-    pub async fn rows(&self) -> Result<Vec<Row>, Error> {
-        match self {
+    /// Up to `limit` rows after the cursor `after` (a row's `seq`), oldest
+    /// first, and the cursor of the next page when there may be one. One
+    /// indexed range read per page on every store (no full table read).
+    pub async fn page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Row>, Option<String>), Error> {
+        let bad_cursor = || Error::config("?after= is not a cursor of this ledger");
+        let rows = match self {
             Ledger::Sqlite { conns, .. } => {
+                let after: i64 = match after {
+                    Some(a) => a.parse().map_err(|_| bad_cursor())?,
+                    None => 0,
+                };
                 let conns = Arc::clone(conns);
                 tokio::task::spawn_blocking(move || {
                     conns.with(|conn| {
-                    let mut stmt = conn
-                        .prepare("SELECT key, event_id, delivery_id, at_ms FROM dedupe_ledger ORDER BY seq")
-                        .map_err(sqlite_err)?;
-                    let rows = stmt
-                        .query_map([], |r| {
-                            Ok(Row {
-                                key: r.get(0)?,
-                                event_id: r.get(1)?,
-                                delivery_id: r.get(2)?,
-                                at_ms: r.get(3)?,
+                        let mut stmt = conn
+                            .prepare_cached(
+                                "SELECT seq, key, event_id, delivery_id, at_ms FROM dedupe_ledger \
+                                 WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                            )
+                            .map_err(sqlite_err)?;
+                        let rows = stmt
+                            .query_map((after, limit as i64), |r| {
+                                Ok(Row {
+                                    seq: r.get::<_, i64>(0)?.to_string(),
+                                    key: r.get(1)?,
+                                    event_id: r.get(2)?,
+                                    delivery_id: r.get(3)?,
+                                    at_ms: r.get(4)?,
+                                })
                             })
-                        })
-                        .map_err(sqlite_err)?;
-                    rows.collect::<Result<Vec<_>, _>>().map_err(sqlite_err)
+                            .map_err(sqlite_err)?;
+                        rows.collect::<Result<Vec<_>, _>>().map_err(sqlite_err)
                     })
                 })
                 .await
-                .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))?
+                .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))??
             }
             Ledger::Postgres { store, table } => {
-                let rows: Vec<(String, Option<String>, Option<String>, i64)> =
+                let after: i64 = match after {
+                    Some(a) => a.parse().map_err(|_| bad_cursor())?,
+                    None => 0,
+                };
+                let rows: Vec<(i64, String, Option<String>, Option<String>, i64)> =
                     dedupe_postgres::sqlx::query_as(dedupe_postgres::sqlx::AssertSqlSafe(format!(
-                        "SELECT key, event_id, delivery_id, at_ms FROM {table} ORDER BY seq"
+                        "SELECT seq, key, event_id, delivery_id, at_ms FROM {table} \
+                         WHERE seq > $1 ORDER BY seq LIMIT $2"
                     )))
+                    .bind(after)
+                    .bind(limit as i64)
                     .fetch_all(store.pool())
                     .await
                     .map_err(pg_err)?;
-                Ok(rows
-                    .into_iter()
-                    .map(|(key, event_id, delivery_id, at_ms)| Row {
+                rows.into_iter()
+                    .map(|(seq, key, event_id, delivery_id, at_ms)| Row {
+                        seq: seq.to_string(),
                         key,
                         event_id,
                         delivery_id,
                         at_ms,
                     })
-                    .collect())
+                    .collect()
             }
             Ledger::Dynamo { client, table, .. } => {
                 use dedupe_dynamo::aws_sdk_dynamodb::types::AttributeValue;
-                let mut rows = Vec::new();
-                let mut start = None;
-                loop {
-                    let page = client
-                        .scan()
-                        .table_name(table.as_str())
-                        .consistent_read(true)
-                        .set_exclusive_start_key(start)
-                        .send()
-                        .await
-                        .map_err(dynamo_err)?;
-                    for item in page.items() {
+                if after.is_some_and(|a| a.len() > 200 || !a.contains('#')) {
+                    return Err(bad_cursor());
+                }
+                let page = client
+                    .query()
+                    .table_name(table.as_str())
+                    .consistent_read(true)
+                    .key_condition_expression("pk = :p AND sk > :after")
+                    .expression_attribute_values(":p", AttributeValue::S(DYNAMO_PARTITION.into()))
+                    .expression_attribute_values(
+                        ":after",
+                        AttributeValue::S(after.unwrap_or("").to_string()),
+                    )
+                    .limit(limit.min(i32::MAX as usize) as i32)
+                    .send()
+                    .await
+                    .map_err(dynamo_err)?;
+                page.items()
+                    .iter()
+                    .map(|item| {
                         let s = |name: &str| match item.get(name) {
                             Some(AttributeValue::S(s)) => Some(s.clone()),
                             _ => None,
@@ -341,26 +395,143 @@ impl Ledger {
                             Some(AttributeValue::N(n)) => n.parse().unwrap_or(0),
                             _ => 0,
                         };
-                        rows.push(Row {
+                        Row {
+                            seq: s("sk").unwrap_or_default(),
                             key: s("key").unwrap_or_default(),
                             event_id: s("event_id"),
                             delivery_id: s("delivery_id"),
                             at_ms,
-                        });
-                    }
-                    match page.last_evaluated_key() {
-                        Some(k) if !k.is_empty() => start = Some(k.clone()),
-                        _ => break,
-                    }
-                }
-                rows.sort_by_key(|r| r.at_ms);
-                Ok(rows)
+                        }
+                    })
+                    .collect()
             }
             Ledger::InProcess { rows, .. } => {
-                Ok(rows.lock().unwrap_or_else(|e| e.into_inner()).clone())
+                let after: u64 = match after {
+                    Some(a) => a.parse().map_err(|_| bad_cursor())?,
+                    None => 0,
+                };
+                let rows = rows.lock().unwrap_or_else(|e| e.into_inner());
+                let start = rows
+                    .rows
+                    .partition_point(|r| r.seq.parse::<u64>().unwrap_or(0) <= after);
+                rows.rows[start..].iter().take(limit).cloned().collect()
+            }
+        };
+        let next = (rows.len() == limit)
+            .then(|| rows.last().map(|r| r.seq.clone()))
+            .flatten();
+        Ok((rows, next))
+    }
+
+    /// Deletes the rows older than `cutoff_ms`, in batches; answers how many.
+    pub async fn prune(&self, cutoff_ms: i64) -> Result<u64, Error> {
+        let mut removed = 0u64;
+        match self {
+            Ledger::Sqlite { conns, .. } => loop {
+                let conns = Arc::clone(conns);
+                let n = tokio::task::spawn_blocking(move || {
+                    conns.with(|conn| {
+                        conn.execute(
+                            "DELETE FROM dedupe_ledger WHERE seq IN \
+                             (SELECT seq FROM dedupe_ledger WHERE at_ms < ?1 ORDER BY seq LIMIT ?2)",
+                            (cutoff_ms, PRUNE_BATCH),
+                        )
+                        .map_err(sqlite_err)
+                    })
+                })
+                .await
+                .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))??;
+                removed += n as u64;
+                if (n as i64) < PRUNE_BATCH {
+                    return Ok(removed);
+                }
+            },
+            Ledger::Postgres { store, table } => loop {
+                let n =
+                    dedupe_postgres::sqlx::query(dedupe_postgres::sqlx::AssertSqlSafe(format!(
+                        "DELETE FROM {table} WHERE seq IN \
+                     (SELECT seq FROM {table} WHERE at_ms < $1 ORDER BY seq LIMIT $2)"
+                    )))
+                    .bind(cutoff_ms)
+                    .bind(PRUNE_BATCH)
+                    .execute(store.pool())
+                    .await
+                    .map_err(pg_err)?
+                    .rows_affected();
+                removed += n;
+                if (n as i64) < PRUNE_BATCH {
+                    return Ok(removed);
+                }
+            },
+            Ledger::Dynamo { client, table, .. } => {
+                use dedupe_dynamo::aws_sdk_dynamodb::types::AttributeValue;
+                loop {
+                    let page = client
+                        .query()
+                        .table_name(table.as_str())
+                        .consistent_read(true)
+                        .key_condition_expression("pk = :p AND sk < :cutoff")
+                        .expression_attribute_values(
+                            ":p",
+                            AttributeValue::S(DYNAMO_PARTITION.into()),
+                        )
+                        .expression_attribute_values(
+                            ":cutoff",
+                            AttributeValue::S(format!("{cutoff_ms:015}")),
+                        )
+                        .limit(PRUNE_BATCH as i32)
+                        .send()
+                        .await
+                        .map_err(dynamo_err)?;
+                    let items = page.items();
+                    for item in items {
+                        let Some(sk) = item.get("sk").cloned() else {
+                            continue;
+                        };
+                        client
+                            .delete_item()
+                            .table_name(table.as_str())
+                            .key("pk", AttributeValue::S(DYNAMO_PARTITION.into()))
+                            .key("sk", sk)
+                            .send()
+                            .await
+                            .map_err(dynamo_err)?;
+                        removed += 1;
+                    }
+                    if (items.len() as i64) < PRUNE_BATCH {
+                        return Ok(removed);
+                    }
+                }
+            }
+            Ledger::InProcess { rows, .. } => {
+                let mut rows = rows.lock().unwrap_or_else(|e| e.into_inner());
+                let before = rows.rows.len();
+                rows.rows.retain(|r| r.at_ms >= cutoff_ms);
+                Ok((before - rows.rows.len()) as u64)
             }
         }
     }
+}
+
+/// Prunes the ledger with the store's retention: rows of events whose
+/// records are gone go too. Every half retention, at most every minute.
+pub fn spawn_pruner(app: Arc<super::App>, retention: Duration) -> tokio::task::JoinHandle<()> {
+    let every = (retention / 2).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let cutoff = SystemTime::now()
+                .checked_sub(retention)
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            match app.ledger.prune(cutoff).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(removed = n, "ledger pruned"),
+                Err(e) => tracing::warn!(error = %e, "ledger prune failed"),
+            }
+        }
+    })
 }
 
 /// Whether `record` is the completion of `lease` (done, by its claim).
@@ -390,13 +561,21 @@ async fn create_dynamo_ledger(
     use dedupe_dynamo::aws_sdk_dynamodb::types::{
         AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     };
-    let exists = client
-        .describe_table()
-        .table_name(table)
-        .send()
-        .await
-        .is_ok();
-    if exists {
+    if let Ok(described) = client.describe_table().table_name(table).send().await {
+        let keys: Vec<String> = described
+            .table()
+            .map(|t| {
+                t.key_schema()
+                    .iter()
+                    .map(|k| k.attribute_name().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if keys != ["pk", "sk"] {
+            return Err(Error::config(format!(
+                "ledger table {table} has the key {keys:?}, not [pk, sk] (an earlier layout): drop it"
+            )));
+        }
         return Ok(());
     }
     client
@@ -410,10 +589,24 @@ async fn create_dynamo_ledger(
                 .build()
                 .map_err(dynamo_err)?,
         )
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("sk")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .map_err(dynamo_err)?,
+        )
         .key_schema(
             KeySchemaElement::builder()
                 .attribute_name("pk")
                 .key_type(KeyType::Hash)
+                .build()
+                .map_err(dynamo_err)?,
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("sk")
+                .key_type(KeyType::Range)
                 .build()
                 .map_err(dynamo_err)?,
         )

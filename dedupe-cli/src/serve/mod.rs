@@ -1,24 +1,30 @@
 //! `dedupe serve`: a webhook receiver on any store, the whole path of
 //! dedupe-webhook (verify, derive the key, claim, work, complete) with a
 //! business step that appends one ledger row per processed event.
+//!
+//! Two surfaces: the public listener takes deliveries (`POST /hooks`,
+//! `/hooks/{route}`); the ledger (`GET /hooks`) and the metrics
+//! (`GET /metrics`) are served there only while no secret is configured (a
+//! local demo), and on `--admin-listen` always.
 
 mod ledger;
-mod metrics;
+mod secrets;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
-use axum::middleware::Next;
+use axum::extract::{Path, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dedupe_core::Error;
 use dedupe_url::Opener;
-use dedupe_webhook::{Completed, KeyRule, Scheme, Verifier, Webhook, WebhookEvent};
+use dedupe_webhook::{Completed, KeyRule, Scheme, Webhook, WebhookEvent};
 use http::{header, StatusCode};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use ledger::Ledger;
 
@@ -27,134 +33,223 @@ pub struct ServeArgs {
     /// The store, as a URL (default: a SQLite file dedupe-serve.db here).
     #[arg(long, value_name = "URL", default_value = "sqlite://dedupe-serve.db")]
     store: String,
-    /// Address to listen on (port 0: any free port; the address is printed).
+    /// Address to listen on for deliveries (port 0: any free port; the
+    /// address is printed).
     #[arg(long, default_value = "127.0.0.1:8471")]
     listen: SocketAddr,
+    /// Address of the admin surface: `GET /hooks` (the ledger, paginated with
+    /// `?limit=&after=`), `GET /metrics` (Prometheus) and `GET /healthz`. Once
+    /// any secret is configured these are served only here. Keep it private.
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
+    /// A named route: `NAME=PROVIDER` (stripe, github, shopify, standard)
+    /// serves `/hooks/NAME` with that provider's key rule and signature
+    /// scheme, keyed in its own namespace NAME: two routes of one provider are
+    /// two consumers, and each runs its own handler for every event.
+    #[arg(long = "route", value_name = "NAME=PROVIDER")]
+    routes: Vec<String>,
     /// How long the business step takes, to widen race windows.
     #[arg(long, default_value_t = 0)]
     work_ms: u64,
-    /// A signing secret: `stripe=whsec_...`, `github=...`, `shopify=...`, or
-    /// `standard=whsec_...`; a bare secret is a Standard Webhooks secret for
-    /// /hooks and /hooks/{source}. Repeat a scheme for rotation.
-    #[arg(long = "secret", value_name = "[SCHEME=]SECRET")]
+    /// A signing secret: `ROUTE=SECRET`, where ROUTE is `stripe`, `github`,
+    /// `shopify`, `standard` (for /hooks and /hooks/standard) or a --route
+    /// name (which otherwise takes its provider's secret); a bare secret is a
+    /// Standard Webhooks one. Repeat for rotation. Visible to `ps`: prefer
+    /// --secret-file or DEDUPE_SECRET_<ROUTE> variables.
+    #[arg(long = "secret", value_name = "[ROUTE=]SECRET")]
     secrets: Vec<String>,
-    /// Largest body accepted, in bytes.
-    #[arg(long, default_value_t = Webhook::DEFAULT_BODY_LIMIT)]
-    body_limit: usize,
+    /// A file of secrets, one `[ROUTE=]SECRET` a line (`#` starts a comment).
+    /// Secrets are also read from the environment: DEDUPE_SECRET_<ROUTE>
+    /// (upper case, `-` and `.` as `_`), several separated by white space.
+    #[arg(long, value_name = "PATH")]
+    secret_file: Vec<std::path::PathBuf>,
+    /// Largest body accepted, in bytes (default: each provider's own need:
+    /// GitHub 25 MB, the others 1 MiB).
+    #[arg(long)]
+    body_limit: Option<usize>,
     /// Replay tolerance of signed timestamps, in seconds.
     #[arg(long, default_value_t = 300)]
     tolerance_secs: u64,
     /// Serve this route without a signature check even though other routes
     /// have secrets: `hooks` (for /hooks and /hooks/standard), `stripe`,
-    /// `github` or `shopify`. Without any --secret every route is unsigned.
+    /// `github`, `shopify` or a --route name. Without any secret every route
+    /// is unsigned.
     #[arg(long = "unsigned", value_name = "ROUTE")]
     unsigned: Vec<String>,
-    /// Test hook: a request carrying this header fails in its business step
-    /// (500), as a crashing handler would.
+    /// Longest a handler may run, in seconds: past it the handler is aborted,
+    /// its claim released and the delivery answered 503 (unbounded by default).
+    #[arg(long, value_name = "SECS")]
+    max_handler_secs: Option<f64>,
+    /// Most deliveries processed at once; past it a delivery gets 503 with
+    /// Retry-After instead of queueing (unlimited by default).
+    #[arg(long, value_name = "N")]
+    max_concurrency: Option<usize>,
+    /// On SIGTERM or Ctrl-C: how long running handlers may take to finish
+    /// before they are aborted and their claims released.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    shutdown_grace_secs: f64,
+    /// Test hook, not for production: a request carrying this header fails in
+    /// its business step (500), as a crashing handler would.
     #[arg(long, value_name = "HEADER")]
     fail_on_header: Option<String>,
+    /// Test hook, not for production: the business step appends a line
+    /// `<key> <delivery id>` to this file when it starts, before any wait: a
+    /// side effect outside the store, counted by tests across processes.
+    #[arg(long, value_name = "PATH")]
+    effect_log: Option<std::path::PathBuf>,
+}
+
+/// A provider a route can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Provider {
+    Standard,
+    Stripe,
+    GitHub,
+    Shopify,
+}
+
+impl Provider {
+    fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "standard" | "svix" => Provider::Standard,
+            "stripe" => Provider::Stripe,
+            "github" => Provider::GitHub,
+            "shopify" => Provider::Shopify,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        self.scheme().name()
+    }
+
+    fn scheme(self) -> Scheme {
+        match self {
+            Provider::Standard => Scheme::StandardWebhooks,
+            Provider::Stripe => Scheme::Stripe,
+            Provider::GitHub => Scheme::GitHub,
+            Provider::Shopify => Scheme::Shopify,
+        }
+    }
+
+    fn rule(self, namespace: &str) -> KeyRule {
+        match self {
+            Provider::Standard => KeyRule::generic(namespace),
+            Provider::Stripe => KeyRule::stripe(namespace),
+            Provider::GitHub => KeyRule::github(namespace),
+            Provider::Shopify => KeyRule::shopify(namespace),
+        }
+    }
 }
 
 struct App {
     ledger: Ledger,
-    /// `/hooks` and `/hooks/standard`; `None` when secrets are given but none
-    /// for Standard Webhooks (the route is then not served).
-    generic: Option<Webhook>,
-    /// `/hooks/{source}` for the other providers, likewise.
-    providers: Vec<(&'static str, Option<Webhook>)>,
+    /// Route name (`hooks`, `standard`, a provider, a --route name) to its
+    /// receiver; `None` when secrets are configured but none for it (the route
+    /// is then not served, so nothing unsigned gets in by a side door).
+    routes: HashMap<String, Option<Webhook>>,
     work: Duration,
     fail_on: Option<http::HeaderName>,
-    metrics: metrics::Metrics,
-}
-
-/// Splits the `--secret` flags by scheme; a bare secret is Standard Webhooks.
-fn verifiers(args: &ServeArgs) -> Result<Vec<(Scheme, Verifier)>, Error> {
-    let schemes = [
-        Scheme::StandardWebhooks,
-        Scheme::Stripe,
-        Scheme::GitHub,
-        Scheme::Shopify,
-    ];
-    let mut by_scheme: Vec<(Scheme, Vec<&str>)> = schemes.iter().map(|s| (*s, vec![])).collect();
-    for secret in &args.secrets {
-        let (scheme, value) = match secret.split_once('=') {
-            Some((name, value)) if schemes.iter().any(|s| s.name() == name) => {
-                (schemes.iter().find(|s| s.name() == name).copied(), value)
-            }
-            _ => (Some(Scheme::StandardWebhooks), secret.as_str()),
-        };
-        if let Some(entry) = by_scheme.iter_mut().find(|(s, _)| Some(*s) == scheme) {
-            entry.1.push(value);
-        }
-    }
-    let mut out = Vec::new();
-    for (scheme, secrets) in by_scheme {
-        if secrets.is_empty() {
-            continue;
-        }
-        let verifier = Verifier::new(scheme, secrets)
-            .map_err(|e| Error::config(format!("--secret: {e}")))?
-            .with_tolerance(Duration::from_secs(args.tolerance_secs));
-        out.push((scheme, verifier));
-    }
-    Ok(out)
+    effect_log: Option<std::path::PathBuf>,
+    metrics: PrometheusHandle,
 }
 
 pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Error::config(format!("metrics recorder: {e}")))?;
     let url = crate::store_url(&args.store)?;
     let shown = url.to_string();
     let opener = Opener::new(url).await?;
     let (store, ledger) = Ledger::open(&opener).await?;
-    let verifiers = verifiers(&args)?;
-    let verifier_for = |scheme: Scheme| {
-        verifiers
-            .iter()
-            .find(|(s, _)| *s == scheme)
-            .map(|(_, v)| v.clone())
-    };
+
+    // Routes: the built-in ones, then the named ones.
+    let mut routes: Vec<(String, Provider)> = vec![
+        ("hooks".into(), Provider::Standard),
+        ("stripe".into(), Provider::Stripe),
+        ("github".into(), Provider::GitHub),
+        ("shopify".into(), Provider::Shopify),
+    ];
+    for spec in &args.routes {
+        let (name, provider) = spec
+            .split_once('=')
+            .ok_or_else(|| Error::config(format!("--route {spec}: expected NAME=PROVIDER")))?;
+        let provider = Provider::parse(provider).ok_or_else(|| {
+            Error::config(format!(
+                "--route {spec}: providers are stripe, github, shopify, standard"
+            ))
+        })?;
+        dedupe_core::Key::new(name, "x")
+            .map_err(|e| Error::config(format!("--route {spec}: {e}")))?;
+        if routes.iter().any(|(n, _)| n == name) || name == "standard" {
+            return Err(Error::config(format!(
+                "--route {spec}: /hooks/{name} is already a route"
+            )));
+        }
+        routes.push((name.to_string(), provider));
+    }
+    let route_names: Vec<&str> = routes.iter().map(|(n, _)| n.as_str()).collect();
+    let secrets = secrets::collect(&args.secrets, &args.secret_file, &route_names)?;
+    if let Some(bad) = args
+        .unsigned
+        .iter()
+        .find(|r| !route_names.contains(&r.as_str()))
+    {
+        return Err(Error::config(format!(
+            "--unsigned {bad}: routes are {}",
+            route_names.join(", ")
+        )));
+    }
+    // With no secret at all every route is open (a local demo); once secrets
+    // are given, a route without one is not served unless --unsigned says so.
+    let open = secrets.is_empty();
+    if open {
+        eprintln!("warning: no secret given: signatures are not checked on any route");
+    }
     let lease = opener.url().lease().unwrap_or(Webhook::DEFAULT_LEASE);
     let retention = opener
         .url()
         .retention()
         .unwrap_or(Webhook::DEFAULT_RETENTION);
-    // With no secret at all every route is open (a local demo); once secrets
-    // are given, a route whose scheme has none is not served, so no route
-    // silently accepts unsigned requests.
-    let open = verifiers.is_empty();
-    if open {
-        eprintln!("warning: no --secret given: signatures are not checked on any route");
-    }
-    const ROUTES: [&str; 4] = ["hooks", "stripe", "github", "shopify"];
-    if let Some(bad) = args.unsigned.iter().find(|r| !ROUTES.contains(&r.as_str())) {
-        return Err(Error::config(format!(
-            "--unsigned {bad}: routes are {}",
-            ROUTES.join(", ")
-        )));
-    }
-    let hook = |route: &str, rule: KeyRule, scheme: Scheme| -> Option<Webhook> {
-        let hook = Webhook::new(Arc::clone(&store), rule)
-            .body_limit(args.body_limit)
+    let mut receivers = HashMap::new();
+    for (name, provider) in &routes {
+        let mut hook = Webhook::new(Arc::clone(&store), provider.rule(name))
             .lease(lease)
             .retention(retention);
-        match verifier_for(scheme) {
-            Some(v) => Some(hook.verifier(v)),
-            None if open || args.unsigned.iter().any(|r| r == route) => Some(hook),
-            None => None,
+        if let Some(limit) = args.body_limit {
+            hook = hook.body_limit(limit);
         }
-    };
+        if let Some(secs) = args.max_handler_secs {
+            hook = hook.max_handler_time(secs_arg("--max-handler-secs", secs)?);
+        }
+        if let Some(n) = args.max_concurrency {
+            hook = hook.max_concurrency(n);
+        }
+        // A named route's own secrets, else its provider's.
+        let own = secrets.get(name.as_str()).or_else(|| match name.as_str() {
+            "hooks" => secrets.get("standard"),
+            _ => secrets.get(provider.name()),
+        });
+        let hook = match own {
+            Some(list) => {
+                let verifier = dedupe_webhook::Verifier::new(provider.scheme(), list)
+                    .map_err(|e| Error::config(format!("secret for {name}: {e}")))?
+                    .with_tolerance(Duration::from_secs(args.tolerance_secs));
+                Some(hook.verifier(verifier))
+            }
+            None if open || args.unsigned.contains(name) => Some(hook),
+            None => None,
+        };
+        receivers.insert(name.clone(), hook);
+    }
+    // /hooks/standard is /hooks under another name: one namespace, so a signed
+    // message replayed on the other route is the same key.
+    let generic = receivers.get("hooks").cloned().flatten();
+    receivers.insert("standard".into(), generic);
+
     let app = Arc::new(App {
         ledger,
-        // One namespace for /hooks and /hooks/standard, so a signed message
-        // replayed on the other route is the same key.
-        generic: hook("hooks", KeyRule::generic("hooks"), Scheme::StandardWebhooks),
-        providers: vec![
-            ("stripe", hook("stripe", KeyRule::stripe(), Scheme::Stripe)),
-            ("github", hook("github", KeyRule::github(), Scheme::GitHub)),
-            (
-                "shopify",
-                hook("shopify", KeyRule::shopify(), Scheme::Shopify),
-            ),
-        ],
+        routes: receivers,
         work: Duration::from_millis(args.work_ms),
         fail_on: match &args.fail_on_header {
             Some(name) => Some(
@@ -163,32 +258,92 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
             ),
             None => None,
         },
-        metrics: metrics::Metrics::new(),
+        effect_log: args.effect_log.clone(),
+        metrics,
     });
-    let router = Router::new()
-        .route("/hooks", post(receive).get(ledger_rows))
-        .route("/hooks/{source}", post(receive_from))
-        .route("/healthz", get(healthz))
+    let admin = Router::new()
+        .route("/hooks", get(ledger_rows))
         .route("/metrics", get(metrics_text))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&app),
-            measure,
-        ))
+        .route("/healthz", get(healthz))
         .with_state(Arc::clone(&app));
+    let mut public = Router::new()
+        .route("/hooks", post(receive))
+        .route("/hooks/{route}", post(receive_on))
+        .route("/healthz", get(healthz));
+    if open {
+        public = public
+            .route("/hooks", get(ledger_rows))
+            .route("/metrics", get(metrics_text));
+    }
+    let public = public.with_state(Arc::clone(&app));
+
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| Error::config(format!("--listen {}: {e}", args.listen)))?;
     let local = listener
         .local_addr()
         .map_err(|e| Error::unavailable("listener address", Some(Box::new(e))))?;
-    // The first line of output: tests and scripts read the address from it.
-    println!("listening on http://{local} (store {shown})");
-    axum::serve(listener, router)
+    let admin_task = match args.admin_listen {
+        Some(addr) => {
+            let admin_listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| Error::config(format!("--admin-listen {addr}: {e}")))?;
+            let admin_local = admin_listener
+                .local_addr()
+                .map_err(|e| Error::unavailable("admin listener address", Some(Box::new(e))))?;
+            eprintln!("admin on http://{admin_local} (ledger, metrics)");
+            Some((
+                admin_local,
+                tokio::spawn(async move { axum::serve(admin_listener, admin).await }),
+            ))
+        }
+        None => None,
+    };
+    let pruner = ledger::spawn_pruner(Arc::clone(&app), retention);
+    // The first line of output: tests and scripts read the address(es) from it.
+    match &admin_task {
+        Some((admin, _)) => {
+            println!("listening on http://{local} (store {shown}) admin http://{admin}")
+        }
+        None => println!("listening on http://{local} (store {shown})"),
+    }
+    let grace = secs_arg("--shutdown-grace-secs", args.shutdown_grace_secs)?;
+    axum::serve(listener, public)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Error::unavailable("server", Some(Box::new(e))))?;
-    eprintln!("stopped: in-flight requests finished or released their claims");
+    // The listener is closed; handlers whose provider gave up may still run.
+    // Every receiver drains at once, within one grace (/hooks and
+    // /hooks/standard share one, whose second drain finds nothing left).
+    let drains = app
+        .routes
+        .values()
+        .flatten()
+        .map(|hook| hook.shutdown(grace));
+    let aborted: usize = futures_util::future::join_all(drains)
+        .await
+        .iter()
+        .map(|d| d.aborted)
+        .sum();
+    pruner.abort();
+    if let Some((_, task)) = admin_task {
+        task.abort();
+    }
+    if aborted > 0 {
+        eprintln!(
+            "stopped: {aborted} handler(s) ran past the grace; aborted, their claims released"
+        );
+    } else {
+        eprintln!("stopped: every handler finished");
+    }
     Ok(true)
+}
+
+fn secs_arg(flag: &str, secs: f64) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| Error::config(format!("{flag} {secs}: a positive number of seconds")))
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, let in-flight requests finish.
@@ -218,46 +373,62 @@ fn not_served(what: &str) -> Response {
         StatusCode::NOT_FOUND,
         Json(serde_json::json!({
             "error": "not_served",
-            "message": format!("{what} is not served: unknown source, or no --secret for its scheme"),
+            "message": format!("{what} is not served: unknown route, or no secret for it"),
         })),
     )
         .into_response()
 }
 
 async fn receive(State(app): State<Arc<App>>, req: Request) -> Response {
-    let a = Arc::clone(&app);
-    match &app.generic {
-        Some(hook) => hook.handle(req, move |req| business_step(a, req)).await,
-        None => not_served("/hooks"),
-    }
+    route(app, "hooks", req).await
 }
 
-async fn receive_from(
+async fn receive_on(
     State(app): State<Arc<App>>,
-    Path(source): Path<String>,
+    Path(name): Path<String>,
     req: Request,
 ) -> Response {
-    let a = Arc::clone(&app);
-    let hook = if source == "standard" {
-        app.generic.as_ref()
-    } else {
-        app.providers
-            .iter()
-            .find(|(name, _)| *name == source)
-            .and_then(|(_, hook)| hook.as_ref())
-    };
-    match hook {
-        Some(hook) => hook.handle(req, move |req| business_step(a, req)).await,
-        None => not_served(&format!("/hooks/{source}")),
+    route(app, &name, req).await
+}
+
+async fn route(app: Arc<App>, name: &str, req: Request) -> Response {
+    match app.routes.get(name).cloned().flatten() {
+        Some(hook) => {
+            let a = Arc::clone(&app);
+            hook.handle(req, move |req| business_step(a, req)).await
+        }
+        None if name == "hooks" => not_served("/hooks"),
+        None => not_served(&format!("/hooks/{name}")),
     }
 }
 
-/// The business step: wait `--work-ms`, then append the ledger row and
-/// complete the claim together; answer what a provider expects.
+/// The business step: note the effect (test hook), wait `--work-ms`, then
+/// append the ledger row and complete the claim together; answer what a
+/// provider expects.
 async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
     let Some(event) = req.extensions().get::<WebhookEvent>().cloned() else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "no claimed event").into_response();
     };
+    if let Some(path) = &app.effect_log {
+        let line = format!(
+            "{} {}\n",
+            event.key,
+            event.delivery_id.as_deref().unwrap_or("-")
+        );
+        let path = path.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(line.as_bytes()))
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            tracing::warn!("could not write the effect log");
+        }
+    }
     if !app.work.is_zero() {
         tokio::time::sleep(app.work).await;
     }
@@ -287,7 +458,8 @@ async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
             .into_response(),
         Err(e) => {
             // Nothing committed: the receiver releases the claim, and the
-            // provider's retry processes the event.
+            // provider's retry processes the event. The store's text stays in
+            // the log: it can name hosts and tables.
             tracing::warn!(key = %event.key, error = %e, "ledger write and completion failed");
             let status = if e.is_retryable() {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -296,7 +468,7 @@ async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
             };
             let mut response = (
                 status,
-                Json(serde_json::json!({"error": "not recorded", "message": e.to_string()})),
+                Json(serde_json::json!({"error": "not recorded", "message": "the event was not recorded; retry"})),
             )
                 .into_response();
             if e.is_retryable() {
@@ -309,15 +481,36 @@ async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
     }
 }
 
-async fn ledger_rows(State(app): State<Arc<App>>) -> Response {
-    match app.ledger.rows().await {
-        Ok(rows) => Json(serde_json::json!({"rows": rows.len(), "ledger": rows})).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            Json(serde_json::json!({"error": "ledger unavailable", "message": e.to_string()})),
-        )
-            .into_response(),
+#[derive(serde::Deserialize)]
+struct Page {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// A page of the ledger, oldest first: `?limit=` rows (default 1000, at most
+/// 10000) after the cursor `?after=` (a row's `seq`); `next` is the cursor of
+/// the following page, `null` on the last.
+async fn ledger_rows(State(app): State<Arc<App>>, Query(page): Query<Page>) -> Response {
+    let limit = page.limit.unwrap_or(1000).clamp(1, 10_000);
+    match app.ledger.page(page.after.as_deref(), limit).await {
+        Ok((rows, next)) => {
+            Json(serde_json::json!({"rows": rows.len(), "ledger": rows, "next": next}))
+                .into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "ledger read failed");
+            let status = if matches!(e, Error::InvalidConfig { .. }) {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (
+                status,
+                [(header::RETRY_AFTER, "1")],
+                Json(serde_json::json!({"error": "ledger unavailable", "message": "the ledger could not be read"})),
+            )
+                .into_response()
+        }
     }
 }
 
@@ -326,22 +519,13 @@ async fn healthz() -> &'static str {
 }
 
 async fn metrics_text(State(app): State<Arc<App>>) -> Response {
+    app.metrics.run_upkeep();
     (
         [(
             header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            "text/plain; version=0.0.4; charset=utf-8",
         )],
         app.metrics.render(),
     )
         .into_response()
-}
-
-/// Counts every webhook answer and its latency.
-async fn measure(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let response = next.run(req).await;
-    if let Some(answer) = response.extensions().get::<dedupe_webhook::Answer>() {
-        app.metrics.observe(*answer, started.elapsed());
-    }
-    response
 }
