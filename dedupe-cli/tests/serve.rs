@@ -891,3 +891,44 @@ async fn metrics_count_every_answer() {
         "{text}"
     );
 }
+
+/// The ledger is pruned with the store's retention: a row outlives its
+/// event's record by at most a prune period, on a SQLite file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_is_pruned_with_the_retention() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!(
+        "sqlite://{}?retention=1s",
+        dir.path().join("hooks.db").display()
+    );
+    let serve = Serve::with(&url, 0, &[], &[]);
+    let http = client();
+    let (status, _, _) = deliver(
+        &http,
+        &format!("{}/hooks", serve.base),
+        r#"{"id":"evt_old"}"#,
+        "d",
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        rows(&http, &serve.admin, Some("hooks:evt_old")).await.len(),
+        1
+    );
+    let since = std::time::Instant::now();
+    while !rows(&http, &serve.admin, Some("hooks:evt_old"))
+        .await
+        .is_empty()
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the row outlived its retention"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        since.elapsed() >= Duration::from_millis(500),
+        "pruned before its retention"
+    );
+}

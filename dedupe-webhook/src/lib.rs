@@ -5,19 +5,25 @@
 //!
 //! 1. the body is read, at most [`Webhook::body_limit`] bytes (413 past it);
 //! 2. its signature is verified, before anything is claimed ([`Verifier`]:
-//!    Standard Webhooks, Stripe, GitHub, Shopify; 401 when missing, bad or stale);
+//!    Standard Webhooks and Svix, Stripe, GitHub, Shopify; 401 when missing,
+//!    bad or stale);
 //! 3. the idempotency key is derived from the provider's stable event id, never
 //!    a per-attempt delivery id, or from the SHA-256 of the raw body where there
-//!    is no id ([`KeyRule`]; 400 for a body that is not JSON);
-//! 4. the key is claimed, with the body's SHA-256 as fingerprint: a duplicate
-//!    is answered with the stored response and `Idempotent-Replay: true`, a
-//!    delivery still in flight elsewhere with 409 and `Retry-After`, the same key
-//!    with another payload with 422, an unreachable store with 503 and
-//!    `Retry-After` (nothing recorded);
-//! 5. the route's handler runs; a 2xx response is stored as the outcome and
-//!    returned, anything else releases the claim so the provider's retry runs it
-//!    again. A handler whose future is dropped (client gone, shutdown) releases
-//!    its claim too.
+//!    is no id ([`KeyRule`], one namespace per consumer; 400 for a body that is
+//!    not JSON);
+//! 4. in a task of its own, which the request only awaits, the key is claimed
+//!    with the payload's fingerprint ([`PayloadFingerprint`]): a duplicate is
+//!    answered with the stored response and `Idempotent-Replay: true`, a
+//!    delivery still in flight elsewhere with 409 and `Retry-After`, the same
+//!    key with another payload with 422 or, on signed routes, as a duplicate
+//!    ([`OnMismatch`]), an unreachable store with 503 and `Retry-After`
+//!    (nothing recorded);
+//! 5. the route's handler runs under the claim, its lease extended beside it;
+//!    a 2xx response is stored as the outcome and returned, anything else
+//!    releases the claim so the provider's retry runs it again. A provider
+//!    that gives up mid-handler does not stop it: its retry is told 409 until
+//!    the handler is done, then gets the stored response. See [`Webhook`] for
+//!    panics, time bounds, shutdown and crashes.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -30,7 +36,7 @@
 //!     Json(serde_json::json!({ "processed": event.key.to_string() }))
 //! }
 //!
-//! let stripe = Webhook::new(Arc::new(MemoryStore::new()), KeyRule::stripe("stripe"))
+//! let stripe = Webhook::new(Arc::new(MemoryStore::new()), KeyRule::stripe("payments"))
 //!     .verifier(Verifier::new(Scheme::Stripe, ["whsec_test_secret"])?);
 //! let app: Router = Router::new().route("/hooks/stripe", post(on_payment).route_layer(stripe.layer()));
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -267,7 +267,7 @@ async fn github_hooks_sharing_a_guid_form_bodies_and_big_bodies() {
         let mut h = verifier.sign("", 0, body);
         h.push(("x-github-hook-id", hook.to_string()));
         h.push(("x-github-delivery", guid.to_string()));
-        h.into_iter().map(|(k, v)| (k, v)).collect::<Vec<_>>()
+        h
     };
     let a = r#"{"action":"opened","hook":"a"}"#;
     let b = r#"{"action":"opened","hook":"b"}"#;

@@ -345,7 +345,8 @@ impl Ledger {
                     Some(a) => a.parse().map_err(|_| bad_cursor())?,
                     None => 0,
                 };
-                let rows: Vec<(i64, String, Option<String>, Option<String>, i64)> =
+                type Selected = (i64, String, Option<String>, Option<String>, i64);
+                let rows: Vec<Selected> =
                     dedupe_postgres::sqlx::query_as(dedupe_postgres::sqlx::AssertSqlSafe(format!(
                         "SELECT seq, key, event_id, delivery_id, at_ms FROM {table} \
                          WHERE seq > $1 ORDER BY seq LIMIT $2"
