@@ -55,11 +55,11 @@ pub struct ServeArgs {
     /// `shopify`, `standard` (for /hooks and /hooks/standard) or a --route
     /// name (which otherwise takes its provider's secret); a bare secret is a
     /// Standard Webhooks one. Repeat for rotation. Visible to `ps`: prefer
-    /// --secret-file or DEDUPE_SECRET_<ROUTE> variables.
+    /// --secret-file or DEDUPE_SECRET_{ROUTE} variables.
     #[arg(long = "secret", value_name = "[ROUTE=]SECRET")]
     secrets: Vec<String>,
     /// A file of secrets, one `[ROUTE=]SECRET` a line (`#` starts a comment).
-    /// Secrets are also read from the environment: DEDUPE_SECRET_<ROUTE>
+    /// Secrets are also read from the environment: DEDUPE_SECRET_{ROUTE}
     /// (upper case, `-` and `.` as `_`), several separated by white space.
     #[arg(long, value_name = "PATH")]
     secret_file: Vec<std::path::PathBuf>,
