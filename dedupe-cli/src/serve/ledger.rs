@@ -371,20 +371,21 @@ impl Ledger {
                 if after.is_some_and(|a| a.len() > 200 || !a.contains('#')) {
                     return Err(bad_cursor());
                 }
-                let page = client
+                let mut query = client
                     .query()
                     .table_name(table.as_str())
                     .consistent_read(true)
-                    .key_condition_expression("pk = :p AND sk > :after")
                     .expression_attribute_values(":p", AttributeValue::S(DYNAMO_PARTITION.into()))
-                    .expression_attribute_values(
-                        ":after",
-                        AttributeValue::S(after.unwrap_or("").to_string()),
-                    )
-                    .limit(limit.min(i32::MAX as usize) as i32)
-                    .send()
-                    .await
-                    .map_err(dynamo_err)?;
+                    .limit(limit.min(i32::MAX as usize) as i32);
+                // DynamoDB takes no empty string in a key condition: the first
+                // page is the partition from its start.
+                query = match after {
+                    Some(after) => query
+                        .key_condition_expression("pk = :p AND sk > :after")
+                        .expression_attribute_values(":after", AttributeValue::S(after.to_string())),
+                    None => query.key_condition_expression("pk = :p"),
+                };
+                let page = query.send().await.map_err(dynamo_err)?;
                 page.items()
                     .iter()
                     .map(|item| {
