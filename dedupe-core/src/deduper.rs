@@ -443,11 +443,12 @@ impl Deduper {
             .capabilities()
             .max_outcome_bytes
             .saturating_sub(1);
-        let running = work(lease.clone());
         let worked = self
             .holder(opts.lease_ttl)
-            .hold(&self.tasks, lease, async move {
-                let result = running.await;
+            .hold(&self.tasks, lease.clone(), async move {
+                // The closure is called here, inside the hold: a panic in it
+                // releases the claim like a panic in the future it returns.
+                let result = work(lease).await;
                 let settle = match (&result, on_failure) {
                     (Ok(outcome), _) => Settle::Complete {
                         outcome: framed(SUCCEEDED, outcome),
@@ -494,6 +495,7 @@ impl Deduper {
             }
             Worked::TimedOut { limit, released } => Err(HandleError::TimedOut { limit, released }),
             Worked::Aborted { released } => Err(HandleError::Aborted { released }),
+            Worked::AlreadyRunning { deadline } => Ok(Handled::InFlight { deadline }),
         })
     }
 }

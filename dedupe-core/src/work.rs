@@ -12,6 +12,7 @@
 //! itself.
 
 use std::any::Any;
+use std::collections::HashSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -22,7 +23,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::claim::{Lease, MIN_TTL};
+use crate::claim::{Lease, LeaseToken, MIN_TTL};
 use crate::error::Error;
 use crate::record::RecordState;
 use crate::store::DedupeStore;
@@ -79,6 +80,14 @@ pub enum Worked<T> {
         /// The store's answer to the release.
         released: Result<(), Error>,
     },
+    /// Work under this very lease already runs in this `Deduper` (a claim
+    /// with a claim id asked again while the first run goes on, and the store
+    /// answered it the same lease): the work was not run a second time, and
+    /// the claim is left to the first run.
+    AlreadyRunning {
+        /// The lease's deadline.
+        deadline: SystemTime,
+    },
 }
 
 /// What [`Deduper::shutdown`](crate::Deduper::shutdown) found.
@@ -98,6 +107,24 @@ pub struct Drained {
 pub(crate) struct Tasks {
     tracker: TaskTracker,
     abort: CancellationToken,
+    /// The tokens of the leases whose work runs now.
+    held: Mutex<HashSet<LeaseToken>>,
+}
+
+/// A lease's token in [`Tasks::held`] while its work runs.
+struct HeldToken<'a> {
+    tasks: &'a Tasks,
+    token: LeaseToken,
+}
+
+impl Drop for HeldToken<'_> {
+    fn drop(&mut self) {
+        self.tasks
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.token);
+    }
 }
 
 impl Tasks {
@@ -138,6 +165,28 @@ impl Tasks {
     pub(crate) fn cancelled(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.abort.cancelled()
     }
+
+    /// Marks `token` as running; `None` when it already is.
+    fn hold_token(&self, token: &LeaseToken) -> Option<HeldToken<'_>> {
+        let fresh = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(token.clone());
+        fresh.then(|| HeldToken {
+            tasks: self,
+            token: token.clone(),
+        })
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Counts one settled piece of work (`dedupe_work_total`, by outcome).
@@ -162,35 +211,48 @@ impl Holder {
     where
         W: Future<Output = (T, Settle)>,
     {
-        let current = Mutex::new(lease);
-        let running = AssertUnwindSafe(work).catch_unwind();
-        let beating = async {
-            if self.heartbeat {
-                self.beat(&current).await
-            } else {
-                std::future::pending().await
-            }
-        };
-        let bounded = async {
-            let work = async {
-                tokio::select! {
-                    biased;
-                    done = running => done,
-                    never = beating => match never {},
-                }
+        let Some(_held) = tasks.hold_token(&lease.token) else {
+            tracing::warn!(key = %lease.key, "a claim id asked again while its first run goes on: not run twice");
+            return Worked::AlreadyRunning {
+                deadline: lease.deadline,
             };
+        };
+        let current = Arc::new(Mutex::new(lease));
+        // The heartbeat is a task of its own: work that blocks its thread (a
+        // synchronous call, a long computation) does not stop the lease from
+        // being extended.
+        let _beating = self.heartbeat.then(|| {
+            let this = self.clone();
+            let current = Arc::clone(&current);
+            AbortOnDrop(tokio::spawn(async move { this.beat(&current).await }))
+        });
+        if _beating.is_some() {
+            // Let the beat start (and arm its timer) before the work: a task
+            // just spawned waits in this worker's slot that no other worker
+            // may steal, behind work that might block this thread.
+            tokio::task::yield_now().await;
+        }
+        let running = AssertUnwindSafe(work).catch_unwind();
+        let bounded = async {
             match self.max_time {
-                Some(limit) => tokio::time::timeout(limit, work).await.map_err(|_| limit),
-                None => Ok(work.await),
+                Some(limit) => tokio::time::timeout(limit, running)
+                    .await
+                    .map_err(|_| limit),
+                None => Ok(running.await),
             }
         };
+        // Biased: work that has ended is settled even if shutdown's grace runs
+        // out on the same poll.
         let ended = tokio::select! {
+            biased;
             ended = bounded => Some(ended),
             () = tasks.cancelled() => None,
         };
+        drop(_beating);
         let lease = current
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         match ended {
             Some(Ok(Ok((value, settle)))) => {
                 let settled = self.settle(&lease, settle).await;
@@ -216,13 +278,15 @@ impl Holder {
         }
     }
 
-    /// Extends the lease every third of the TTL, forever; stops beating (but
-    /// never returns) once the store says the lease is lost. The extend runs
-    /// beside the work, which is polled meanwhile.
-    async fn beat(&self, current: &Mutex<Lease>) -> std::convert::Infallible {
+    /// Extends the lease every third of the TTL, for as long as it runs;
+    /// after a failure the store may recover from, tries again sooner (a
+    /// quarter second, doubling) while the lease lasts. Stops once the store
+    /// says the lease is lost.
+    async fn beat(&self, current: &Mutex<Lease>) {
         let every = (self.ttl / 3).max(MIN_TTL);
+        let mut wait = every;
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(wait).await;
             let lease = current
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -231,16 +295,24 @@ impl Holder {
                 Ok(extended) => {
                     *current
                         .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = extended
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = extended;
+                    wait = every;
                 }
                 Err(error) if error.is_retryable() => {
                     // The store is briefly away: the lease may still be ours.
-                    tracing::warn!(key = %lease.key, %error, "heartbeat failed; trying again next beat");
+                    let retry = if wait == every {
+                        Duration::from_millis(250)
+                    } else {
+                        wait * 2
+                    };
+                    wait = retry.min(every);
+                    tracing::warn!(key = %lease.key, %error, ?wait, "heartbeat failed; trying again");
                 }
                 Err(error) => {
                     // Lost: let the work finish; its settlement says what happened.
                     tracing::warn!(key = %lease.key, %error, "heartbeat could not extend the lease");
-                    return std::future::pending().await;
+                    count("heartbeat_lost");
+                    return;
                 }
             }
         }

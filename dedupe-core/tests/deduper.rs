@@ -597,3 +597,92 @@ async fn a_kept_failure_too_long_for_the_store_is_cut_and_still_kept() {
         other => panic!("answered {other:?}"),
     }
 }
+
+/// A claim id asked again while its first run goes on (a caller that timed
+/// out and retried the same request): the store answers the same lease, and
+/// the second run does not run the work beside the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_id_asked_again_mid_run_does_not_run_the_work_twice() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(Arc::new(store.clone()));
+    let k = key("reentrant");
+    let opts =
+        ClaimOptions::default().with_claim_id(dedupe_core::ClaimId::new("req-1").expect("id"));
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (d, k, opts, runs) = (deduper.clone(), k.clone(), opts.clone(), Arc::clone(&runs));
+        tokio::spawn(async move {
+            d.run_with(&k, opts, move |_| async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                started_tx.send(()).expect("signal");
+                finish.await.expect("finish");
+                Ok::<_, Declined>(b"first".to_vec())
+            })
+            .await
+        })
+    };
+    started.await.expect("started");
+    let again = {
+        let runs = Arc::clone(&runs);
+        deduper
+            .run_with(&k, opts.clone(), move |_| async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, Declined>(b"second".to_vec())
+            })
+            .await
+            .expect("again")
+    };
+    assert!(matches!(again, Handled::InFlight { .. }), "{again:?}");
+    finish_tx.send(()).expect("finish");
+    assert!(matches!(
+        first.await.expect("join"),
+        Ok(Handled::Ran { .. })
+    ));
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A work closure that panics before it returns its future releases the
+/// claim like a panicking future does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_work_closure_that_panics_releases_the_claim() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(Arc::new(store.clone()));
+    let k = key("closure-panics");
+    let task = {
+        let (d, k) = (deduper.clone(), k.clone());
+        tokio::spawn(async move {
+            d.run(
+                &k,
+                |_lease| -> std::future::Ready<Result<Vec<u8>, Declined>> { panic!("closure bug") },
+            )
+            .await
+        })
+    };
+    assert!(task.await.is_err_and(|e| e.is_panic()));
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "the claim was kept"
+    );
+}
+
+/// Work that blocks its thread for longer than the lease keeps its lease:
+/// the heartbeat is a task of its own, beating on another thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_work_does_not_stop_the_heartbeat() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(Arc::new(store.clone()))
+        .with_lease_ttl(Duration::from_millis(600))
+        .with_heartbeat(true);
+    let handled = deduper
+        .run(&key("blocking"), |_| async {
+            std::thread::sleep(Duration::from_millis(1500));
+            Ok::<_, Declined>(b"done".to_vec())
+        })
+        .await;
+    assert!(
+        matches!(handled, Ok(Handled::Ran { attempt: 1, .. })),
+        "the lease passed while the work blocked: {handled:?}"
+    );
+}

@@ -382,7 +382,10 @@ impl Ledger {
                 query = match after {
                     Some(after) => query
                         .key_condition_expression("pk = :p AND sk > :after")
-                        .expression_attribute_values(":after", AttributeValue::S(after.to_string())),
+                        .expression_attribute_values(
+                            ":after",
+                            AttributeValue::S(after.to_string()),
+                        ),
                     None => query.key_condition_expression("pk = :p"),
                 };
                 let page = query.send().await.map_err(dynamo_err)?;
