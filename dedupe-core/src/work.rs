@@ -48,6 +48,7 @@ pub enum Settle {
 
 /// How held work ended, and what became of its claim.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Worked<T> {
     /// The work returned `value`; `settled` is what the store said to the
     /// settlement the work asked for (`Err(LeaseLost)` when the lease was

@@ -76,10 +76,14 @@ pub enum OnMismatch {
     /// someone reusing an id.
     Refuse,
     /// Answer it as the duplicate it is (the stored response, or 409 while
-    /// the first is in flight), and log and count it. The default on signed
-    /// routes: the sender is authenticated, and a provider that re-rendered
-    /// the body of a resend must not get a 4xx (a retry storm, or on GitHub,
-    /// which never retries, a lost event).
+    /// the first is in flight), and log and count it. The default where the
+    /// signature covered the key (a Standard Webhooks or Svix message id, a
+    /// Stripe body `id`): the sender is authenticated, and a provider that
+    /// re-rendered the body of a resend must not get a 4xx (a retry storm).
+    /// Where the key comes from unsigned headers (GitHub, Shopify), whoever
+    /// holds one old signed body could send it under a future event's id
+    /// and have the real event answered as a duplicate, so there the default
+    /// stays [`OnMismatch::Refuse`]; those providers resend the same body.
     Replay,
 }
 
@@ -108,6 +112,7 @@ pub struct KeyRule {
     fingerprint: PayloadFingerprint,
     on_mismatch: Option<OnMismatch>,
     body_limit: Option<usize>,
+    form_payload: bool,
 }
 
 /// A derived key and where it came from.
@@ -119,6 +124,10 @@ pub struct DerivedKey {
     pub event_id: Option<String>,
     /// The per-attempt delivery id, when the request carried one: for logs only.
     pub delivery_id: Option<String>,
+    /// Whether the verified signature covered what the key came from (a
+    /// signed message id, or the body); `false` for header keys (GitHub's and
+    /// Shopify's headers are not signed) and on unsigned routes.
+    pub signed: bool,
 }
 
 impl KeyRule {
@@ -130,6 +139,7 @@ impl KeyRule {
             fingerprint: PayloadFingerprint::Body,
             on_mismatch: None,
             body_limit: None,
+            form_payload: false,
         }
     }
 
@@ -160,6 +170,7 @@ impl KeyRule {
             ])],
         );
         rule.body_limit = Some(GITHUB_BODY_LIMIT);
+        rule.form_payload = true;
         rule
     }
 
@@ -246,13 +257,31 @@ impl KeyRule {
         self
     }
 
-    /// What a mismatch gets on a route that is (`signed`) or is not signed.
+    /// What a mismatch gets for a key the signature covered (`signed`, see
+    /// [`DerivedKey::signed`]) or did not.
     pub fn mismatch_policy(&self, signed: bool) -> OnMismatch {
         self.on_mismatch.unwrap_or(if signed {
             OnMismatch::Replay
         } else {
             OnMismatch::Refuse
         })
+    }
+
+    /// Accepts form-encoded deliveries (`application/x-www-form-urlencoded`,
+    /// the body exactly one field `payload` holding the JSON), as GitHub sends
+    /// them when a hook is set to that content type; on by default for
+    /// [`KeyRule::github`] only. Off, the content type is ignored and the body
+    /// read as it is: a body whose signature covers text an attacker wrote
+    /// (an issue's title) can then never be reread as a payload of their
+    /// choosing by relabelling its unsigned content type.
+    pub fn form_payload(mut self, accept: bool) -> Self {
+        self.form_payload = accept;
+        self
+    }
+
+    /// Whether form-encoded deliveries are accepted.
+    pub fn accepts_form_payload(&self) -> bool {
+        self.form_payload
     }
 
     /// The body limit this provider needs, when it is not the receiver's
@@ -366,6 +395,7 @@ impl KeyRule {
                         key,
                         event_id: None,
                         delivery_id: delivery_id(headers),
+                        signed: verified.is_some(),
                     });
                 }
             };
@@ -378,10 +408,13 @@ impl KeyRule {
                 }
                 let key = Key::new(self.namespace.as_str(), escape_id(&id))
                     .map_err(|e| KeyError::BadId(e.to_string()))?;
+                let signed = verified.is_some()
+                    && matches!(source, KeySource::SignedId | KeySource::JsonPointer(_));
                 return Ok(DerivedKey {
                     key,
                     event_id: Some(id),
                     delivery_id: delivery_id(headers),
+                    signed,
                 });
             }
         }

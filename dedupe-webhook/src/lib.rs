@@ -52,7 +52,7 @@ pub use key::{
     PER_ATTEMPT_HEADERS,
 };
 pub use layer::{WebhookLayer, WebhookService};
-pub use receiver::{Answer, Completed, Webhook, WebhookEvent, REPLAY_HEADER};
+pub use receiver::{Answer, Completed, ConcurrencyLimit, Webhook, WebhookEvent, REPLAY_HEADER};
 pub use signature::{Scheme, SecretError, SignatureError, Verified, Verifier};
 
 /// The README's examples, compiled as doctests.

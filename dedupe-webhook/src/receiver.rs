@@ -268,7 +268,19 @@ pub struct Webhook {
     require_json: bool,
     read_timeout: Duration,
     on_failure: OnFailure,
-    slots: Option<Arc<Semaphore>>,
+    slots: Option<ConcurrencyLimit>,
+}
+
+/// A bound on the deliveries processed at once, which several receivers may
+/// share (one limit for a whole server): [`Webhook::concurrency_limit`].
+#[derive(Debug, Clone)]
+pub struct ConcurrencyLimit(Arc<Semaphore>);
+
+impl ConcurrencyLimit {
+    /// At most `n` deliveries at once.
+    pub fn new(n: usize) -> Self {
+        Self(Arc::new(Semaphore::new(n)))
+    }
 }
 
 impl std::fmt::Debug for Webhook {
@@ -350,13 +362,19 @@ impl Webhook {
     /// Default retention: longer than providers redeliver (Stripe resends for up
     /// to 30 days by hand).
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(35 * 24 * 3600);
+    /// Default bound on a handler's run: the heartbeat keeps a running
+    /// handler's claim, so without a bound a handler hung on a call with no
+    /// timeout would hold its event (every retry 409) for as long as the
+    /// process lives. Ten minutes is far past any provider's wait.
+    pub const DEFAULT_MAX_HANDLER_TIME: Duration = Duration::from_secs(600);
 
     /// A receiver keyed by `rule` on `store`, with no signature check.
     pub fn new(store: Arc<dyn DedupeStore>, rule: KeyRule) -> Self {
         Self {
             deduper: Deduper::new(store)
                 .with_lease_ttl(Self::DEFAULT_LEASE)
-                .with_heartbeat(true),
+                .with_heartbeat(true)
+                .with_max_work_time(Self::DEFAULT_MAX_HANDLER_TIME),
             rule,
             verifier: None,
             body_limit: None,
@@ -440,18 +458,31 @@ impl Webhook {
 
     /// Bounds how long a handler may run: past `limit` it is aborted, its
     /// claim released, the delivery answered 503 with `Retry-After`, and this
-    /// is logged and counted (`handler_timeout`). Unbounded by default (the
-    /// heartbeat keeps a slow handler's claim).
+    /// is logged and counted (`handler_timeout`). Default
+    /// [`DEFAULT_MAX_HANDLER_TIME`](Self::DEFAULT_MAX_HANDLER_TIME).
+    ///
+    /// Aborting drops the handler's future; effects it already set going (a
+    /// request already sent, a task it spawned) are not undone, and the
+    /// provider's retry runs the handler again: keep the bound well past the
+    /// handler's slowest honest run, and pass the key downstream as an
+    /// idempotency key.
     pub fn max_handler_time(mut self, limit: Duration) -> Self {
         self.deduper = self.deduper.with_max_work_time(limit);
         self
     }
 
-    /// At most `limit` handlers at once (across clones); a delivery past it is
-    /// answered 503 with `Retry-After` before anything is claimed, instead of
-    /// queueing without bound. Unlimited by default.
-    pub fn max_concurrency(mut self, limit: usize) -> Self {
-        self.slots = Some(Arc::new(Semaphore::new(limit)));
+    /// At most `limit` deliveries at once (across clones), counted from the
+    /// first byte of the body to the end of the handler: a delivery past it is
+    /// answered 503 with `Retry-After` before its body is read or anything is
+    /// claimed, instead of queueing (and buffering bodies) without bound.
+    /// Unlimited by default.
+    pub fn max_concurrency(self, limit: usize) -> Self {
+        self.concurrency_limit(ConcurrencyLimit::new(limit))
+    }
+
+    /// The same, with a limit shared with other receivers.
+    pub fn concurrency_limit(mut self, limit: ConcurrencyLimit) -> Self {
+        self.slots = Some(limit);
         self
     }
 
@@ -502,6 +533,17 @@ impl Webhook {
         use tracing::Instrument;
         let started = Instant::now();
         let namespace = rule.namespace();
+        let permit = match &self.slots {
+            None => None,
+            Some(slots) => match Arc::clone(&slots.0).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    tracing::warn!("concurrency limit reached");
+                    let busy = come_back(Answer::Busy, "too many deliveries at once", 1);
+                    return counted(namespace, started, busy);
+                }
+            },
+        };
         let (parts, body) = req.into_parts();
         let accepted = match self.accept(rule, &parts.headers, body).await {
             Ok(accepted) => accepted,
@@ -512,17 +554,6 @@ impl Webhook {
         if let Some(d) = &accepted.derived.delivery_id {
             span.record("delivery", d.as_str());
         }
-        let permit = match &self.slots {
-            None => None,
-            Some(slots) => match Arc::clone(slots).try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
-                    tracing::warn!("concurrency limit reached");
-                    let busy = come_back(Answer::Busy, "too many deliveries at once", 1);
-                    return counted(namespace, started, busy);
-                }
-            },
-        };
         // From here the delivery is a task of its own: dropping this request
         // (the provider gave up) neither stops the handler nor frees its claim.
         let this = self.clone();
@@ -608,7 +639,12 @@ impl Webhook {
         };
         let bad =
             |message: String| json_error(StatusCode::BAD_REQUEST, Answer::BadRequest, message);
-        let payload = match form_payload(headers, &body) {
+        let form = if rule.accepts_form_payload() {
+            form_payload(headers, &body)
+        } else {
+            None
+        };
+        let payload = match form {
             Some(Ok(payload)) => payload,
             Some(Err(message)) => return Err(bad(message)),
             None => body.clone(),
@@ -623,7 +659,7 @@ impl Webhook {
             .map_err(|e| bad(e.to_string()))?;
         Ok(Accepted {
             fingerprint: rule.fingerprint_of(&payload),
-            on_mismatch: rule.mismatch_policy(self.verifier.is_some()),
+            on_mismatch: rule.mismatch_policy(derived.signed),
             body,
             payload,
             derived,
@@ -669,7 +705,7 @@ impl Webhook {
             parts.headers.remove(header::CONTENT_LENGTH);
         }
         parts.extensions.insert(WebhookEvent {
-            key,
+            key: key.clone(),
             event_id: derived.event_id,
             delivery_id: derived.delivery_id,
             lease: lease.clone(),
@@ -710,6 +746,12 @@ impl Webhook {
                 } else {
                     Settle::Release
                 };
+                let mut head = head;
+                if body.is_err() {
+                    // The body could not be read (or was over the limit): it
+                    // goes out empty, without the length it declared.
+                    head.headers.remove(header::CONTENT_LENGTH);
+                }
                 ((head, body.unwrap_or_default(), success), settle)
             })
             .await;
@@ -742,6 +784,12 @@ impl Webhook {
                 Answer::Unavailable,
                 "the receiver shut down while the handler ran; retry",
                 5,
+            ),
+            Worked::AlreadyRunning { deadline } => in_flight(&key, deadline),
+            _ => json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Answer::Error,
+                "the delivery ended in a way this receiver does not know".into(),
             ),
         }
     }
@@ -817,19 +865,22 @@ fn in_flight(key: &Key, deadline: SystemTime) -> Response {
 
 /// The `payload` field of a form-encoded delivery (GitHub's
 /// `application/x-www-form-urlencoded` content type); `None` for any other
-/// content type.
+/// content type. The body must be that one field and nothing else: a JSON
+/// body relabelled as a form (its content type is not signed) holds `&` or
+/// no `payload=` at its start, and is refused rather than mined for a field.
 fn form_payload(headers: &http::HeaderMap, body: &[u8]) -> Option<Result<Bytes, String>> {
     let content_type = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
     let essence = content_type.split(';').next().unwrap_or("").trim();
     if !essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
         return None;
     }
-    Some(
-        form_urlencoded::parse(body)
-            .find(|(name, _)| name == "payload")
-            .map(|(_, value)| Bytes::from(value.into_owned().into_bytes()))
-            .ok_or_else(|| "a form-encoded delivery without a payload field".to_string()),
-    )
+    let mut fields = form_urlencoded::parse(body);
+    Some(match (fields.next(), fields.next()) {
+        (Some((name, value)), None) if name == "payload" => {
+            Ok(Bytes::from(value.into_owned().into_bytes()))
+        }
+        _ => Err("a form-encoded delivery must be exactly one field, payload".to_string()),
+    })
 }
 
 enum BodyError {

@@ -440,3 +440,70 @@ async fn shutdown_drains_running_handlers() {
     ));
     assert_eq!(server.effects.runs.load(Ordering::SeqCst), 1);
 }
+
+/// A signed JSON body relabelled as a form (the content type is not signed)
+/// cannot be reread as a payload of the sender's text: on Stripe's rule the
+/// content type is ignored, on GitHub's the body must be exactly one
+/// `payload` field. And a GitHub key comes from unsigned headers, so a
+/// mismatch there is refused, not replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relabelled_signed_body_is_never_mined_for_a_payload() {
+    let client = reqwest::Client::new();
+    let evil = form_urlencoded::byte_serialize(br#"{"id":"evt_evil","type":"charge.succeeded"}"#)
+        .collect::<String>();
+    let body =
+        format!(r#"{{"id":"evt_real","type":"customer.updated","note":"x&payload={evil}&y"}}"#);
+
+    let stripe = Verifier::new(Scheme::Stripe, ["whsec_relabel"]).expect("secret");
+    let server =
+        serve(Webhook::new(store(), KeyRule::stripe("billing")).verifier(stripe.clone())).await;
+    let mut headers = stripe.sign("", now(), body.as_bytes());
+    headers.push(("content-type", "application/x-www-form-urlencoded".into()));
+    let response = client
+        .post(format!("{}/hooks", server.base))
+        .headers(to_map(&headers))
+        .body(body.clone())
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), StatusCode::OK);
+    let answered: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(
+        answered["key"], "billing:evt_real",
+        "the key came from text inside the body"
+    );
+    assert_eq!(answered["payload_type"], "customer.updated");
+
+    let github = Verifier::new(Scheme::GitHub, ["gh-relabel"]).expect("secret");
+    let server =
+        serve(Webhook::new(store(), KeyRule::github("repo")).verifier(github.clone())).await;
+    let mut headers = github.sign("", 0, body.as_bytes());
+    headers.push(("x-github-hook-id", "7".into()));
+    headers.push(("x-github-delivery", "g-1".into()));
+    let mut relabelled = headers.clone();
+    relabelled.push(("content-type", "application/x-www-form-urlencoded".into()));
+    let response = client
+        .post(format!("{}/hooks", server.base))
+        .headers(to_map(&relabelled))
+        .body(body.clone())
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(server.effects.runs.load(Ordering::SeqCst), 0);
+
+    // The real delivery, then an old signed body under the same (unsigned)
+    // hook id and delivery: refused, not answered as a duplicate.
+    assert_eq!(
+        ok(&client, &server, body.clone(), &headers).await.0,
+        StatusCode::OK
+    );
+    let other = r#"{"action":"closed"}"#;
+    let mut replayed = github.sign("", 0, other.as_bytes());
+    replayed.push(("x-github-hook-id", "7".into()));
+    replayed.push(("x-github-delivery", "g-1".into()));
+    assert_eq!(
+        ok(&client, &server, other, &replayed).await.0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+}
