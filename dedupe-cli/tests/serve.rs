@@ -932,3 +932,56 @@ async fn the_ledger_is_pruned_with_the_retention() {
         "pruned before its retention"
     );
 }
+
+/// SIGTERM with a handler that outlasts the grace while its sender still
+/// waits: the handler is aborted at the grace (503 with Retry-After, claim
+/// released, so a retry runs it at once), and the process exits, instead of
+/// waiting on the open connection until it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_past_the_grace_aborts_releases_and_exits() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("hooks.db").display());
+    let mut serve = Serve::with(&url, 20_000, &["--shutdown-grace-secs", "1"], &[]);
+    let http = client();
+    let hooks = format!("{}/hooks", serve.base);
+    let waiting = {
+        let (http, hooks) = (http.clone(), hooks.clone());
+        tokio::spawn(async move { deliver(&http, &hooks, r#"{"id":"evt_long"}"#, "l1", &[]).await })
+    };
+    let mut held = false;
+    for _ in 0..200 {
+        let inspect = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+            .args(["inspect", "--store", &url, "hooks", "evt_long"])
+            .output()
+            .expect("dedupe inspect");
+        if inspect.status.success() {
+            held = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(held, "the delivery never held its claim");
+    let signalled = std::time::Instant::now();
+    let term = Command::new("kill")
+        .args(["-TERM", &serve.child.id().to_string()])
+        .status();
+    assert!(term.is_ok_and(|s| s.success()));
+    let (status, headers, text) = waiting.await.expect("join");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+    assert!(headers.contains_key("retry-after"));
+    wait_for_exit(&mut serve).await;
+    assert!(
+        signalled.elapsed() < Duration::from_secs(5),
+        "took {:?} to stop",
+        signalled.elapsed()
+    );
+    let inspect = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+        .args(["inspect", "--store", &url, "hooks", "evt_long"])
+        .output()
+        .expect("dedupe inspect");
+    assert!(
+        !inspect.status.success(),
+        "the aborted claim was kept: {}",
+        String::from_utf8_lossy(&inspect.stdout)
+    );
+}

@@ -147,7 +147,8 @@ impl Ledger {
                             "CREATE TABLE IF NOT EXISTS dedupe_ledger (
                             seq INTEGER PRIMARY KEY AUTOINCREMENT,
                             key TEXT NOT NULL, event_id TEXT, delivery_id TEXT,
-                            at_ms INTEGER NOT NULL)",
+                            at_ms INTEGER NOT NULL);
+                            CREATE INDEX IF NOT EXISTS dedupe_ledger_at ON dedupe_ledger (at_ms)",
                         )
                         .map_err(sqlite_err)
                     })
@@ -168,7 +169,8 @@ impl Ledger {
                 dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS {table} (
                         seq bigserial PRIMARY KEY, key text NOT NULL, event_id text,
-                        delivery_id text, at_ms bigint NOT NULL)"
+                        delivery_id text, at_ms bigint NOT NULL);
+                     CREATE INDEX IF NOT EXISTS dedupe_ledger_at ON {table} (at_ms)"
                 )))
                 .execute(store.pool())
                 .await
@@ -308,6 +310,7 @@ impl Ledger {
         limit: usize,
     ) -> Result<(Vec<Row>, Option<String>), Error> {
         let bad_cursor = || Error::config("?after= is not a cursor of this ledger");
+        let mut dynamo_next: Option<String> = None;
         let rows = match self {
             Ledger::Sqlite { conns, .. } => {
                 let after: i64 = match after {
@@ -389,6 +392,13 @@ impl Ledger {
                     None => query.key_condition_expression("pk = :p"),
                 };
                 let page = query.send().await.map_err(dynamo_err)?;
+                // A page also ends at 1 MB: the next cursor is where the
+                // service stopped, not only a full page's last row.
+                dynamo_next = page
+                    .last_evaluated_key()
+                    .and_then(|k| k.get("sk"))
+                    .and_then(|v| v.as_s().ok())
+                    .cloned();
                 page.items()
                     .iter()
                     .map(|item| {
@@ -422,9 +432,12 @@ impl Ledger {
                 rows.rows[start..].iter().take(limit).cloned().collect()
             }
         };
-        let next = (rows.len() == limit)
-            .then(|| rows.last().map(|r| r.seq.clone()))
-            .flatten();
+        let next = match self {
+            Ledger::Dynamo { .. } => dynamo_next,
+            _ => (rows.len() == limit)
+                .then(|| rows.last().map(|r| r.seq.clone()))
+                .flatten(),
+        };
         Ok((rows, next))
     }
 
@@ -438,7 +451,7 @@ impl Ledger {
                     conns.with(|conn| {
                         conn.execute(
                             "DELETE FROM dedupe_ledger WHERE seq IN \
-                             (SELECT seq FROM dedupe_ledger WHERE at_ms < ?1 ORDER BY seq LIMIT ?2)",
+                             (SELECT seq FROM dedupe_ledger WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
                             (cutoff_ms, PRUNE_BATCH),
                         )
                         .map_err(sqlite_err)
@@ -455,7 +468,7 @@ impl Ledger {
                 let n =
                     dedupe_postgres::sqlx::query(dedupe_postgres::sqlx::AssertSqlSafe(format!(
                         "DELETE FROM {table} WHERE seq IN \
-                     (SELECT seq FROM {table} WHERE at_ms < $1 ORDER BY seq LIMIT $2)"
+                     (SELECT seq FROM {table} WHERE at_ms < $1 ORDER BY at_ms LIMIT $2)"
                     )))
                     .bind(cutoff_ms)
                     .bind(PRUNE_BATCH)

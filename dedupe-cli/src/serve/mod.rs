@@ -11,6 +11,7 @@ mod ledger;
 mod secrets;
 
 use std::collections::HashMap;
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,11 +78,12 @@ pub struct ServeArgs {
     #[arg(long = "unsigned", value_name = "ROUTE")]
     unsigned: Vec<String>,
     /// Longest a handler may run, in seconds: past it the handler is aborted,
-    /// its claim released and the delivery answered 503 (unbounded by default).
+    /// its claim released and the delivery answered 503 (default 600).
     #[arg(long, value_name = "SECS")]
     max_handler_secs: Option<f64>,
-    /// Most deliveries processed at once; past it a delivery gets 503 with
-    /// Retry-After instead of queueing (unlimited by default).
+    /// Most deliveries processed at once, all routes together; past it a
+    /// delivery gets 503 with Retry-After instead of queueing (unlimited by
+    /// default).
     #[arg(long, value_name = "N")]
     max_concurrency: Option<usize>,
     /// On SIGTERM or Ctrl-C: how long running handlers may take to finish
@@ -211,6 +213,9 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         .url()
         .retention()
         .unwrap_or(Webhook::DEFAULT_RETENTION);
+    let limit = args
+        .max_concurrency
+        .map(dedupe_webhook::ConcurrencyLimit::new);
     let mut receivers = HashMap::new();
     for (name, provider) in &routes {
         let mut hook = Webhook::new(Arc::clone(&store), provider.rule(name))
@@ -222,8 +227,8 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         if let Some(secs) = args.max_handler_secs {
             hook = hook.max_handler_time(secs_arg("--max-handler-secs", secs)?);
         }
-        if let Some(n) = args.max_concurrency {
-            hook = hook.max_concurrency(n);
+        if let Some(limit) = &limit {
+            hook = hook.concurrency_limit(limit.clone());
         }
         // A named route's own secrets, else its provider's.
         let own = secrets.get(name.as_str()).or_else(|| match name.as_str() {
@@ -300,6 +305,17 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         None => None,
     };
     let pruner = ledger::spawn_pruner(Arc::clone(&app), retention);
+    // The recorder drains its histograms only on upkeep: without a scrape (no
+    // admin listener) they would grow with every delivery.
+    let upkeep = {
+        let handle = app.metrics.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                handle.run_upkeep();
+            }
+        })
+    };
     // The first line of output: tests and scripts read the address(es) from it.
     match &admin_task {
         Some((admin, _)) => {
@@ -308,24 +324,44 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         None => println!("listening on http://{local} (store {shown})"),
     }
     let grace = secs_arg("--shutdown-grace-secs", args.shutdown_grace_secs)?;
-    axum::serve(listener, public)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| Error::unavailable("server", Some(Box::new(e))))?;
-    // The listener is closed; handlers whose provider gave up may still run.
-    // Every receiver drains at once, within one grace (/hooks and
-    // /hooks/standard share one, whose second drain finds nothing left).
-    let drains = app
-        .routes
-        .values()
-        .flatten()
-        .map(|hook| hook.shutdown(grace));
-    let aborted: usize = futures_util::future::join_all(drains)
-        .await
-        .iter()
-        .map(|d| d.aborted)
-        .sum();
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let server = axum::serve(listener, public)
+        .with_graceful_shutdown({
+            let stop = Arc::clone(&stop);
+            async move { stop.notified().await }
+        })
+        .into_future();
+    tokio::pin!(server);
+    let aborted = tokio::select! {
+        served = &mut server => {
+            served.map_err(|e| Error::unavailable("server", Some(Box::new(e))))?;
+            0
+        }
+        () = shutdown_signal() => {
+            // Stop accepting and, at the same time, drain the handlers: those
+            // whose provider already gave up run on without a connection. At
+            // the grace they are aborted (their requests then answer 503), so
+            // the connections close; the server's own drain is capped too.
+            stop.notify_one();
+            // /hooks/standard is /hooks under another name: drain it once.
+            let drains = app
+                .routes
+                .iter()
+                .filter(|(name, _)| name.as_str() != "standard")
+                .filter_map(|(_, hook)| hook.as_ref())
+                .map(|hook| hook.shutdown(grace));
+            let (drained, served) = tokio::join!(
+                futures_util::future::join_all(drains),
+                tokio::time::timeout(grace + Duration::from_secs(1), &mut server),
+            );
+            if served.is_err() {
+                eprintln!("connections still open past the grace; closing them");
+            }
+            drained.iter().map(|d| d.aborted).sum::<usize>()
+        }
+    };
     pruner.abort();
+    upkeep.abort();
     if let Some((_, task)) = admin_task {
         task.abort();
     }

@@ -55,11 +55,17 @@ pub fn collect(
             add(line, &format!("--secret-file {}", path.display()))?;
         }
     }
+    let mut vars: HashMap<String, &str> = HashMap::new();
     for route in routes.iter().copied().chain(["standard"]) {
         let var = format!(
             "DEDUPE_SECRET_{}",
             route.to_ascii_uppercase().replace(['-', '.'], "_")
         );
+        if let Some(other) = vars.insert(var.clone(), route) {
+            return Err(Error::config(format!(
+                "routes {other} and {route} both read {var}: rename one"
+            )));
+        }
         if let Ok(value) = std::env::var(&var) {
             for secret in value.split_whitespace() {
                 add(&format!("{route}={secret}"), &var)?;
@@ -91,5 +97,6 @@ mod tests {
         assert!(collect(&["nowhere=abc".into()], &[], &routes).is_err());
         assert!(collect(&["stripe=".into()], &[], &routes).is_err());
         assert!(collect(&[], &["/nonexistent/secrets".into()], &routes).is_err());
+        assert!(collect(&[], &[], &["billing-eu", "billing.eu"]).is_err());
     }
 }
