@@ -759,6 +759,9 @@ async fn capability_gaps_are_skipped_visibly() {
     #[derive(Debug, Clone)]
     struct NativeExpiry(MemoryStore);
 
+    // A wrapper forwards every method: one it forgets would silently fall back
+    // to the trait's default instead of the wrapped store's.
+    #[deny(clippy::missing_trait_methods)]
     #[async_trait]
     impl DedupeStore for NativeExpiry {
         async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
@@ -781,6 +784,9 @@ async fn capability_gaps_are_skipped_visibly() {
         }
         async fn forget(&self, key: &Key) -> Result<bool> {
             self.0.forget(key).await
+        }
+        async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+            self.0.claim_many(keys, opts).await
         }
         fn capabilities(&self) -> Capabilities {
             self.0.capabilities().with_explicit_expire(false)

@@ -162,6 +162,7 @@ pub trait DedupeStore: Debug + Send + Sync + 'static {
 
 macro_rules! forward {
     ($($ty:ty),*) => {$(
+        #[deny(clippy::missing_trait_methods)]
         #[async_trait]
         impl<S: DedupeStore + ?Sized> DedupeStore for $ty {
             async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {

@@ -123,6 +123,9 @@ macro_rules! span {
     };
 }
 
+// A wrapper forwards every method: one it forgets would silently fall back
+// to the trait's default instead of the wrapped store's.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: DedupeStore> DedupeStore for TracedStore<S> {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {

@@ -375,6 +375,9 @@ async fn shutdown_drains_then_aborts_and_refuses_new_work() {
 async fn a_slow_heartbeat_does_not_freeze_the_work() {
     #[derive(Debug, Clone)]
     struct SlowExtend(MemoryStore);
+    // A wrapper forwards every method: one it forgets would silently fall back
+    // to the trait's default instead of the wrapped store's.
+    #[deny(clippy::missing_trait_methods)]
     #[dedupe_core::async_trait]
     impl DedupeStore for SlowExtend {
         async fn claim(
@@ -411,6 +414,16 @@ async fn a_slow_heartbeat_does_not_freeze_the_work() {
         }
         async fn forget(&self, key: &Key) -> dedupe_core::Result<bool> {
             self.0.forget(key).await
+        }
+        async fn claim_many(
+            &self,
+            keys: &[Key],
+            opts: &ClaimOptions,
+        ) -> dedupe_core::Result<Vec<dedupe_core::ClaimOutcome>> {
+            self.0.claim_many(keys, opts).await
+        }
+        fn capabilities(&self) -> dedupe_core::Capabilities {
+            self.0.capabilities()
         }
     }
     let deduper = Deduper::new(SlowExtend(MemoryStore::new()))

@@ -748,6 +748,9 @@ fn the_crash_judge_catches_a_store_that_lets_stale_workers_complete() {
 #[derive(Debug)]
 struct StaleCompletes(SqliteStore, bool);
 
+// A wrapper forwards every method: one it forgets would silently fall back
+// to the trait's default instead of the wrapped store's.
+#[deny(clippy::missing_trait_methods)]
 #[dedupe_core::async_trait]
 impl DedupeStore for StaleCompletes {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> dedupe_core::Result<ClaimOutcome> {
@@ -797,6 +800,21 @@ impl DedupeStore for StaleCompletes {
     }
     async fn forget(&self, key: &Key) -> dedupe_core::Result<bool> {
         self.0.forget(key).await
+    }
+    async fn claim_many(
+        &self,
+        keys: &[Key],
+        opts: &ClaimOptions,
+    ) -> dedupe_core::Result<Vec<ClaimOutcome>> {
+        // Key by key through the flawed claim above.
+        let mut answers = Vec::with_capacity(keys.len());
+        for key in keys {
+            answers.push(self.claim(key, opts).await?);
+        }
+        Ok(answers)
+    }
+    fn capabilities(&self) -> dedupe_core::Capabilities {
+        self.0.capabilities()
     }
 }
 

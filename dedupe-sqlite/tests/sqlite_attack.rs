@@ -1227,6 +1227,9 @@ struct QueuedBatches {
     db: PathBuf,
 }
 
+// A wrapper forwards every method: one it forgets would silently fall back
+// to the trait's default instead of the wrapped store's.
+#[deny(clippy::missing_trait_methods)]
 #[dedupe_core::async_trait]
 impl DedupeStore for QueuedBatches {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> dedupe_core::Result<ClaimOutcome> {

@@ -368,6 +368,9 @@ struct KeepAlive {
     _opener: Arc<Opener>,
 }
 
+// A wrapper forwards every method: one it forgets would silently fall back
+// to the trait's default instead of the wrapped store's.
+#[deny(clippy::missing_trait_methods)]
 #[dedupe_core::async_trait]
 impl DedupeStore for KeepAlive {
     async fn claim(

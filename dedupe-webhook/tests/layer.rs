@@ -267,6 +267,9 @@ async fn signatures_are_checked_before_anything_is_claimed() {
 #[derive(Debug)]
 struct CheckThenWrite(MemoryStore);
 
+// A wrapper forwards every method: one it forgets would silently fall back
+// to the trait's default instead of the wrapped store's.
+#[deny(clippy::missing_trait_methods)]
 #[dedupe_core::async_trait]
 impl DedupeStore for CheckThenWrite {
     async fn claim(
@@ -310,6 +313,21 @@ impl DedupeStore for CheckThenWrite {
     }
     async fn forget(&self, key: &dedupe_core::Key) -> dedupe_core::Result<bool> {
         self.0.forget(key).await
+    }
+    async fn claim_many(
+        &self,
+        keys: &[dedupe_core::Key],
+        opts: &dedupe_core::ClaimOptions,
+    ) -> dedupe_core::Result<Vec<dedupe_core::ClaimOutcome>> {
+        // The same flaw, key by key.
+        let mut answers = Vec::with_capacity(keys.len());
+        for key in keys {
+            answers.push(self.claim(key, opts).await?);
+        }
+        Ok(answers)
+    }
+    fn capabilities(&self) -> dedupe_core::Capabilities {
+        self.0.capabilities()
     }
 }
 
