@@ -48,13 +48,11 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                     true,
                     Some(Box::new(e) as _),
                 ),
-                // undefined_column: a table converted by `upgrade_table` under
-                // a store that had read its earlier layout; the store reads
-                // the layout again, so the next call goes through.
+                // undefined_column: a table this version did not make.
                 "42703" => Error::backend(
-                    "the dedupe table lacks a column the statement names (changed under \
-                     the store, as upgrade_table does); the next call reads its layout again",
-                    true,
+                    "the dedupe table lacks a column the statement names: it was not made \
+                     by PgStore::migrate() of this version",
+                    false,
                     Some(Box::new(e) as _),
                 ),
                 "42P01" => Error::backend(
@@ -67,13 +65,4 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
         }
         _ => Error::backend("postgres client error", false, Some(Box::new(e) as _)),
     }
-}
-
-/// Whether a statement failed because it named a column or a table that is
-/// not there (`undefined_column`, `undefined_table`).
-pub(crate) fn names_what_is_not_there(e: &sqlx::Error) -> bool {
-    matches!(
-        e.as_database_error().and_then(|db| db.code()).as_deref(),
-        Some("42703" | "42P01")
-    )
 }

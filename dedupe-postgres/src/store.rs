@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 
 use crate::ops::Ops;
-use crate::sql::{text, Layout, Statements, Tables, EXPIRE_BATCH, EXPIRE_PAGES};
+use crate::sql::{Statements, EXPIRE_BATCH, EXPIRE_PAGES};
 
 type PooledConn = sqlx::pool::PoolConnection<sqlx::Postgres>;
 
@@ -242,7 +242,7 @@ impl PgBuilder {
     /// Validates the names and builds the store. No I/O: call
     /// [`PgStore::migrate`] to create the table.
     pub fn build(self) -> Result<PgStore> {
-        let tables = Tables::new(&self.schema, &self.table)?;
+        let sql = Statements::new(&self.schema, &self.table)?;
         // statement_timeout is whole milliseconds, and 0 turns it off.
         if self.timeout < Duration::from_millis(1) {
             return Err(Error::config("timeout must be at least 1 ms"));
@@ -254,7 +254,7 @@ impl PgBuilder {
                 keep: self.hold,
             }),
             pool: self.pool,
-            tables: Arc::new(tables),
+            sql: Arc::new(sql),
             timeout: self.timeout,
             caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
         })
@@ -287,11 +287,9 @@ impl PgBuilder {
 /// - **Time**: every deadline is computed and judged by the server's `now()`; the
 ///   caller's clock plays no part. Inside a caller's transaction `now()` is the
 ///   transaction's start, so keep such transactions short.
-/// - **Table**: one row per key, the key in one column (`namespace:id`). A
-///   table made by an earlier version, with two key columns, keeps working:
-///   the store reads the layout from the catalog on its first call (and in
-///   [`migrate`](Self::migrate)); [`upgrade_table`](Self::upgrade_table)
-///   converts it.
+/// - **Table**: one row per key, the key in one column (`namespace:id`).
+/// - **Batches**: `claim_many` is one statement over `unnest` of arrays, in a
+///   transaction of its own, so a batch that fails has claimed nothing.
 /// - **Failures**: connection loss, a restarting server and timeouts surface as
 ///   retryable errors; the pool reconnects on its own once the server is back.
 ///
@@ -317,8 +315,8 @@ pub struct PgStore {
     /// Whether recent claims met existing records: picks the claim's first
     /// statement.
     seen: Arc<Seen>,
-    /// The statements of both table layouts, and which one the table has.
-    tables: Arc<Tables>,
+    /// The statements, built once for the schema and table.
+    sql: Arc<Statements>,
     timeout: Duration,
     caps: Capabilities,
 }
@@ -418,7 +416,7 @@ impl PgStore {
 
     /// The schema-qualified table name.
     pub fn table_name(&self) -> String {
-        format!("{}.{}", self.tables.joined.schema, self.tables.joined.table)
+        format!("{}.{}", self.sql.schema, self.sql.table)
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
@@ -480,39 +478,12 @@ impl PgStore {
         })
     }
 
-    fn ops_on<'s>(&'s self, sql: &'s Statements) -> Ops<'s> {
+    fn ops(&self) -> Ops<'_> {
         Ops {
-            sql,
-            tables: &self.tables,
+            sql: &self.sql,
             timeout: self.timeout,
             caps: self.caps,
         }
-    }
-
-    /// The statements for the table's layout. The first call of a store (and
-    /// `migrate`) looks the layout up in the catalog on `conn`.
-    async fn ops(&self, conn: &mut PgConnection) -> Result<Ops<'_>> {
-        let sql = match self.tables.known() {
-            Some(sql) => sql,
-            None => self.learn_layout(conn).await?,
-        };
-        Ok(self.ops_on(sql))
-    }
-
-    /// Reads the table's layout from the catalog: two key columns are a table
-    /// made by an earlier version ([`Layout::Split`]). While there is no table
-    /// the statements are this version's, and the next call looks again.
-    async fn learn_layout(&self, conn: &mut PgConnection) -> Result<&Statements> {
-        let generation = self.tables.generation();
-        let (present, split): (bool, bool) = sqlx::query_as(text(&self.tables.probe))
-            .fetch_one(conn)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(match (present, split) {
-            (true, true) => self.tables.learn(Layout::Split, generation),
-            (true, false) => self.tables.learn(Layout::Joined, generation),
-            (false, _) => &self.tables.joined,
-        })
     }
 
     /// Runs one call on a connection of the store's, bounded by its timeout.
@@ -522,10 +493,7 @@ impl PgStore {
     ) -> Result<T> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            let result = match self.ops(&mut conn).await {
-                Ok(ops) => op(ops, &mut conn).await,
-                Err(e) => Err(e),
-            };
+            let result = op(self.ops(), &mut conn).await;
             conn.settle(&result);
             result
         })
@@ -538,76 +506,11 @@ impl PgStore {
     pub async fn migrate(&self) -> Result<()> {
         self.bounded(async {
             let mut conn = self.acquire().await?;
-            let result = async {
-                self.ops_on(&self.tables.joined).migrate(&mut conn).await?;
-                self.learn_layout(&mut conn).await.map(|_| ())
-            }
-            .await;
+            let result = self.ops().migrate(&mut conn).await;
             conn.settle(&result);
             result
         })
         .await
-    }
-
-    /// Converts a table made by an earlier version, with two key columns
-    /// (`namespace`, `id`), to this version's layout with one (`key`,
-    /// `namespace:id`), which claims faster (see the crate README). Answers
-    /// whether there was anything to convert; on a table already converted,
-    /// or made by this version, it changes nothing.
-    ///
-    /// One transaction, under the lock `migrate` takes, that rewrites the
-    /// table once: every record is kept, and if anything fails nothing has
-    /// changed. It holds an `ACCESS EXCLUSIVE` lock on the table while it
-    /// runs, so every call on the table waits for it: on a large table, run
-    /// it at a quiet time. It waits at most the store's timeout for that lock
-    /// (so a long transaction on the table makes it fail rather than stall
-    /// every claim behind it), and is not bounded otherwise.
-    ///
-    /// Stores of this version anywhere (other processes too) go on working:
-    /// a call that meets the changed table fails once with a retryable error
-    /// and the store reads the layout again. Processes still running an
-    /// earlier version fail every call on the table until they are upgraded.
-    #[tracing::instrument(
-        name = "dedupe.upgrade_table",
-        skip_all,
-        fields(store = "postgres"),
-        err
-    )]
-    pub async fn upgrade_table(&self) -> Result<bool> {
-        let mut conn = self.acquire().await?;
-        let result = async {
-            let mut tx = sqlx::Connection::begin(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?;
-            let schema = &self.tables.joined.schema;
-            let table = &self.tables.joined.table;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "SET LOCAL lock_timeout = '{}ms';
-                 SELECT pg_advisory_xact_lock(hashtext('dedupe-migrate:' || '{schema}.{table}'));
-                 SET LOCAL statement_timeout = 0;",
-                duration_millis(self.timeout)
-            )))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-            let (present, split): (bool, bool) = sqlx::query_as(text(&self.tables.probe))
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-            if !(present && split) {
-                return Ok(false);
-            }
-            sqlx::raw_sql(text(&self.tables.join_key_columns))
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            self.tables.replace(Layout::Joined);
-            Ok(true)
-        }
-        .await;
-        conn.settle(&result);
-        result
     }
 
     /// Claims `key` on the caller's connection or transaction (`&mut *tx`), so the
@@ -623,7 +526,7 @@ impl PgStore {
         key: &Key,
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
-        self.ops(conn).await?.claim(conn, key, opts).await
+        self.ops().claim(conn, key, opts).await
     }
 
     /// Completes a lease on the caller's connection or transaction.
@@ -635,16 +538,13 @@ impl PgStore {
         outcome: &[u8],
         retention: Duration,
     ) -> Result<()> {
-        self.ops(conn)
-            .await?
-            .complete(conn, lease, outcome, retention)
-            .await
+        self.ops().complete(conn, lease, outcome, retention).await
     }
 
     /// Releases a lease on the caller's connection or transaction.
     #[tracing::instrument(name = "dedupe.release_in", skip_all, fields(store = "postgres", key = %lease.key), err)]
     pub async fn release_in(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-        self.ops(conn).await?.release(conn, lease).await
+        self.ops().release(conn, lease).await
     }
 }
 
@@ -732,37 +632,16 @@ impl DedupeStore for PgStore {
             .await
     }
 
-    /// The whole batch in one statement (`unnest` of arrays), one round trip; or,
-    /// while recent claims were of new keys and the batch carries no claim id,
-    /// the bare batch insert first and the one statement for the keys that
-    /// have a record.
-    ///
-    /// A batch with a claim id always runs the one statement: it writes
-    /// nothing while a live record among the keys would not decode, where the
-    /// bare insert would have committed the new keys first, and a failed
-    /// batch with a claim id cannot give them back (see `Ops::give_back`).
+    /// The whole batch in one statement (`unnest` of arrays), in a
+    /// transaction of its own: a batch that fails has claimed nothing.
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let (answers, had_records) = self
-            .call(async |ops, conn| {
-                // As for `claim`: the bare insert first while recent claims were
-                // of new keys (see `Seen`), unless the batch has a claim id.
-                if self.seen.expect_records() || opts.claim_id.is_some() {
-                    let answers = ops.claim_many(conn, keys, opts).await?;
-                    let lost = answers.iter().filter(|a| a.lease().is_none()).count();
-                    let had_records = lost * 2 > answers.len();
-                    Ok((answers, had_records))
-                } else {
-                    ops.claim_many_new_first(conn, keys, opts).await
-                }
-            })
-            .await?;
-        self.seen.note(had_records);
-        Ok(answers)
+        self.call(async |ops, conn| ops.claim_many(conn, keys, opts).await)
+            .await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -11,15 +11,9 @@ use dedupe_core::{async_trait, DedupeStore, Error};
 use dedupe_postgres::PgStore;
 use tokio::sync::OnceCell;
 
-mod earlier;
-
 /// Owns the server for the test (a private cluster is stopped when it drops).
 struct PgFactory {
     server: OnceCell<(Option<support::PgCluster>, String)>,
-    /// Each check's table is made as the first versions of `migrate` made it
-    /// (two key columns) before the store's own `migrate` runs, which leaves
-    /// it as it is.
-    earlier_table: bool,
 }
 
 struct PgFixture {
@@ -50,18 +44,6 @@ impl StoreFactory for PgFactory {
             })
             .await;
         let schema = support::unique_schema("conf");
-        if self.earlier_table {
-            let admin = dedupe_postgres::sqlx::PgPool::connect(url)
-                .await
-                .map_err(|e| Error::unavailable("postgres", Some(Box::new(e))))?;
-            dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(
-                earlier::create_sql(&schema),
-            ))
-            .execute(&admin)
-            .await
-            .map_err(|e| Error::unavailable("postgres", Some(Box::new(e))))?;
-            admin.close().await;
-        }
         let store = PgFixture::handle(url, &schema, 4).await?;
         store.migrate().await?;
         Ok(Box::new(PgFixture {
@@ -108,45 +90,4 @@ impl Fixture for PgFixture {
 
 dedupe_conformance::suite!(PgFactory {
     server: OnceCell::new(),
-    earlier_table: false,
 });
-
-/// The checks again on tables made by earlier versions, which the store keeps
-/// working on with their two key columns: those that run every statement
-/// written for that layout (the 600 random operations checked against the
-/// reference store run each of them), and the races. Not the whole suite:
-/// each check starts a cluster of its own, and the rest would repeat the same
-/// statements at about two seconds a check.
-mod on_an_earlier_table {
-    use super::*;
-
-    macro_rules! checks {
-        ($($name:ident),* $(,)?) => {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let factory = PgFactory {
-                        server: OnceCell::new(),
-                        earlier_table: true,
-                    };
-                    dedupe_conformance::assert_check(&factory, stringify!($name)).await;
-                }
-            )*
-        };
-    }
-
-    checks!(
-        matches_reference_store,
-        single_winner_race,
-        single_winner_takeover_race,
-        batches_race_batches,
-        claim_many_matches_claim,
-        stale_holder_is_fenced,
-        expire_removes_exactly_expired,
-        forget_removes_any_state,
-        duplicate_returns_exact_outcome,
-        extend_pushes_deadline,
-        key_case_unicode_and_max_length,
-        reentrant_claim_id,
-    );
-}

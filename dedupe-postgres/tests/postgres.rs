@@ -6,8 +6,6 @@
 use dedupe_testkit as support;
 use sqlx::AssertSqlSafe;
 
-mod earlier;
-
 #[path = "../examples/transactional_orders.rs"]
 #[allow(dead_code)]
 mod example;
@@ -504,14 +502,14 @@ async fn a_batch_with_a_claim_id_meeting_a_corrupt_record_writes_nothing() {
     );
 }
 
-/// A batch meeting a corrupt record fails, and the keys it won on the way are
-/// given back: a new key is claimable again at once; an expired lease it took
-/// over is free again with its attempt count still going up; a key held by
-/// another lease and a done key are left exactly as they were. Both ways a
-/// claim can start (a handle that has seen new keys tries the bare insert
-/// first; one that has met records reads first) are checked.
+/// A batch meeting a corrupt record fails and has claimed nothing (its one
+/// statement writes nothing while a live record among its keys would not
+/// decode): a new key is claimable at once; an expired lease among its keys
+/// is taken over next with its attempt count still going up; a key held by
+/// another lease and a done key are left exactly as they were. On a handle
+/// that has seen new keys and on one that has met records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_batch_gives_back_the_keys_it_won() {
+async fn a_failed_batch_claims_nothing() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("giveback");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
@@ -700,169 +698,6 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
             .expect("get")
             .is_some());
     }
-}
-
-/// A table made by an earlier version of `migrate` (two key columns in the
-/// database's collation, an index on `expires_at`, a CHECK on `state`) keeps
-/// working, and `migrate` leaves it as it is. (Twelve conformance checks
-/// also run on such a table: `tests/conformance.rs`.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_from_an_earlier_version_keeps_working() {
-    let (_server, url) = support::postgres_server();
-    let schema = support::unique_schema("earlier");
-    let admin = PgPool::connect(&url).await.expect("admin pool");
-    let t = format!("\"{schema}\".dedupe_records");
-    sqlx::raw_sql(AssertSqlSafe(earlier::create_sql(&schema)))
-        .execute(&admin)
-        .await
-        .expect("the earlier table");
-    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
-    let opts = ClaimOptions::default();
-    let ClaimOutcome::Claimed(lease) = store.claim(&key("a"), &opts).await.expect("claim") else {
-        panic!("a new key should be claimed");
-    };
-    assert!(matches!(
-        store.claim(&key("a"), &opts).await.expect("duplicate"),
-        ClaimOutcome::InFlight { .. }
-    ));
-    store
-        .complete(&lease, b"done", Duration::from_secs(60))
-        .await
-        .expect("complete");
-    let batch = store
-        .claim_many(&[key("a"), key("b"), key("c")], &opts)
-        .await
-        .expect("claim_many");
-    assert!(
-        matches!(batch[0], ClaimOutcome::Duplicate { .. }),
-        "{batch:?}"
-    );
-    assert!(matches!(batch[1], ClaimOutcome::Claimed(_)), "{batch:?}");
-    assert!(matches!(batch[2], ClaimOutcome::Claimed(_)), "{batch:?}");
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "UPDATE {t} SET expires_at = now() - interval '1 second' WHERE id = 'b'"
-    )))
-    .execute(&admin)
-    .await
-    .expect("expire one lease");
-    assert_eq!(store.expire().await.expect("expire"), 1);
-    assert!(store.get(&key("b")).await.expect("get").is_none());
-    let (collation, indexes): (Option<String>, i64) = sqlx::query_as(
-        "SELECT (SELECT collation_name::text FROM information_schema.columns
-                 WHERE table_schema = $1 AND table_name = 'dedupe_records' AND column_name = 'id'),
-                (SELECT count(*) FROM pg_indexes WHERE schemaname = $1)",
-    )
-    .bind(&schema)
-    .fetch_one(&admin)
-    .await
-    .expect("table shape");
-    assert_eq!(
-        (collation, indexes),
-        (None, 2),
-        "migrate should leave the table as it was"
-    );
-}
-
-/// `upgrade_table` converts an earlier table to one key column and keeps every
-/// record as it was (done with its outcome, in flight with its lease, expired);
-/// a second run changes nothing. Another store that had read the earlier
-/// layout fails one call with a retryable error and then works on the
-/// converted table, its lease still good.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upgrade_table_joins_the_key_columns_and_keeps_every_record() {
-    let (_server, url) = support::postgres_server();
-    let schema = support::unique_schema("upgrade");
-    let admin = PgPool::connect(&url).await.expect("admin pool");
-    sqlx::raw_sql(AssertSqlSafe(earlier::create_sql(&schema)))
-        .execute(&admin)
-        .await
-        .expect("the earlier table");
-    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
-    let other = store_on(&url, &schema, Duration::from_secs(5)).await;
-    let opts = ClaimOptions::default();
-    let won = |answer: ClaimOutcome| answer.lease().cloned().expect("a new key is won");
-    let done = won(store.claim(&key("done"), &opts).await.expect("claim"));
-    store
-        .complete(&done, b"the outcome", Duration::from_secs(600))
-        .await
-        .expect("complete");
-    let held = won(other.claim(&key("held"), &opts).await.expect("claim"));
-    let answers = store
-        .claim_many(&[key("gone"), key("odd:id:with:colons")], &opts)
-        .await
-        .expect("claim_many");
-    let odd = won(answers[1].clone());
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "UPDATE \"{schema}\".dedupe_records SET expires_at = now() - interval '1 second'
-         WHERE id = 'gone'"
-    )))
-    .execute(&admin)
-    .await
-    .expect("expire one lease");
-
-    assert!(
-        store.upgrade_table().await.expect("upgrade"),
-        "an earlier table is converted"
-    );
-    assert!(
-        !store.upgrade_table().await.expect("again"),
-        "nothing left to convert"
-    );
-
-    let columns: Vec<String> = sqlx::query_scalar(
-        "SELECT column_name::text FROM information_schema.columns
-         WHERE table_schema = $1 AND table_name = 'dedupe_records'
-           AND column_name IN ('key', 'namespace', 'id')",
-    )
-    .bind(&schema)
-    .fetch_all(&admin)
-    .await
-    .expect("columns");
-    assert_eq!(columns, vec!["key".to_string()]);
-    let keys: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT key FROM \"{schema}\".dedupe_records ORDER BY key"
-    )))
-    .fetch_all(&admin)
-    .await
-    .expect("keys");
-    assert_eq!(
-        keys,
-        ["pg:done", "pg:gone", "pg:held", "pg:odd:id:with:colons"]
-    );
-
-    // The store that converted the table knows its layout already.
-    match store.claim(&key("done"), &opts).await.expect("duplicate") {
-        ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"the outcome"),
-        other => panic!("a done record answered {other:?}"),
-    }
-    let again = won(store.claim(&key("gone"), &opts).await.expect("takeover"));
-    assert_eq!(
-        again.attempt, 2,
-        "the expired lease is taken over, its count kept"
-    );
-    assert!(matches!(
-        store.claim(&key("held"), &opts).await.expect("in flight"),
-        ClaimOutcome::InFlight { .. }
-    ));
-    // The other store read the earlier layout: one retryable failure, then it
-    // works, and the lease it held is still good.
-    match other
-        .complete(&held, b"later", Duration::from_secs(600))
-        .await
-    {
-        Err(e @ Error::Backend { .. }) => assert!(e.is_retryable(), "{e}"),
-        answer => panic!("a store on the old layout answered {answer:?}"),
-    }
-    other
-        .complete(&held, b"later", Duration::from_secs(600))
-        .await
-        .expect("the retry completes on the converted table");
-    store
-        .complete(&odd, b"odd", Duration::from_secs(600))
-        .await
-        .expect("a key whose id holds ':' completes");
-    let record = other.get(&key("odd:id:with:colons")).await.expect("get");
-    assert!(record.is_some(), "the batch's key is found by its whole id");
 }
 
 /// A table made by `migrate` compares keys byte by byte and has no index but the

@@ -64,17 +64,9 @@ async fn pg_handle(url: &str, schema: &str, conns: u32, hold: usize) -> PgStore 
         .expect("build a store")
 }
 
+/// `n` handles on one table.
 async fn pg_handles(url: &str, schema: &str, n: usize) -> Vec<PgStore> {
-    pg_handles_on(url, schema, n, false).await
-}
-
-/// `n` handles on one table; with `earlier`, the table is made first as an
-/// earlier version made it (two key columns), and the store must keep using it.
-async fn pg_handles_on(url: &str, schema: &str, n: usize, earlier: bool) -> Vec<PgStore> {
     let first = pg_handle(url, schema, 6, 2).await;
-    if earlier {
-        create_earlier_table(&first, schema).await;
-    }
     first.migrate().await.expect("migrate");
     let mut v = vec![first];
     for i in 1..n {
@@ -94,64 +86,20 @@ fn table(schema: &str) -> String {
     format!("\"{schema}\".\"dedupe_records\"")
 }
 
-/// How the table names a key bound as `$1` (namespace) and `$2` (id): this
-/// version's tables keep one `key` column (`namespace:id`), earlier ones two.
+/// How the table names a key bound as `$1` (namespace) and `$2` (id): one
+/// `key` column, `namespace:id`.
 struct KeySql {
     cols: &'static str,
     values: &'static str,
     is: &'static str,
 }
 
-async fn key_sql(store: &PgStore, schema: &str) -> KeySql {
-    let split: bool = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT EXISTS (SELECT 1 FROM pg_attribute
-                        WHERE attrelid = to_regclass('{}') AND attname = 'namespace'
-                          AND attnum > 0 AND NOT attisdropped)",
-        table(schema)
-    )))
-    .fetch_one(store.pool())
-    .await
-    .expect("read the table's layout");
-    if split {
-        KeySql {
-            cols: "namespace, id",
-            values: "$1, $2",
-            is: "namespace = $1 AND id = $2",
-        }
-    } else {
-        KeySql {
-            cols: "key",
-            values: "$1::text || ':' || $2::text",
-            is: "key = $1::text || ':' || $2::text",
-        }
+async fn key_sql(_store: &PgStore, _schema: &str) -> KeySql {
+    KeySql {
+        cols: "key",
+        values: "$1::text || ':' || $2::text",
+        is: "key = $1::text || ':' || $2::text",
     }
-}
-
-/// The table as an earlier version made it: two key columns, the default
-/// collation, an index on the deadline and a CHECK on the state.
-async fn create_earlier_table(store: &PgStore, schema: &str) {
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-         CREATE TABLE {t} (
-             namespace    text        NOT NULL,
-             id           text        NOT NULL,
-             state        smallint    NOT NULL CHECK (state IN (0, 1)),
-             token        text        NOT NULL,
-             claim_id     text,
-             fingerprint  bytea,
-             expires_at   timestamptz NOT NULL,
-             completed_at timestamptz,
-             outcome      bytea,
-             attempts     integer     NOT NULL,
-             first_seen   timestamptz NOT NULL,
-             PRIMARY KEY (namespace, id)
-         );
-         CREATE INDEX ON {t} (expires_at);",
-        t = table(schema)
-    )))
-    .execute(store.pool())
-    .await
-    .expect("create a table as an earlier version made it");
 }
 
 /// A record that does not decode (done, without outcome or completion time;
@@ -503,10 +451,10 @@ const LOOSE: CheckOpts = CheckOpts {
 // Tests
 // ======================================================================
 
-async fn race_rounds(earlier: bool) {
+async fn race_rounds() {
     let (_cluster, url) = server().await;
-    let schema = dedupe_testkit::unique_schema(if earlier { "advraceold" } else { "advrace" });
-    let stores = pg_handles_on(&url, &schema, 6, earlier).await;
+    let schema = dedupe_testkit::unique_schema("advrace");
+    let stores = pg_handles(&url, &schema, 6).await;
     let log = Log::default();
     let done = key("noise", "done");
     make_done(&log, &stores[0], &done, b"noise-done").await;
@@ -555,11 +503,7 @@ async fn race_rounds(earlier: bool) {
         finished.is_ok(),
         "HANG: the racers did not finish 60 rounds within 150 s"
     );
-    let what = if earlier {
-        "racing handles (earlier two-column table)"
-    } else {
-        "racing handles"
-    };
+    let what = "racing handles";
     assert_history(what, &log, STRICT);
     assert_no_errors(what, &log);
 }
@@ -573,15 +517,7 @@ async fn race_rounds(earlier: bool) {
 /// first holder's stale calls, a third wave of duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_racing_handles_keep_one_winner_while_claim_modes_flip() {
-    race_rounds(false).await;
-}
-
-/// The same race on a table an earlier version made (two key columns, the
-/// default collation, an index on the deadline, a CHECK on the state), which
-/// the store keeps using with its other statements.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_racing_handles_keep_one_winner_on_an_earlier_two_column_table() {
-    race_rounds(true).await;
+    race_rounds().await;
 }
 
 /// Rule 4, `extend`, claim ids, fingerprints and refused input, acting on a
@@ -622,9 +558,7 @@ async fn pg_lease_rules_hold_in_both_claim_modes() {
 async fn pg_a_batch_failing_on_a_corrupt_record_writes_nothing() {
     let (_cluster, url) = server().await;
     let mut bad = Vec::new();
-    for earlier in [false, true] {
-        writes_nothing_on(&url, earlier, &mut bad).await;
-    }
+    writes_nothing_on(&url, &mut bad).await;
     assert!(
         bad.is_empty(),
         "{} violations:\n  {}",
@@ -633,28 +567,18 @@ async fn pg_a_batch_failing_on_a_corrupt_record_writes_nothing() {
     );
 }
 
-async fn writes_nothing_on(url: &str, earlier: bool, bad: &mut Vec<String>) {
-    let schema = dedupe_testkit::unique_schema(if earlier {
-        "advnothingold"
-    } else {
-        "advnothing"
-    });
-    let stores = pg_handles_on(url, &schema, 2, earlier).await;
+async fn writes_nothing_on(url: &str, bad: &mut Vec<String>) {
+    let schema = dedupe_testkit::unique_schema("advnothing");
+    let stores = pg_handles(url, &schema, 2).await;
     let log = Log::default();
     let done = key("warm", "done");
     make_done(&log, &stores[0], &done, b"warm").await;
-    let table_kind = if earlier {
-        ", earlier two-column table"
-    } else {
-        ""
-    };
     for (round, read_first) in [(0, false), (1, true), (2, false), (3, true)] {
         let mode = if read_first {
             "select first"
         } else {
             "insert first"
         };
-        let mode = format!("{mode}{table_kind}");
         let batcher = pg_handle(url, &schema, 2, 0).await;
         if read_first {
             warm_handle(&batcher, true, &done, "nothing").await;
@@ -712,27 +636,15 @@ async fn writes_nothing_on(url: &str, earlier: bool, bad: &mut Vec<String>) {
     }
 }
 
-/// The window between `claim_many`'s bare batch insert (committed on its own)
-/// and its second statement: the second statement is made to wait on a row
-/// lock (an expired record of the batch, locked `FOR UPDATE` by another
-/// transaction) until the batch handle's statement timeout cancels it, so the
-/// batch fails after its first statement committed. Meanwhile observers claim
-/// the batch's fresh keys; one of them carries the batch's claim id (the same
-/// logical caller retrying) and works 1.5 s before completing. No lease
-/// handed out from the batch may be given away while still live: the batch
-/// once gave its keys back after a same-claim-id retry had been handed one of
-/// them, and a third caller won the key while that one worked.
-///
-/// The store's answer since: a failed batch with a claim id gives nothing
-/// back, and a batch with a claim id runs one statement (never the bare
-/// insert first), so none of its keys is visible before that statement
-/// commits, and a statement that fails leaves nothing. The test checks both:
-/// the keys never show, and the history holds one winner per lease.
-///
-/// (The first version of this test failed the batch on a corrupt record; the
-/// batch statement now writes nothing while a record it reads would not
-/// decode, so it no longer waits on the lock, and the window closed too fast
-/// to observe.)
+/// A batch whose one statement is made to wait on a row lock (an expired
+/// record of the batch, locked `FOR UPDATE` by another transaction) until the
+/// batch handle's statement timeout cancels it. Meanwhile observers claim the
+/// batch's fresh keys; one of them carries the batch's claim id (the same
+/// logical caller retrying) and works 1.5 s before completing. None of the
+/// batch's keys may show before its statement commits, a statement that
+/// fails leaves nothing, and the history holds one winner per lease. (An
+/// earlier batch that inserted first and gave its keys back on failure once
+/// gave one away that a same-claim-id retry had been handed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_failed_batch_is_never_seen_half_done() {
     let (_cluster, url) = server().await;
@@ -1234,138 +1146,4 @@ where
         }
     }
     Err(last.unwrap_or_else(|| Error::backend("no attempt", false, None)))
-}
-
-/// An earlier version's two-column table, five handles (one pool each) on
-/// it, records done and leases held before; then two handles call
-/// `upgrade_table` at once while six tasks keep working. Afterwards: exactly
-/// one upgrade converted the table, every record done before still answers
-/// its outcome on every handle, every lease held across the upgrade still
-/// completes (and its claim id still gets it back), every handle works again
-/// after at most a few retryable errors, and the history holds one winner
-/// per lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_upgrade_table_under_traffic_keeps_every_record_and_one_winner() {
-    let (_cluster, url) = server().await;
-    let schema = dedupe_testkit::unique_schema("advupgrade");
-    let first = pg_handle(&url, &schema, 6, 2).await;
-    create_earlier_table(&first, &schema).await;
-    first.migrate().await.expect("migrate on the earlier table");
-    let mut stores = vec![first];
-    for i in 1..5 {
-        stores.push(pg_handle(&url, &schema, 5, i % 3).await);
-    }
-    let log = Log::default();
-    let mut done = Vec::new();
-    for i in 0..20 {
-        let k = key("up", format!("d{i}"));
-        make_done(
-            &log,
-            &stores[i % stores.len()],
-            &k,
-            format!("d{i}").as_bytes(),
-        )
-        .await;
-        done.push(k);
-    }
-    let mut held = Vec::new();
-    for i in 0..10 {
-        let k = key("up", format!("h{i}"));
-        let o = opts(LONG).with_claim_id(cid(format!("held-{i}")));
-        match log.claim(&stores[i % stores.len()], "holder", &k, &o).await {
-            Ok(ClaimOutcome::Claimed(l)) => held.push((l, o)),
-            other => panic!("a fresh claim answered {other:?}"),
-        }
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for t in 0..6 {
-        tasks.push(tokio::spawn(traffic(
-            log.clone(),
-            stores[t % stores.len()].clone(),
-            t,
-            done.clone(),
-            Arc::clone(&stop),
-        )));
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (a, b) = (stores[0].clone(), stores[1].clone());
-    let upgrades = tokio::time::timeout(Duration::from_secs(60), async move {
-        tokio::join!(a.upgrade_table(), b.upgrade_table())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("a traffic task panicked");
-    }
-    let mut bad = Vec::new();
-    match upgrades {
-        Err(_) => bad.push("HANG: two upgrade_table calls did not return within 60 s".to_string()),
-        Ok((ra, rb)) => {
-            let converted = [&ra, &rb].iter().filter(|r| matches!(r, Ok(true))).count();
-            if converted != 1 {
-                bad.push(format!(
-                    "two concurrent upgrade_table calls answered {ra:?} and {rb:?}: exactly one must convert"
-                ));
-            }
-        }
-    }
-    let layout = key_sql(&stores[2], &schema).await;
-    if layout.cols != "key" {
-        bad.push("after upgrade_table the table still has two key columns".into());
-    }
-    let o_long = opts(LONG);
-    for (i, s) in stores.iter().enumerate() {
-        for (j, k) in done.iter().enumerate() {
-            let want = format!("d{j}").into_bytes();
-            match settled(|| s.claim(k, &o_long)).await {
-                Ok(ClaimOutcome::Duplicate { outcome, .. }) if outcome == want => {}
-                other => bad.push(format!(
-                    "handle {i}: {k}, done before the upgrade, now answers {other:?}"
-                )),
-            }
-        }
-    }
-    for (i, (l, o)) in held.iter().enumerate() {
-        let s = &stores[(i + 1) % stores.len()];
-        match settled(|| s.claim(&l.key, o)).await {
-            Ok(ClaimOutcome::Claimed(again)) if again == *l => {}
-            other => bad.push(format!(
-                "{}: a lease held across the upgrade was not handed back to its claim id: {other:?} (held {l:?})",
-                l.key
-            )),
-        }
-        match settled(|| s.complete(l, b"held-done", RETAIN)).await {
-            Ok(()) => {}
-            Err(e) => bad.push(format!(
-                "{}: a lease held across the upgrade no longer completes: {}",
-                l.key,
-                chain(&e)
-            )),
-        }
-    }
-    for (i, s) in stores.iter().enumerate() {
-        let k = key("up", format!("after{i}"));
-        match settled(|| s.claim(&k, &o_long)).await {
-            Ok(ClaimOutcome::Claimed(_)) => {}
-            other => bad.push(format!(
-                "handle {i} after the upgrade: a fresh key answered {other:?}"
-            )),
-        }
-    }
-    assert!(
-        bad.is_empty(),
-        "{} violations:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
-    assert_history(
-        "upgrade under traffic",
-        &log,
-        CheckOpts {
-            strict_inflight: true,
-            distinct_attempts: false,
-        },
-    );
 }
