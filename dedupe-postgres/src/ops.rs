@@ -48,7 +48,7 @@ fn decode_record(key: &Key, row: &PgRow) -> Result<Record> {
         .decode(key)
 }
 
-/// A claim statement (`claim`, `insert_new`, `claim_many`)
+/// A claim statement (`claim`, `insert_new`, `claim_many`, `insert_new_many`)
 /// with its six parameters bound, in the order each of them takes: the keys'
 /// namespaces and ids and the tokens (one each, or arrays of them), then the
 /// claim id, the fingerprint and the lease.
@@ -71,18 +71,19 @@ where
         .bind(opts.lease_ttl)
 }
 
-/// The answer carried by one row of the claim statements (the row's `won`
-/// says whether the statement won the key).
-fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+/// The answer carried by one row of the claim statements, and whether the
+/// statement won the key (the row's `won`).
+fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<(ClaimOutcome, bool)> {
     let won: bool = row
         .try_get("won")
         .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?;
     let record = decode_record(key, row)?;
-    if won {
-        backend::won_claim(record)
+    let answer = if won {
+        backend::won_claim(record)?
     } else {
-        Ok(backend::losing_claim(record, opts))
-    }
+        backend::losing_claim(record, opts)
+    };
+    Ok((answer, won))
 }
 
 /// Which of a batch's distinct keys a row of a batch statement is about, from
@@ -136,6 +137,18 @@ impl Ops<'_> {
         key: &Key,
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
+        Ok(self.claim_deciding(conn, key, opts).await?.0)
+    }
+
+    /// [`claim`](Self::claim), also answering whether its own statement won
+    /// the key: false for a loss, and for a lease of the same claim id handed
+    /// back as it is stored (which belongs to the call that won it).
+    async fn claim_deciding(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<(ClaimOutcome, bool)> {
         opts.validate()?;
         for _ in 0..CLAIM_ROUNDS {
             let token = backend::new_token();
@@ -148,7 +161,7 @@ impl Ops<'_> {
             // The upsert found a live record committed after this statement's
             // snapshot began, so the same statement could not read it: read it now.
             if let Some(record) = self.get(conn, key).await? {
-                return Ok(backend::losing_claim(record, opts));
+                return Ok((backend::losing_claim(record, opts), false));
             }
         }
         Err(Error::backend(
@@ -223,14 +236,93 @@ impl Ops<'_> {
         }
     }
 
-    /// The whole batch in one statement over `unnest` of arrays, the one
-    /// statement that decides every key; repeats inside the batch are
-    /// answered by [`BatchKeys`]. A batch whose statement fails (a live record
-    /// that would not decode among its keys, a timeout, a lost connection) has
-    /// written nothing. A key the statement returned no row for met a live
-    /// record committed after the statement's snapshot: it is claimed on its
-    /// own right after, which answers what a claim right after the batch
-    /// would.
+    /// A batch that first tries the bare insert of every key, then runs
+    /// [`claim_many`](Self::claim_many) for the keys that have a record (if
+    /// any). Answers whether most of the distinct keys had one.
+    ///
+    /// The insert commits before the second statement runs: if anything after
+    /// it fails, the keys the insert won are given back (see
+    /// [`give_back`](Self::give_back): not for a batch with a claim id, whose
+    /// retry gets them back as they are) before the error is returned, so a
+    /// retry of the batch can win them again. Should that fail too (the connection is
+    /// gone), or the call be dropped between the statements (its timeout, a
+    /// `select!`), they are in flight until their lease passes, like the keys of
+    /// any claim whose answer was lost, and a later delivery takes them over.
+    pub(crate) async fn claim_many_new_first(
+        &self,
+        conn: &mut PgConnection,
+        keys: &[Key],
+        opts: &ClaimOptions,
+    ) -> Result<(Vec<ClaimOutcome>, bool)> {
+        opts.validate()?;
+        let batch = BatchKeys::new(keys);
+        let distinct = batch.distinct();
+        let namespaces: Vec<&str> = distinct.iter().map(|k| k.namespace()).collect();
+        let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
+        let tokens: Vec<LeaseToken> = backend::new_tokens(distinct.len());
+        let token_text: Vec<&str> = tokens.iter().map(LeaseToken::as_str).collect();
+        let rows = claim_query(
+            &self.sql.insert_new_many,
+            &namespaces,
+            &ids,
+            &token_text,
+            opts,
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| self.err(e))?;
+        // The insert has committed what it won: from here on, any error gives
+        // those keys back before it is answered.
+        let answered: Result<(Vec<ClaimOutcome>, bool)> = async {
+            let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+            for row in &rows {
+                let index = position(&batch, row).map_err(|e| self.err(e))?;
+                let deadline: i64 = row.try_get("expires_ms").map_err(|e| self.err(e))?;
+                answers[index] = Some(ClaimOutcome::Claimed(Lease {
+                    key: distinct[index].clone(),
+                    token: tokens[index].clone(),
+                    deadline: from_millis(deadline),
+                    attempt: 1,
+                    claim_id: opts.claim_id.clone(),
+                }));
+            }
+            let rest: Vec<Key> = distinct
+                .iter()
+                .zip(&answers)
+                .filter(|(_, answer)| answer.is_none())
+                .map(|(key, _)| (*key).clone())
+                .collect();
+            if !rest.is_empty() {
+                // Gives back what it won itself if it fails.
+                let mut rest_answers = self.claim_many(conn, &rest, opts).await?.into_iter();
+                for answer in answers.iter_mut().filter(|a| a.is_none()) {
+                    *answer = rest_answers.next();
+                }
+            }
+            let distinct_answers = answers
+                .into_iter()
+                .map(|answer| {
+                    answer.ok_or_else(|| {
+                        Error::backend("claim_many left a key unanswered", true, None)
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let had_records = rest.len() * 2 > distinct.len();
+            Ok((batch.answers(distinct_answers, opts)?, had_records))
+        }
+        .await;
+        if answered.is_err() {
+            // Only keys holding these tokens change: the ones the insert won.
+            let won: Vec<(&str, &str, &str)> = (0..distinct.len())
+                .map(|i| (namespaces[i], ids[i], token_text[i]))
+                .collect();
+            self.give_back(conn, &won, opts).await;
+        }
+        answered
+    }
+
+    /// The whole batch in one statement over `unnest` of arrays; repeats inside the
+    /// batch are answered by [`BatchKeys`].
     pub(crate) async fn claim_many(
         &self,
         conn: &mut PgConnection,
@@ -249,18 +341,105 @@ impl Ops<'_> {
             .await
             .map_err(|e| self.err(e))?;
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+        let mut decoded = Ok(());
         for row in &rows {
-            let index = position(&batch, row).map_err(|e| self.err(e))?;
-            answers[index] = Some(answer_from_row(distinct[index], row, opts)?);
+            let answer = (|| {
+                let index = position(&batch, row).map_err(|e| self.err(e))?;
+                Ok((index, answer_from_row(distinct[index], row, opts)?.0))
+            })();
+            match answer {
+                Ok((index, answer)) => answers[index] = Some(answer),
+                Err(e) => {
+                    decoded = Err(e);
+                    break;
+                }
+            }
         }
         let mut distinct_answers = Vec::with_capacity(distinct.len());
-        for (key, answer) in distinct.iter().zip(answers) {
-            distinct_answers.push(match answer {
-                Some(answer) => answer,
-                None => self.claim(conn, key, opts).await?,
-            });
+        // Keys won by claims on their own below, with their tokens. A lease
+        // of the same claim id handed back as stored is not among them: it
+        // belongs to the call that won it, and a failed batch must not end it
+        // (nor does it end one the batch statement handed back).
+        let mut won_alone: Vec<Lease> = Vec::new();
+        if decoded.is_ok() {
+            for (key, answer) in distinct.iter().zip(answers) {
+                distinct_answers.push(match answer {
+                    Some(answer) => answer,
+                    // Committed after the statement's snapshot: claim it on its own.
+                    None => match self.claim_deciding(conn, key, opts).await {
+                        Ok((answer, won_here)) => {
+                            if won_here {
+                                won_alone.extend(answer.lease().cloned());
+                            }
+                            answer
+                        }
+                        Err(e) => {
+                            decoded = Err(e);
+                            break;
+                        }
+                    },
+                });
+            }
+        }
+        if let Err(e) = decoded {
+            // The statement committed what it won: give those keys back, so
+            // the batch's error leaves nothing claimed behind the caller.
+            let mut won: Vec<(&str, &str, &str)> = (0..distinct.len())
+                .map(|i| (namespaces[i], ids[i], token_text[i]))
+                .collect();
+            won.extend(
+                won_alone
+                    .iter()
+                    .map(|l| (l.key.namespace(), l.key.id(), l.token.as_str())),
+            );
+            self.give_back(conn, &won, opts).await;
+            return Err(e);
         }
         batch.answers(distinct_answers, opts)
+    }
+
+    /// Gives back the keys a failed batch won: `(namespace, id, token)` of each
+    /// key the batch may have won, with the token it claimed with (a key that
+    /// holds another token is not touched). A fresh record is removed, as
+    /// `release` would; a record the batch took over (attempt 2 or more) has
+    /// its lease ended now instead, so the next claim takes it over with the
+    /// attempt count still going up and `first_seen` kept. As far as the
+    /// connection still works: a record it cannot give back is in flight until
+    /// its lease passes, and a later delivery takes it over.
+    ///
+    /// A batch with a claim id gives nothing back. Its leases were committed
+    /// before it failed, and a claim with the same claim id (the caller
+    /// retrying a call it thought lost) may have been handed one of them in
+    /// the meantime, as rule 3 says; ending it would let a third caller win
+    /// the key while that one works under a live lease (an adversarial test
+    /// did just that). They stay in flight under the claim id instead: the
+    /// caller's retry gets them back, and anyone else takes them over once
+    /// their lease passes, as after any claim whose answer was lost.
+    async fn give_back(
+        &self,
+        conn: &mut PgConnection,
+        won: &[(&str, &str, &str)],
+        opts: &ClaimOptions,
+    ) {
+        if opts.claim_id.is_some() {
+            tracing::debug!(
+                keys = won.len(),
+                "a failed batch with a claim id keeps what it won in flight"
+            );
+            return;
+        }
+        let namespaces: Vec<&str> = won.iter().map(|w| w.0).collect();
+        let ids: Vec<&str> = won.iter().map(|w| w.1).collect();
+        let tokens: Vec<&str> = won.iter().map(|w| w.2).collect();
+        let given = sqlx::query(text(&self.sql.release_many))
+            .bind(&namespaces)
+            .bind(&ids)
+            .bind(&tokens)
+            .execute(&mut *conn)
+            .await;
+        if let Err(e) = given {
+            tracing::warn!(error = %e, "could not give back the keys of a failed batch");
+        }
     }
 
     pub(crate) async fn complete(

@@ -32,7 +32,8 @@ fn columns(prefix: &str) -> String {
 /// make (state, completion, token, attempts, claim id and fingerprint
 /// lengths). The batch claim writes nothing while a key it reads has a live
 /// row that fails them: the client then refuses that row as corrupt, and the
-/// call has changed nothing.
+/// call has changed nothing. A row these checks let through and the decoder
+/// refuses still fails the call, after its writes (see `Ops::give_back`).
 fn decodable(t: &str) -> String {
     format!(
         "(({t}.state = 0 OR ({t}.state = 1 AND {t}.completed_at IS NOT NULL
@@ -85,6 +86,8 @@ pub(crate) struct Statements {
     pub(crate) migrate: Sql,
     pub(crate) claim: Sql,
     pub(crate) insert_new: Sql,
+    pub(crate) insert_new_many: Sql,
+    pub(crate) release_many: Sql,
     pub(crate) claim_many: Sql,
     pub(crate) select_live: Sql,
     pub(crate) complete: Sql,
@@ -191,12 +194,53 @@ impl Statements {
                 expires = ms("expires_at")
             )
             .into(),
-            // The same for a batch of distinct keys, in one round trip: the one
-            // statement that decides every key of the batch. Each key is looked up
-            // on the primary key (a lateral probe, so no plan can turn it into a
-            // scan of the table); only the keys with no live record reach the
-            // upsert, taken in key order so concurrent batches lock in the same
-            // order, and none does while a live record among them would not decode.
+            // The bare insert for a batch of distinct keys, in key order (so
+            // concurrent batches meet each other's new keys in the same order).
+            insert_new_many: format!(
+                "INSERT INTO {t} AS r ({kcols}, state, token, claim_id, fingerprint,
+                                       expires_at, completed_at, outcome, attempts, first_seen)
+                 SELECT {kcols}, 0, token, $4::text, $5::bytea, now() + $6::interval,
+                        NULL, NULL, 1, now()
+                 FROM ({input}) AS i
+                 ORDER BY {kcols}
+                 ON CONFLICT ({kcols}) DO NOTHING
+                 RETURNING {rkey} AS key, {expires} AS expires_ms",
+                rkey = "r.key",
+                expires = ms("r.expires_at")
+            )
+            .into(),
+            // Gives back the keys a batch won when the rest of it failed (see
+            // `Ops::give_back`): a fresh record goes, a taken-over one has its
+            // lease ended. Each key is probed on the primary key, in the key
+            // order the claim statements lock in, so a give-back and a
+            // concurrent batch never wait on each other in a cycle.
+            release_many: format!(
+                "WITH mine AS (
+                    SELECT {rcols}, r.attempts
+                    FROM (SELECT * FROM ({input}) AS u ORDER BY {kcols}) AS i
+                    CROSS JOIN LATERAL (
+                        SELECT {tcols}, t.attempts FROM {t} t
+                        WHERE {t_is_i} AND t.token = i.token AND t.state = 0
+                        FOR UPDATE
+                    ) r
+                 ), fresh AS (
+                    DELETE FROM {t} AS r USING mine m
+                    WHERE {r_is_m} AND m.attempts = 1
+                 )
+                 UPDATE {t} AS r SET expires_at = now()
+                 FROM mine m
+                 WHERE {r_is_m} AND m.attempts > 1",
+                rcols = "r.key",
+                tcols = "t.key",
+                t_is_i = "t.key = i.key",
+                r_is_m = "r.key = m.key",
+            )
+            .into(),
+            // The same for a batch of distinct keys, in one round trip. Each key is
+            // looked up on the primary key (a lateral probe, so no plan can turn it
+            // into a scan of the table); only the keys with no live record reach the
+            // upsert, taken in key order so concurrent batches lock in the same order,
+            // and none does while a live record among them would not decode.
             claim_many: format!(
                 "WITH input AS ({input}),
                  live AS (

@@ -288,8 +288,6 @@ impl PgBuilder {
 ///   caller's clock plays no part. Inside a caller's transaction `now()` is the
 ///   transaction's start, so keep such transactions short.
 /// - **Table**: one row per key, the key in one column (`namespace:id`).
-/// - **Batches**: `claim_many` is one statement over `unnest` of arrays, in a
-///   transaction of its own, so a batch that fails has claimed nothing.
 /// - **Failures**: connection loss, a restarting server and timeouts surface as
 ///   retryable errors; the pool reconnects on its own once the server is back.
 ///
@@ -632,16 +630,37 @@ impl DedupeStore for PgStore {
             .await
     }
 
-    /// The whole batch in one statement (`unnest` of arrays), in a
-    /// transaction of its own: a batch that fails has claimed nothing.
+    /// The whole batch in one statement (`unnest` of arrays), one round trip; or,
+    /// while recent claims were of new keys and the batch carries no claim id,
+    /// the bare batch insert first and the one statement for the keys that
+    /// have a record.
+    ///
+    /// A batch with a claim id always runs the one statement: it writes
+    /// nothing while a live record among the keys would not decode, where the
+    /// bare insert would have committed the new keys first, and a failed
+    /// batch with a claim id cannot give them back (see `Ops::give_back`).
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(async |ops, conn| ops.claim_many(conn, keys, opts).await)
-            .await
+        let (answers, had_records) = self
+            .call(async |ops, conn| {
+                // As for `claim`: the bare insert first while recent claims were
+                // of new keys (see `Seen`), unless the batch has a claim id.
+                if self.seen.expect_records() || opts.claim_id.is_some() {
+                    let answers = ops.claim_many(conn, keys, opts).await?;
+                    let lost = answers.iter().filter(|a| a.lease().is_none()).count();
+                    let had_records = lost * 2 > answers.len();
+                    Ok((answers, had_records))
+                } else {
+                    ops.claim_many_new_first(conn, keys, opts).await
+                }
+            })
+            .await?;
+        self.seen.note(had_records);
+        Ok(answers)
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -502,14 +502,14 @@ async fn a_batch_with_a_claim_id_meeting_a_corrupt_record_writes_nothing() {
     );
 }
 
-/// A batch meeting a corrupt record fails and has claimed nothing (its one
-/// statement writes nothing while a live record among its keys would not
-/// decode): a new key is claimable at once; an expired lease among its keys
-/// is taken over next with its attempt count still going up; a key held by
-/// another lease and a done key are left exactly as they were. On a handle
-/// that has seen new keys and on one that has met records.
+/// A batch meeting a corrupt record fails, and the keys it won on the way are
+/// given back: a new key is claimable again at once; an expired lease it took
+/// over is free again with its attempt count still going up; a key held by
+/// another lease and a done key are left exactly as they were. Both ways a
+/// claim can start (a handle that has seen new keys tries the bare insert
+/// first; one that has met records reads first) are checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_batch_claims_nothing() {
+async fn a_failed_batch_gives_back_the_keys_it_won() {
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("giveback");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;

@@ -636,15 +636,27 @@ async fn writes_nothing_on(url: &str, bad: &mut Vec<String>) {
     }
 }
 
-/// A batch whose one statement is made to wait on a row lock (an expired
-/// record of the batch, locked `FOR UPDATE` by another transaction) until the
-/// batch handle's statement timeout cancels it. Meanwhile observers claim the
-/// batch's fresh keys; one of them carries the batch's claim id (the same
-/// logical caller retrying) and works 1.5 s before completing. None of the
-/// batch's keys may show before its statement commits, a statement that
-/// fails leaves nothing, and the history holds one winner per lease. (An
-/// earlier batch that inserted first and gave its keys back on failure once
-/// gave one away that a same-claim-id retry had been handed.)
+/// The window between `claim_many`'s bare batch insert (committed on its own)
+/// and its second statement: the second statement is made to wait on a row
+/// lock (an expired record of the batch, locked `FOR UPDATE` by another
+/// transaction) until the batch handle's statement timeout cancels it, so the
+/// batch fails after its first statement committed. Meanwhile observers claim
+/// the batch's fresh keys; one of them carries the batch's claim id (the same
+/// logical caller retrying) and works 1.5 s before completing. No lease
+/// handed out from the batch may be given away while still live: the batch
+/// once gave its keys back after a same-claim-id retry had been handed one of
+/// them, and a third caller won the key while that one worked.
+///
+/// The store's answer since: a failed batch with a claim id gives nothing
+/// back, and a batch with a claim id runs one statement (never the bare
+/// insert first), so none of its keys is visible before that statement
+/// commits, and a statement that fails leaves nothing. The test checks both:
+/// the keys never show, and the history holds one winner per lease.
+///
+/// (The first version of this test failed the batch on a corrupt record; the
+/// batch statement now writes nothing while a record it reads would not
+/// decode, so it no longer waits on the lock, and the window closed too fast
+/// to observe.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_failed_batch_is_never_seen_half_done() {
     let (_cluster, url) = server().await;
