@@ -21,6 +21,49 @@ use crate::sql::{text, Sql, Statements, EXPIRE_BATCH};
 /// the read that answers it (a concurrent release, forget or expire).
 const CLAIM_ROUNDS: usize = 3;
 
+/// Which statement a claim on the store's own connections runs first
+/// ([`Ops::claim_new_first`] or [`Ops::claim_read_first`]), picked by whether
+/// the store's recent claims met records already there (duplicates, claims in
+/// flight, expired leases to take over). Both ways decide the same claim by the same
+/// statements; they differ in cost, and in one wait (below):
+/// - a key with no record costs least as the bare insert (`ON CONFLICT DO
+///   NOTHING`, the raw driver's own statement), and a key with a record then
+///   takes a second statement;
+/// - a key with a live record costs least as a plain `SELECT` of it, which
+///   answers the claim; a key with none then takes the deciding statement.
+///
+/// So while most recent claims were of new keys (the usual traffic) a claim
+/// tries the insert first, and while most met records (a retry storm, a
+/// redelivered backlog) it reads first. A counter from 0 to [`FirstStatement::LIMIT`],
+/// one up for a claim that met a record and one down for one that did not.
+///
+/// The wait: the bare insert's conflict check waits for a transaction that is
+/// changing the key's row right now (a `complete_in` inside a long business
+/// transaction), up to the statement timeout, where a read answers InFlight
+/// from its snapshot.
+#[derive(Debug, Default)]
+pub(crate) struct FirstStatement(std::sync::atomic::AtomicU8);
+
+impl FirstStatement {
+    const LIMIT: u8 = 8;
+
+    /// Whether the next claim should read first.
+    pub(crate) fn expect_records(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) > Self::LIMIT / 2
+    }
+
+    pub(crate) fn note(&self, had_record: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
+            Some(if had_record {
+                n.saturating_add(1).min(Self::LIMIT)
+            } else {
+                n.saturating_sub(1)
+            })
+        });
+    }
+}
+
 /// The statements of one store with its error mapping and limits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ops<'a> {
@@ -540,5 +583,41 @@ impl Ops<'_> {
             .await
             .map_err(|e| self.err(e))?;
         Ok(live.unwrap_or(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FirstStatement;
+
+    /// A handle starts out expecting new keys, turns to reading first once
+    /// most recent claims met records, and back once they stop; the count
+    /// saturates, so a long storm is forgotten within a few claims.
+    #[test]
+    fn recent_claims_pick_the_first_statement() {
+        let seen = FirstStatement::default();
+        assert!(!seen.expect_records(), "a new handle expects new keys");
+        for _ in 0..FirstStatement::LIMIT / 2 {
+            seen.note(true);
+        }
+        assert!(!seen.expect_records(), "half of the count is not most");
+        seen.note(true);
+        assert!(seen.expect_records(), "most recent claims met records");
+        for _ in 0..1000 {
+            seen.note(true);
+        }
+        for _ in 0..FirstStatement::LIMIT / 2 {
+            seen.note(false);
+        }
+        assert!(
+            !seen.expect_records(),
+            "a storm of 1,000 is forgotten after {} new keys",
+            FirstStatement::LIMIT / 2
+        );
+        for _ in 0..1000 {
+            seen.note(false);
+        }
+        seen.note(true);
+        assert!(!seen.expect_records());
     }
 }

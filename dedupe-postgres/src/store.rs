@@ -13,7 +13,7 @@ use dedupe_core::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 
-use crate::ops::Ops;
+use crate::ops::{FirstStatement, Ops};
 use crate::sql::{Statements, EXPIRE_BATCH, EXPIRE_PAGES};
 
 type PooledConn = sqlx::pool::PoolConnection<sqlx::Postgres>;
@@ -55,48 +55,6 @@ impl Drop for Held {
                 drop(conn.detach());
             }
         }
-    }
-}
-
-/// Whether this store's recent claims met records already there (duplicates,
-/// claims in flight, expired leases to take over), which picks the first
-/// statement of its next claim. Both ways decide the same claim by the same
-/// statements; they differ in cost, and in one wait (below):
-/// - a key with no record costs least as the bare insert (`ON CONFLICT DO
-///   NOTHING`, the raw driver's own statement), and a key with a record then
-///   takes a second statement;
-/// - a key with a live record costs least as a plain `SELECT` of it, which
-///   answers the claim; a key with none then takes the deciding statement.
-///
-/// So while most recent claims were of new keys (the usual traffic) a claim
-/// tries the insert first, and while most met records (a retry storm, a
-/// redelivered backlog) it reads first. A counter from 0 to [`Seen::LIMIT`],
-/// one up for a claim that met a record and one down for one that did not.
-///
-/// The wait: the bare insert's conflict check waits for a transaction that is
-/// changing the key's row right now (a `complete_in` inside a long business
-/// transaction), up to the statement timeout, where a read answers InFlight
-/// from its snapshot.
-#[derive(Debug, Default)]
-struct Seen(std::sync::atomic::AtomicU8);
-
-impl Seen {
-    const LIMIT: u8 = 8;
-
-    /// Whether the next claim should read first.
-    fn expect_records(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) > Self::LIMIT / 2
-    }
-
-    fn note(&self, had_record: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
-            Some(if had_record {
-                n.saturating_add(1).min(Self::LIMIT)
-            } else {
-                n.saturating_sub(1)
-            })
-        });
     }
 }
 
@@ -248,7 +206,7 @@ impl PgBuilder {
             return Err(Error::config("timeout must be at least 1 ms"));
         }
         Ok(PgStore {
-            seen: Arc::default(),
+            first: Arc::default(),
             held: Arc::new(Held {
                 idle: parking_lot::Mutex::new(Vec::new()),
                 keep: self.hold,
@@ -310,9 +268,8 @@ impl PgBuilder {
 pub struct PgStore {
     pool: PgPool,
     held: Arc<Held>,
-    /// Whether recent claims met existing records: picks the claim's first
-    /// statement.
-    seen: Arc<Seen>,
+    /// Picks a claim's first statement from what recent claims met.
+    first: Arc<FirstStatement>,
     /// The statements, built once for the schema and table.
     sql: Arc<Statements>,
     timeout: Duration,
@@ -552,7 +509,7 @@ impl DedupeStore for PgStore {
         opts.validate()?;
         let (outcome, had_record) = self
             .call(async |ops, conn| {
-                if self.seen.expect_records() {
+                if self.first.expect_records() {
                     let outcome = ops.claim_read_first(conn, key, opts).await?;
                     let had_record =
                         !matches!(&outcome, ClaimOutcome::Claimed(l) if l.attempt == 1);
@@ -562,7 +519,7 @@ impl DedupeStore for PgStore {
                 }
             })
             .await?;
-        self.seen.note(had_record);
+        self.first.note(had_record);
         Ok(outcome)
     }
 
@@ -648,8 +605,8 @@ impl DedupeStore for PgStore {
         let (answers, had_records) = self
             .call(async |ops, conn| {
                 // As for `claim`: the bare insert first while recent claims were
-                // of new keys (see `Seen`), unless the batch has a claim id.
-                if self.seen.expect_records() || opts.claim_id.is_some() {
+                // of new keys (see `FirstStatement`), unless the batch has a claim id.
+                if self.first.expect_records() || opts.claim_id.is_some() {
                     let answers = ops.claim_many(conn, keys, opts).await?;
                     let lost = answers.iter().filter(|a| a.lease().is_none()).count();
                     let had_records = lost * 2 > answers.len();
@@ -659,47 +616,11 @@ impl DedupeStore for PgStore {
                 }
             })
             .await?;
-        self.seen.note(had_records);
+        self.first.note(had_records);
         Ok(answers)
     }
 
     fn capabilities(&self) -> Capabilities {
         self.caps
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Seen;
-
-    /// A handle starts out expecting new keys, turns to reading first once
-    /// most recent claims met records, and back once they stop; the count
-    /// saturates, so a long storm is forgotten within a few claims.
-    #[test]
-    fn recent_claims_pick_the_first_statement() {
-        let seen = Seen::default();
-        assert!(!seen.expect_records(), "a new handle expects new keys");
-        for _ in 0..Seen::LIMIT / 2 {
-            seen.note(true);
-        }
-        assert!(!seen.expect_records(), "half of the count is not most");
-        seen.note(true);
-        assert!(seen.expect_records(), "most recent claims met records");
-        for _ in 0..1000 {
-            seen.note(true);
-        }
-        for _ in 0..Seen::LIMIT / 2 {
-            seen.note(false);
-        }
-        assert!(
-            !seen.expect_records(),
-            "a storm of 1,000 is forgotten after {} new keys",
-            Seen::LIMIT / 2
-        );
-        for _ in 0..1000 {
-            seen.note(false);
-        }
-        seen.note(true);
-        assert!(!seen.expect_records());
     }
 }
