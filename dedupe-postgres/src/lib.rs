@@ -5,6 +5,9 @@
 //! the server's clock; see [`PgStore`] for the primitive it relies on and
 //! [`PgStore::claim_in`] for the transactional claim.
 
+mod builder;
+mod codec;
+mod conn;
 mod error;
 mod ops;
 mod sql;

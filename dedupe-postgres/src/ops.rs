@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use dedupe_core::backend::{
-    self, check_ttl, from_millis, one_row_changed, BatchKeys, StoredRecord,
-};
+use dedupe_core::backend::{self, check_ttl, from_millis, one_row_changed, BatchKeys};
 use dedupe_core::{
     Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, LeaseToken,
     Record, Result,
@@ -15,6 +13,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres, Row};
 
+use crate::codec::decode_record;
 use crate::sql::{text, Sql, Statements, EXPIRE_BATCH};
 
 /// How often a claim is retried when its record vanished between the upsert and
@@ -70,25 +69,6 @@ pub(crate) struct Ops<'a> {
     pub(crate) sql: &'a Statements,
     pub(crate) timeout: Duration,
     pub(crate) caps: Capabilities,
-}
-
-fn decode_record(key: &Key, row: &PgRow) -> Result<Record> {
-    let read = || -> std::result::Result<StoredRecord, sqlx::Error> {
-        Ok(StoredRecord {
-            state: i64::from(row.try_get::<i16, _>("state")?),
-            token: row.try_get("token")?,
-            claim_id: row.try_get("claim_id")?,
-            fingerprint: row.try_get("fingerprint")?,
-            expires_ms: row.try_get("expires_ms")?,
-            completed_ms: row.try_get("completed_ms")?,
-            outcome: row.try_get("outcome")?,
-            attempts: i64::from(row.try_get::<i32, _>("attempts")?),
-            first_seen_ms: row.try_get("first_seen_ms")?,
-        })
-    };
-    read()
-        .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?
-        .decode(key)
 }
 
 /// A claim statement (`claim`, `insert_new`, `claim_many`, `insert_new_many`)

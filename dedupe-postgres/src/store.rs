@@ -13,211 +13,10 @@ use dedupe_core::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 
+pub use crate::builder::PgBuilder;
+use crate::conn::{Checkout, Held};
 use crate::ops::{FirstStatement, Ops};
 use crate::sql::{Statements, EXPIRE_BATCH, EXPIRE_PAGES};
-
-type PooledConn = sqlx::pool::PoolConnection<sqlx::Postgres>;
-
-/// Connections the store keeps checked out between its calls, with when each
-/// was first taken from the pool.
-///
-/// sqlx tests every connection as it goes back to its pool with a round trip
-/// (`Sync`, unconditionally in 0.9) before the next caller may have it: with
-/// one connection per worker, every call waited for a second round trip. A
-/// connection whose call went well is kept here instead and handed to the next
-/// call as it is (a connection that broke while idle fails that call with a
-/// retryable error and is not kept). At most `keep` of them
-/// ([`PgBuilder::hold_connections`]); each goes back to the pool after
-/// [`PgStore::MAX_CONNECTION_LIFETIME`], and all of them when the last clone
-/// of the store is dropped.
-#[derive(Debug)]
-struct Held {
-    /// Connections, when each was first taken from the pool, and when it was
-    /// parked here.
-    idle: parking_lot::Mutex<Vec<(PooledConn, Instant, Instant)>>,
-    keep: usize,
-}
-
-impl Held {
-    /// A held connection idle longer than this goes back to the pool (whose
-    /// return check finds one a firewall or `idle_session_timeout` cut)
-    /// instead of to the next call.
-    const IDLE_FOR: Duration = Duration::from_secs(30);
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        // Outside a runtime sqlx cannot run its return task (it would panic):
-        // let the connections go without it (their sockets close, their pool
-        // slots free).
-        if tokio::runtime::Handle::try_current().is_err() {
-            for (conn, _, _) in self.idle.get_mut().drain(..) {
-                drop(conn.detach());
-            }
-        }
-    }
-}
-
-/// A connection for one call: taken from [`Held`] or the pool, and given back
-/// by [`settle`](Checkout::settle) and drop.
-///
-/// A connection whose call failed in a way that may have left it out of step
-/// (a lost connection, a timeout, a call dropped half way) goes back to the
-/// pool through sqlx's return check, in a task of its own bounded by the
-/// store's timeout: a connection whose network went silent (blackholed,
-/// half-open) never answers that check, and unbounded it would hold its pool
-/// slot until the kernel gave up on the socket, minutes later, leaving a pool
-/// that answers nothing but acquire timeouts long after the network healed
-/// (seen under a blackholing proxy). Past the bound it is dropped instead.
-struct Checkout {
-    conn: Option<PooledConn>,
-    since: Instant,
-    bound: Duration,
-    held: Arc<Held>,
-    clean: bool,
-}
-
-impl Checkout {
-    /// Records whether the call left the connection clean: it answered, or the
-    /// server refused the statement's effect (a lost lease, a corrupt row)
-    /// with the connection ready for the next one.
-    fn settle<T>(&mut self, result: &Result<T>) {
-        self.clean = match result {
-            Ok(_) => true,
-            Err(e) => matches!(
-                e,
-                Error::LeaseLost { .. } | Error::CorruptRecord { .. } | Error::InvalidKey(_)
-            ),
-        };
-    }
-}
-
-impl std::ops::Deref for Checkout {
-    type Target = PgConnection;
-    fn deref(&self) -> &PgConnection {
-        self.conn.as_deref().expect("present until dropped")
-    }
-}
-
-impl std::ops::DerefMut for Checkout {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        self.conn.as_deref_mut().expect("present until dropped")
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        if self.clean && self.since.elapsed() < PgStore::MAX_CONNECTION_LIFETIME {
-            let mut idle = self.held.idle.lock();
-            if idle.len() < self.held.keep {
-                idle.push((conn, self.since, Instant::now()));
-                return;
-            }
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            drop(conn.detach()); // no runtime: let it go without sqlx's return task
-            return;
-        };
-        let back = conn.return_to_pool();
-        let bound = self.bound;
-        runtime.spawn(async move {
-            if tokio::time::timeout(bound, back).await.is_err() {
-                tracing::warn!(
-                    ?bound,
-                    "a Postgres connection did not answer its return check; dropped it"
-                );
-            }
-        });
-    }
-}
-
-/// Settings of a [`PgStore`]; start with [`PgStore::builder`].
-#[derive(Debug, Clone)]
-pub struct PgBuilder {
-    pool: PgPool,
-    schema: String,
-    table: String,
-    timeout: Duration,
-    max_outcome_bytes: usize,
-    hold: usize,
-}
-
-impl PgBuilder {
-    /// Schema of the table (default `public`); a plain identifier.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-
-    /// Table name (default `dedupe_records`); a plain identifier.
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-
-    /// Bound on each operation (default 5 s). Past it the operation fails with a
-    /// retryable [`Error::Timeout`].
-    ///
-    /// On a pool from [`PgStore::connect_pool`] the server enforces it as
-    /// `statement_timeout`: it cancels the statement, so a timed-out statement has
-    /// changed nothing. The client gives up only [`PgStore::BACKSTOP`] later, when
-    /// the server did not answer at all; only then is the effect unknown (retry
-    /// with the same claim id). A claim that takes more than one statement (see
-    /// [`PgStore`]) is bounded as a whole: should it time out after its first
-    /// statement, that statement has committed or changed nothing on its own,
-    /// and the last one may have won the key unanswered; retry with the same
-    /// claim id to get such a lease back. On a pool of your own, set `statement_timeout` on
-    /// its connections to get the same guarantee.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Largest outcome `complete` accepts (default 256 KiB).
-    pub fn max_outcome_bytes(mut self, limit: usize) -> Self {
-        self.max_outcome_bytes = limit;
-        self
-    }
-
-    /// Keeps up to `n` connections checked out of the pool between calls
-    /// (default 0 on a pool you bring; [`PgStore::connect`] holds half of its
-    /// ten, leaving the rest to transactions on [`PgStore::pool`]). Drop the
-    /// store before closing its pool: `close()` waits for held connections. sqlx tests each connection with a round trip as it goes back to
-    /// the pool, before anyone may take it again; a held connection skips that
-    /// and goes to the next call directly, which makes a call one round trip
-    /// instead of two (measured by `dedupe bench`). Held connections are not
-    /// available to other users of the pool: hold only what the pool can
-    /// spare, all of them on a pool the store has to itself. A connection
-    /// whose call failed is never held.
-    pub fn hold_connections(mut self, n: usize) -> Self {
-        self.hold = n;
-        self
-    }
-
-    /// Validates the names and builds the store. No I/O: call
-    /// [`PgStore::migrate`] to create the table.
-    pub fn build(self) -> Result<PgStore> {
-        let sql = Statements::new(&self.schema, &self.table)?;
-        // statement_timeout is whole milliseconds, and 0 turns it off.
-        if self.timeout < Duration::from_millis(1) {
-            return Err(Error::config("timeout must be at least 1 ms"));
-        }
-        Ok(PgStore {
-            first: Arc::default(),
-            held: Arc::new(Held {
-                idle: parking_lot::Mutex::new(Vec::new()),
-                keep: self.hold,
-            }),
-            pool: self.pool,
-            sql: Arc::new(sql),
-            timeout: self.timeout,
-            caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
-        })
-    }
-}
 
 /// The Postgres store: records in one table, every decision made by single
 /// statements on the server, with the server's clock.
@@ -266,14 +65,14 @@ impl PgBuilder {
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    pool: PgPool,
-    held: Arc<Held>,
+    pub(crate) pool: PgPool,
+    pub(crate) held: Arc<Held>,
     /// Picks a claim's first statement from what recent claims met.
-    first: Arc<FirstStatement>,
+    pub(crate) first: Arc<FirstStatement>,
     /// The statements, built once for the schema and table.
-    sql: Arc<Statements>,
-    timeout: Duration,
-    caps: Capabilities,
+    pub(crate) sql: Arc<Statements>,
+    pub(crate) timeout: Duration,
+    pub(crate) caps: Capabilities,
 }
 
 impl PgStore {
@@ -374,10 +173,6 @@ impl PgStore {
         format!("{}.{}", self.sql.schema, self.sql.table)
     }
 
-    fn err(&self, e: sqlx::Error) -> Error {
-        crate::error::map(e, self.timeout)
-    }
-
     /// Runs `op` bounded by the store's timeout plus the backstop margin, so the
     /// server's `statement_timeout` (which cancels cleanly) fires first.
     async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
@@ -391,46 +186,7 @@ impl PgStore {
     }
 
     async fn acquire(&self) -> Result<Checkout> {
-        let kept = loop {
-            let Some((conn, since, parked)) = self.held.idle.lock().pop() else {
-                break None;
-            };
-            if parked.elapsed() < Held::IDLE_FOR
-                && since.elapsed() < Self::MAX_CONNECTION_LIFETIME
-                && !self.pool.is_closed()
-            {
-                break Some((conn, since));
-            }
-            // Idle too long, too old, or its pool closed: back to the pool
-            // through the bounded check.
-            drop(Checkout {
-                conn: Some(conn),
-                since,
-                bound: self.timeout,
-                held: Arc::clone(&self.held),
-                clean: false,
-            });
-        };
-        let (conn, since) = match kept {
-            Some(kept) => kept,
-            // Boxed: sqlx's acquire future is 8.6 KB, and unboxed it made
-            // every call's future 18 KB, copied at each await layer (about
-            // 1 µs of memmove a claim). A store that holds its connections
-            // rarely takes this path.
-            None => (
-                Box::pin(self.pool.acquire())
-                    .await
-                    .map_err(|e| self.err(e))?,
-                Instant::now(),
-            ),
-        };
-        Ok(Checkout {
-            conn: Some(conn),
-            since,
-            bound: self.timeout,
-            held: Arc::clone(&self.held),
-            clean: false,
-        })
+        Checkout::take(&self.pool, &self.held, self.timeout).await
     }
 
     fn ops(&self) -> Ops<'_> {
