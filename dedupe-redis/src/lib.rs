@@ -7,8 +7,11 @@
 //! claimed with `SET key record NX PX ms`, an expired one taken over, in the
 //! same round trip. See [`RedisStore`].
 
+mod builder;
 mod codec;
+mod conn;
 mod error;
+mod ops;
 mod scripts;
 mod store;
 

@@ -1,0 +1,210 @@
+//! The store's settings, and connecting it.
+
+use std::time::Duration;
+
+use dedupe_core::backend::{check_ttl, duration_millis};
+use dedupe_core::{Capabilities, Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+
+use crate::conn::{Conn, Link};
+use crate::store::RedisStore;
+
+/// Where a [`RedisBuilder`] connects.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Url(String),
+    Cluster(Vec<String>),
+    Conn(Conn),
+}
+
+/// Settings of a [`RedisStore`]; start with [`RedisStore::builder`].
+#[derive(Clone)]
+pub struct RedisBuilder {
+    pub(crate) target: Target,
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) grace: Duration,
+    pub(crate) max_outcome_bytes: usize,
+    pub(crate) wait_replicas: Option<(u32, Duration)>,
+    pub(crate) root_cert: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RedisBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBuilder")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a key prefix: at most 64 bytes of letters, digits and `_ . - : /`
+/// (no spaces, quotes or anything a shell or a `KEYS` pattern would trip on).
+pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
+    let ok = prefix.len() <= 64
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | ':' | '/'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "redis key prefix {prefix:?} must be at most 64 of [A-Za-z0-9_.:/-]"
+        )))
+    }
+}
+
+impl RedisBuilder {
+    /// Prefix of every record key (default `dedupe:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Bound on each operation (default 2 s): the response timeout of the
+    /// connection, and the time a call waits for a reconnect. Past it the call
+    /// fails with a retryable [`Error::Timeout`]. A claim that timed out may still
+    /// have run on the server: retry it with the same claim id to be handed the
+    /// same lease.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long an in-flight record's key outlives its lease (default 24 h), so
+    /// that a delivery arriving after a worker died still finds the record, takes
+    /// it over and counts the attempt. Past it, Redis removes the key and the
+    /// next claim starts over at attempt 1.
+    pub fn takeover_window(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Largest outcome `complete` accepts (default 256 KiB).
+    pub fn max_outcome_bytes(mut self, limit: usize) -> Self {
+        self.max_outcome_bytes = limit;
+        self
+    }
+
+    /// After each winning claim, waits (`WAIT`) until `replicas` replicas have
+    /// the write, for at most `timeout`; fewer is a retryable error (the claim
+    /// stands; retry with the same claim id). For deployments where a failover
+    /// must not lose a claim. Standalone servers with replicas only; `timeout`
+    /// must be shorter than the store's [`timeout`](Self::timeout).
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait_replicas = Some((replicas, timeout));
+        self
+    }
+
+    /// Trusts this CA certificate (PEM) for `rediss://` instead of the system's
+    /// roots: a private CA, as test servers and some managed services use.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
+    /// Connects (or takes the caller's connection) and builds the store.
+    pub async fn connect(self) -> Result<RedisStore> {
+        check_prefix(&self.prefix)?;
+        if self.timeout.is_zero() {
+            return Err(Error::config("timeout must be above zero"));
+        }
+        check_ttl("takeover window", self.grace)?;
+        let on_cluster = matches!(
+            self.target,
+            Target::Cluster(_) | Target::Conn(Conn::Cluster(_))
+        );
+        if on_cluster && self.wait_replicas.is_some() {
+            return Err(Error::config(
+                "wait_for_replicas is for standalone servers, not a Cluster",
+            ));
+        }
+        if let Some((_, wait)) = self.wait_replicas {
+            if wait >= self.timeout {
+                return Err(Error::config(format!(
+                    "the replica wait ({wait:?}) must be shorter than the timeout ({:?})",
+                    self.timeout
+                )));
+            }
+        }
+        #[cfg(feature = "tls")]
+        crate::install_crypto_provider();
+        let timeout = self.timeout;
+        let map = |e| crate::error::map(e, timeout, None);
+        let link = match self.target {
+            Target::Conn(conn) => Link::new(conn, None),
+            Target::Url(url) => {
+                let bad_url =
+                    |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
+                let client = match self.root_cert {
+                    #[cfg(feature = "tls")]
+                    Some(pem) => redis::Client::build_with_tls(
+                        url.as_str(),
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(pem),
+                        },
+                    )
+                    .map_err(bad_url)?,
+                    _ => redis::Client::open(url.as_str()).map_err(bad_url)?,
+                };
+                let config = ConnectionManagerConfig::new()
+                    .set_number_of_retries(2)
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_millis(200))
+                    .set_response_timeout(Some(timeout))
+                    .set_connection_timeout(Some(timeout));
+                let rebuild = (client.clone(), config.clone());
+                let manager = tokio::time::timeout(
+                    timeout * 2,
+                    ConnectionManager::new_with_config(client, config),
+                )
+                .await
+                .map_err(|_| Error::Timeout {
+                    after: timeout * 2,
+                    source: None,
+                })?
+                .map_err(map)?;
+                Link::new(Conn::Single(manager), Some(rebuild))
+            }
+            Target::Cluster(urls) => {
+                let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
+                #[cfg(feature = "tls")]
+                let builder = match self.root_cert {
+                    Some(pem) => builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(pem),
+                    }),
+                    None => builder,
+                };
+                let client = builder
+                    .retries(2)
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .build()
+                    .map_err(|e| Error::config(format!("redis cluster URLs {urls:?}: {e}")))?;
+                let conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        after: timeout * 2,
+                        source: None,
+                    })?
+                    .map_err(map)?;
+                Link::new(Conn::Cluster(conn), None)
+            }
+        };
+        Ok(RedisStore {
+            link,
+            prefix: self.prefix,
+            timeout,
+            grace_ms: duration_millis(self.grace),
+            caps: Capabilities::new()
+                .with_explicit_expire(false)
+                .with_max_outcome_bytes(self.max_outcome_bytes),
+            wait_replicas: self.wait_replicas,
+        })
+    }
+}
