@@ -3,11 +3,14 @@
 //! The DynamoDB store of dedupe, on aws-sdk-dynamodb: one item per record, every
 //! decision a conditional write. See [`DynamoStore`].
 
-mod errors;
-mod item;
+mod builder;
+mod codec;
+mod error;
+mod expressions;
+mod ops;
 mod store;
 
-pub use item::{AttributeNames, MAX_ATTRIBUTE_NAME_BYTES};
+pub use codec::{AttributeNames, MAX_ATTRIBUTE_NAME_BYTES};
 pub use store::{DynamoBuilder, DynamoStore, MAX_OUTCOME_LIMIT, MAX_TRANSACTION_ITEMS};
 
 // The caller's client is the SDK's; name the same version.

@@ -2,32 +2,29 @@
 //! the caller's clock.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, Put, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
-    TransactWriteItem, Update,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ReturnValue, ScalarAttributeType,
+    TableStatus, TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
-use dedupe_core::backend::{
-    self, check_identifier, check_ttl, duration_millis, from_millis, to_millis, BatchKeys,
-    StoredRecord,
-};
+use dedupe_core::backend::{check_ttl, duration_millis, from_millis, BatchKeys};
 use dedupe_core::{
-    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, RecordState,
-    Result, DEFAULT_MAX_OUTCOME_BYTES,
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
+    DEFAULT_MAX_OUTCOME_BYTES,
 };
 use futures_util::{StreamExt, TryStreamExt};
 
-use crate::errors::{is_condition_failure, map_err, retryable_code};
-use crate::item::{decode, n, outcome_value, partition_key, s, AttributeNames, Item};
+use crate::builder::Clock;
+pub use crate::builder::DynamoBuilder;
+use crate::codec::{decode, n, partition_key, AttributeNames, Item};
+use crate::error::{is_condition_failure, map_err};
+use crate::expressions::*;
+use crate::ops::deadline_of;
 
 /// Largest outcome an item can carry next to its other attributes, under
 /// DynamoDB's 400 KB item limit.
@@ -36,176 +33,6 @@ pub const MAX_OUTCOME_LIMIT: usize = 350_000;
 /// Most items a DynamoDB transaction holds; `claim_with` and `complete_with`
 /// add one of their own to the caller's.
 pub const MAX_TRANSACTION_ITEMS: usize = 100;
-
-/// How many times a claim re-reads a record that changed under it.
-const CLAIM_ROUNDS: usize = 8;
-
-/// A fresh claim: the key is absent, or done and past its retention (an
-/// in-flight record past its lease is taken over by [`TAKEOVER`] instead, so
-/// the attempt count carries on).
-const FRESH: &str = "attribute_not_exists(#pk) OR (#st = :done AND #dl <= :now)";
-
-/// A takeover: the record is still exactly the one read (its token and
-/// deadline), whose lease has passed.
-const TAKEOVER: &str = "#tk = :tk AND #dl = :dl";
-
-/// Every holder's write: this token, in flight, deadline ahead of `:now`.
-const HELD: &str = "#tk = :tk AND #st = :zero AND #dl > :now";
-
-const COMPLETE: &str = "SET #st = :one, #dl = :until, #cm = :now, #oc = :oc, #ex = :exp";
-const EXTEND: &str = "SET #dl = :until, #ex = :exp";
-
-/// `expire()`'s scan filter, projection, and delete condition (never a record
-/// claimed again since the scan).
-const SCAN: &str = "#dl <= :now";
-const PROJECTION: &str = "#pk, #tk, #dl";
-const UNCHANGED: &str = "#tk = :tk AND #dl = :dl AND #dl <= :now";
-
-/// Every set of expressions one request carries: their attribute names are
-/// worked out once, when the store is built, not on every request.
-const REQUESTS: [&[&str]; 7] = [
-    &[FRESH],
-    &[TAKEOVER],
-    &[COMPLETE, HELD],
-    &[HELD],
-    &[EXTEND, HELD],
-    &[SCAN, PROJECTION],
-    &[UNCHANGED],
-];
-
-/// The clock that decides deadlines.
-#[derive(Clone, Default)]
-struct Clock(Option<Arc<dyn Fn() -> SystemTime + Send + Sync>>);
-
-impl Clock {
-    fn now_ms(&self) -> i64 {
-        match &self.0 {
-            Some(clock) => to_millis(clock()),
-            None => backend::now_millis(),
-        }
-    }
-}
-
-impl fmt::Debug for Clock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Clock(custom)"
-        } else {
-            "Clock(system)"
-        })
-    }
-}
-
-/// Settings of a [`DynamoStore`]; start with [`DynamoStore::builder`].
-#[derive(Debug, Clone)]
-pub struct DynamoBuilder {
-    client: Client,
-    table: String,
-    names: AttributeNames,
-    grace: Duration,
-    max_outcome_bytes: usize,
-    fan_out: usize,
-    expire_rate: u32,
-    clock: Clock,
-}
-
-impl DynamoBuilder {
-    /// Table name (default `dedupe_records`).
-    pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
-        self
-    }
-
-    /// Attribute names, to fit a table you already have (default
-    /// [`AttributeNames::default`]).
-    pub fn attribute_names(mut self, names: AttributeNames) -> Self {
-        self.names = names;
-        self
-    }
-
-    /// How long an in-flight item outlives its lease before DynamoDB's TTL may
-    /// delete it (default 24 h), so that a late takeover still counts the
-    /// attempt.
-    pub fn takeover_window(mut self, grace: Duration) -> Self {
-        self.grace = grace;
-        self
-    }
-
-    /// Largest outcome (default 256 KiB, at most [`MAX_OUTCOME_LIMIT`]).
-    pub fn max_outcome_bytes(mut self, limit: usize) -> Self {
-        self.max_outcome_bytes = limit;
-        self
-    }
-
-    /// Claims `claim_many` runs at once (default 16, at least 1).
-    pub fn fan_out(mut self, fan_out: usize) -> Self {
-        self.fan_out = fan_out;
-        self
-    }
-
-    /// Most deletes `expire()` issues per second (default 500, at least 1), so
-    /// a purge never starves the claims of an on-demand or provisioned table.
-    pub fn expire_rate(mut self, per_second: u32) -> Self {
-        self.expire_rate = per_second;
-        self
-    }
-
-    /// The clock that decides deadlines (default: the system clock). DynamoDB
-    /// has no server time in expressions, so every client's clock takes part;
-    /// see [`DynamoStore`] on skew.
-    pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
-        self.clock = Clock(Some(Arc::new(clock)));
-        self
-    }
-
-    /// Validates the settings and builds the store (no I/O).
-    pub fn build(self) -> Result<DynamoStore> {
-        let table_ok = (3..=255).contains(&self.table.len())
-            && self
-                .table
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-        if !table_ok {
-            // Says exactly what is wrong with the name.
-            check_identifier("table", &self.table)?;
-            return Err(Error::config(format!(
-                "table name {:?} must be 3 to 255 characters of [A-Za-z0-9_.-]",
-                self.table
-            )));
-        }
-        self.names.validate()?;
-        check_ttl("takeover window", self.grace)?;
-        if self.max_outcome_bytes > MAX_OUTCOME_LIMIT {
-            return Err(Error::config(format!(
-                "max_outcome_bytes {} is over what a DynamoDB item holds ({MAX_OUTCOME_LIMIT})",
-                self.max_outcome_bytes
-            )));
-        }
-        let config = self.client.config();
-        let timeout = config
-            .timeout_config()
-            .and_then(|t| t.operation_timeout().or(t.operation_attempt_timeout()))
-            .unwrap_or_default();
-        let request_names = REQUESTS
-            .iter()
-            .map(|exprs| (exprs.to_vec(), self.names.used_in(exprs)))
-            .collect();
-        Ok(DynamoStore {
-            inner: Arc::new(Inner {
-                client: self.client,
-                table: self.table,
-                names: self.names,
-                timeout,
-                grace_ms: duration_millis(self.grace),
-                caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
-                fan_out: self.fan_out.max(1),
-                expire_rate: self.expire_rate.max(1),
-                clock: self.clock,
-                request_names,
-            }),
-        })
-    }
-}
 
 /// The DynamoDB store.
 ///
@@ -241,26 +68,26 @@ impl DynamoBuilder {
 /// Cloning is cheap (the settings and the client are shared).
 #[derive(Debug, Clone)]
 pub struct DynamoStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    client: Client,
-    table: String,
-    names: AttributeNames,
-    timeout: Duration,
-    grace_ms: i64,
-    caps: Capabilities,
-    fan_out: usize,
-    expire_rate: u32,
-    clock: Clock,
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) table: String,
+    pub(crate) names: AttributeNames,
+    pub(crate) timeout: Duration,
+    pub(crate) grace_ms: i64,
+    pub(crate) caps: Capabilities,
+    pub(crate) fan_out: usize,
+    pub(crate) expire_rate: u32,
+    pub(crate) clock: Clock,
     /// `ExpressionAttributeNames` of each of [`REQUESTS`].
-    request_names: HashMap<Vec<&'static str>, HashMap<String, String>>,
+    pub(crate) request_names: HashMap<Vec<&'static str>, HashMap<String, String>>,
 }
 
 /// What a conditional write of a claim came to.
-enum Written {
+pub(crate) enum Written {
     Won,
     /// The condition failed; the item the service returned, if it did.
     Lost(Option<Item>),
@@ -301,11 +128,11 @@ impl DynamoStore {
         &self.inner.names
     }
 
-    fn now_ms(&self) -> i64 {
+    pub(crate) fn now_ms(&self) -> i64 {
         self.inner.clock.now_ms()
     }
 
-    fn fail<E>(
+    pub(crate) fn fail<E>(
         &self,
         e: aws_sdk_dynamodb::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
     ) -> Error
@@ -317,7 +144,7 @@ impl DynamoStore {
 
     /// The attribute names a request's expressions use, worked out when the
     /// store was built (one of [`REQUESTS`]).
-    fn names(&self, expressions: &[&'static str]) -> Option<HashMap<String, String>> {
+    pub(crate) fn names(&self, expressions: &[&'static str]) -> Option<HashMap<String, String>> {
         Some(match self.inner.request_names.get(expressions) {
             Some(names) => names.clone(),
             None => self.inner.names.used_in(expressions),
@@ -417,378 +244,6 @@ impl DynamoStore {
             Err(e) if e.code() == Some("ResourceNotFoundException") => Ok(()),
             Err(e) => Err(self.fail(e)),
         }
-    }
-
-    /// Epoch seconds at which DynamoDB's TTL may delete an item whose logical
-    /// deadline is `deadline_ms`.
-    fn ttl_seconds(deadline_ms: i64) -> i64 {
-        deadline_ms.div_euclid(1000) + 1
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn in_flight_item(
-        &self,
-        key: &Key,
-        token: &str,
-        opts: &ClaimOptions,
-        deadline: i64,
-        attempts: i64,
-        first_seen: i64,
-    ) -> Item {
-        let names = &self.inner.names;
-        let mut item = Item::new();
-        item.insert(names.partition_key.clone(), partition_key(key));
-        item.insert(names.state.clone(), n(StoredRecord::IN_FLIGHT));
-        item.insert(names.token.clone(), s(token));
-        if let Some(id) = &opts.claim_id {
-            item.insert(names.claim_id.clone(), s(id.as_str()));
-        }
-        if let Some(fp) = &opts.fingerprint {
-            item.insert(names.fingerprint.clone(), outcome_value(fp.as_bytes()));
-        }
-        item.insert(names.deadline.clone(), n(deadline));
-        item.insert(names.attempts.clone(), n(attempts));
-        item.insert(names.first_seen.clone(), n(first_seen));
-        item.insert(
-            names.expires_at.clone(),
-            n(Self::ttl_seconds(
-                deadline.saturating_add(self.inner.grace_ms),
-            )),
-        );
-        item
-    }
-
-    async fn read(&self, key: &Key) -> Result<Option<Item>> {
-        let out = self
-            .inner
-            .client
-            .get_item()
-            .table_name(&self.inner.table)
-            .key(&self.inner.names.partition_key, partition_key(key))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.fail(e))?;
-        Ok(out.item().cloned())
-    }
-
-    /// Claims `key`; with `extra` items, in one transaction with them.
-    async fn claim_loop(
-        &self,
-        key: &Key,
-        opts: &ClaimOptions,
-        extra: &[TransactWriteItem],
-    ) -> Result<ClaimOutcome> {
-        let lease_ms = duration_millis(opts.lease_ttl);
-        // What the next write requires of the item: absent or done and
-        // expired, or exactly the expired in-flight record last read.
-        let mut replacing: Option<Record> = None;
-        for round in 0..CLAIM_ROUNDS {
-            let now = self.now_ms();
-            let token = backend::new_token();
-            let (attempts, first_seen) = match &replacing {
-                Some(old) if matches!(old.state, RecordState::InFlight { .. }) => {
-                    (i64::from(old.attempts) + 1, to_millis(old.first_seen))
-                }
-                _ => (1, now),
-            };
-            let item = self.in_flight_item(
-                key,
-                token.as_str(),
-                opts,
-                now.saturating_add(lease_ms),
-                attempts,
-                first_seen,
-            );
-            let mut values = HashMap::new();
-            let condition = match &replacing {
-                None => {
-                    values.insert(":done".to_string(), n(StoredRecord::DONE));
-                    values.insert(":now".to_string(), n(now));
-                    FRESH
-                }
-                Some(old) => {
-                    values.insert(":tk".to_string(), s(old.token.as_str()));
-                    values.insert(":dl".to_string(), n(to_millis(deadline_of(old))));
-                    TAKEOVER
-                }
-            };
-            let written = if extra.is_empty() {
-                self.put(item.clone(), condition, values).await?
-            } else {
-                self.transact_put(item.clone(), condition, values, extra)
-                    .await?
-            };
-            let old = match written {
-                Written::Won => return backend::won_claim(decode(&self.inner.names, key, &item)?),
-                Written::Conflict => {
-                    // Another transaction holds the item for a moment.
-                    tokio::time::sleep(Duration::from_millis(5 << round.min(5))).await;
-                    continue;
-                }
-                Written::Lost(Some(old)) => Some(old),
-                // Emulators that do not return the old item: read it.
-                Written::Lost(None) => self.read(key).await?,
-            };
-            let Some(old) = old else {
-                // Gone between the write and the read: claim it afresh.
-                replacing = None;
-                continue;
-            };
-            let record = decode(&self.inner.names, key, &old)?;
-            if deadline_of(&record) > from_millis(self.now_ms()) {
-                return Ok(backend::losing_claim(record, opts));
-            }
-            replacing = Some(record);
-        }
-        Err(Error::backend(
-            "the record kept changing under the claim; retry",
-            true,
-            None,
-        ))
-    }
-
-    async fn put(
-        &self,
-        item: Item,
-        condition: &'static str,
-        values: HashMap<String, AttributeValue>,
-    ) -> Result<Written> {
-        let sent = self
-            .inner
-            .client
-            .put_item()
-            .table_name(&self.inner.table)
-            .set_item(Some(item))
-            .condition_expression(condition)
-            .set_expression_attribute_names(self.names(&[condition]))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match sent {
-            Ok(_) => Ok(Written::Won),
-            Err(e) if is_condition_failure(&e) => {
-                let old = match e.as_service_error() {
-                    Some(PutItemError::ConditionalCheckFailedException(c)) => c.item().cloned(),
-                    _ => None,
-                };
-                Ok(Written::Lost(old.filter(|item| !item.is_empty())))
-            }
-            Err(e) => Err(self.fail(e)),
-        }
-    }
-
-    async fn transact_put(
-        &self,
-        item: Item,
-        condition: &'static str,
-        values: HashMap<String, AttributeValue>,
-        extra: &[TransactWriteItem],
-    ) -> Result<Written> {
-        let put = Put::builder()
-            .table_name(&self.inner.table)
-            .set_item(Some(item))
-            .condition_expression(condition)
-            .set_expression_attribute_names(self.names(&[condition]))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .build()
-            .map_err(|e| Error::config(e.to_string()))?;
-        let ours = TransactWriteItem::builder().put(put).build();
-        match self.transact(extra, ours).await? {
-            Transacted::Committed => Ok(Written::Won),
-            Transacted::OursFailed(old) => Ok(Written::Lost(old)),
-            Transacted::Conflict => Ok(Written::Conflict),
-        }
-    }
-
-    /// Runs the caller's items and ours (last) as one transaction.
-    async fn transact(
-        &self,
-        extra: &[TransactWriteItem],
-        ours: TransactWriteItem,
-    ) -> Result<Transacted> {
-        if extra.len() >= MAX_TRANSACTION_ITEMS {
-            return Err(Error::config(format!(
-                "a transaction holds at most {MAX_TRANSACTION_ITEMS} items, ours included; {} given",
-                extra.len()
-            )));
-        }
-        let mut items = extra.to_vec();
-        items.push(ours);
-        let sent = self
-            .inner
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(items))
-            .send()
-            .await;
-        let e = match sent {
-            Ok(_) => return Ok(Transacted::Committed),
-            Err(e) => e,
-        };
-        let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
-            e.as_service_error()
-        else {
-            return Err(self.fail(e));
-        };
-        let reasons = cancelled.cancellation_reasons();
-        let code_of = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-        let ours = extra.len();
-        match code_of(ours) {
-            "ConditionalCheckFailed" => {
-                let old = reasons
-                    .get(ours)
-                    .and_then(|r| r.item())
-                    .filter(|item| !item.is_empty())
-                    .cloned();
-                return Ok(Transacted::OursFailed(old));
-            }
-            "TransactionConflict" => return Ok(Transacted::Conflict),
-            _ => {}
-        }
-        if let Some((i, reason)) = reasons
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.code().is_some_and(|c| c != "None"))
-        {
-            let code = reason.code().unwrap_or_default();
-            let message = reason.message().unwrap_or_default();
-            let whose = if i == ours {
-                "the record's own write".to_string()
-            } else {
-                format!("your item {i}")
-            };
-            return Err(Error::backend(
-                format!("the transaction was cancelled by {whose}: {code} {message}"),
-                retryable_code(code),
-                Some(Box::new(e) as _),
-            ));
-        }
-        Err(self.fail(e))
-    }
-
-    /// Claims `key` in one DynamoDB transaction with the caller's `items` (at
-    /// most 99): when the answer is `Claimed`, the items were written with the
-    /// in-flight record; any other answer (`Duplicate`, `InFlight`,
-    /// `Mismatch`) or error means none of them was. An item of the caller's
-    /// whose own condition fails cancels the whole transaction: a
-    /// non-retryable error naming the item.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: dedupe_dynamo::DynamoStore) -> dedupe_core::Result<()> {
-    /// use dedupe_dynamo::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
-    /// use dedupe_core::{ClaimOptions, ClaimOutcome, Key};
-    ///
-    /// let order = Put::builder()
-    ///     .table_name("orders")
-    ///     .item("order_id", AttributeValue::S("ord_17".into()))
-    ///     .item("status", AttributeValue::S("paid".into()))
-    ///     .build()
-    ///     .expect("table and item are set");
-    /// let key = Key::new("stripe", "evt_1P9x")?;
-    /// let items = [TransactWriteItem::builder().put(order).build()];
-    /// match store.claim_with(&key, &ClaimOptions::default(), &items).await? {
-    ///     ClaimOutcome::Claimed(lease) => {
-    ///         // The order row and the claim committed together.
-    ///         store.complete_with(&lease, b"ord_17", std::time::Duration::from_secs(86_400), &[]).await?;
-    ///     }
-    ///     _ => { /* a duplicate: the order row was not written again */ }
-    /// }
-    /// # Ok(()) }
-    /// ```
-    #[tracing::instrument(level = "debug", skip_all, fields(key = %key, items = items.len()), err)]
-    pub async fn claim_with(
-        &self,
-        key: &Key,
-        opts: &ClaimOptions,
-        items: &[TransactWriteItem],
-    ) -> Result<ClaimOutcome> {
-        opts.validate()?;
-        self.claim_loop(key, opts, items).await
-    }
-
-    /// Completes `lease` in one DynamoDB transaction with the caller's `items`
-    /// (at most 99): both land, or neither. `LeaseLost` when the lease has
-    /// passed or was taken over (nothing written); an item of the caller's
-    /// whose own condition fails cancels everything, as in
-    /// [`claim_with`](Self::claim_with).
-    #[tracing::instrument(level = "debug", skip_all, fields(key = %lease.key, items = items.len()), err)]
-    pub async fn complete_with(
-        &self,
-        lease: &Lease,
-        outcome: &[u8],
-        retention: Duration,
-        items: &[TransactWriteItem],
-    ) -> Result<()> {
-        check_ttl("retention", retention)?;
-        self.inner.caps.check_outcome(outcome)?;
-        let now = self.now_ms();
-        let until = now.saturating_add(duration_millis(retention));
-        let update = Update::builder()
-            .table_name(&self.inner.table)
-            .key(&self.inner.names.partition_key, partition_key(&lease.key))
-            .update_expression(COMPLETE)
-            .condition_expression(HELD)
-            .set_expression_attribute_names(self.names(&[COMPLETE, HELD]))
-            .set_expression_attribute_values(Some(self.complete_values(lease, outcome, now, until)))
-            .build()
-            .map_err(|e| Error::config(e.to_string()))?;
-        let ours = TransactWriteItem::builder().update(update).build();
-        match self.transact(items, ours).await? {
-            Transacted::Committed => Ok(()),
-            Transacted::OursFailed(_) => Err(Error::lease_lost(&lease.key)),
-            Transacted::Conflict => Err(Error::backend(
-                "another transaction held the record; retry",
-                true,
-                None,
-            )),
-        }
-    }
-
-    fn complete_values(
-        &self,
-        lease: &Lease,
-        outcome: &[u8],
-        now: i64,
-        until: i64,
-    ) -> HashMap<String, AttributeValue> {
-        HashMap::from([
-            (":tk".to_string(), s(lease.token.as_str())),
-            (":zero".to_string(), n(StoredRecord::IN_FLIGHT)),
-            (":one".to_string(), n(StoredRecord::DONE)),
-            (":now".to_string(), n(now)),
-            (":until".to_string(), n(until)),
-            (":oc".to_string(), outcome_value(outcome)),
-            (":exp".to_string(), n(Self::ttl_seconds(until))),
-        ])
-    }
-
-    fn held_values(&self, lease: &Lease, now: i64) -> HashMap<String, AttributeValue> {
-        HashMap::from([
-            (":tk".to_string(), s(lease.token.as_str())),
-            (":zero".to_string(), n(StoredRecord::IN_FLIGHT)),
-            (":now".to_string(), n(now)),
-        ])
-    }
-}
-
-/// What a transaction came to.
-enum Transacted {
-    Committed,
-    /// Our item's condition failed; the old item, if the service returned it.
-    OursFailed(Option<Item>),
-    Conflict,
-}
-
-/// The record's deadline: the lease's while in flight, the retention's once done.
-fn deadline_of(record: &Record) -> SystemTime {
-    match record.state {
-        RecordState::InFlight { lease_deadline } => lease_deadline,
-        RecordState::Done {
-            retention_deadline, ..
-        } => retention_deadline,
     }
 }
 

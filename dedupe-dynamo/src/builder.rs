@@ -1,0 +1,147 @@
+//! The store's settings, and building it from them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_dynamodb::Client;
+use dedupe_core::backend::{self, check_identifier, check_ttl, duration_millis, to_millis};
+use dedupe_core::{Capabilities, Error, Result};
+
+use crate::codec::AttributeNames;
+use crate::expressions::*;
+use crate::store::{DynamoStore, Inner, MAX_OUTCOME_LIMIT};
+
+/// The clock that decides deadlines.
+#[derive(Clone, Default)]
+pub(crate) struct Clock(Option<Arc<dyn Fn() -> SystemTime + Send + Sync>>);
+
+impl Clock {
+    pub(crate) fn now_ms(&self) -> i64 {
+        match &self.0 {
+            Some(clock) => to_millis(clock()),
+            None => backend::now_millis(),
+        }
+    }
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Clock(custom)"
+        } else {
+            "Clock(system)"
+        })
+    }
+}
+
+/// Settings of a [`DynamoStore`]; start with [`DynamoStore::builder`].
+#[derive(Debug, Clone)]
+pub struct DynamoBuilder {
+    pub(crate) client: Client,
+    pub(crate) table: String,
+    pub(crate) names: AttributeNames,
+    pub(crate) grace: Duration,
+    pub(crate) max_outcome_bytes: usize,
+    pub(crate) fan_out: usize,
+    pub(crate) expire_rate: u32,
+    pub(crate) clock: Clock,
+}
+
+impl DynamoBuilder {
+    /// Table name (default `dedupe_records`).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Attribute names, to fit a table you already have (default
+    /// [`AttributeNames::default`]).
+    pub fn attribute_names(mut self, names: AttributeNames) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// How long an in-flight item outlives its lease before DynamoDB's TTL may
+    /// delete it (default 24 h), so that a late takeover still counts the
+    /// attempt.
+    pub fn takeover_window(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Largest outcome (default 256 KiB, at most [`MAX_OUTCOME_LIMIT`]).
+    pub fn max_outcome_bytes(mut self, limit: usize) -> Self {
+        self.max_outcome_bytes = limit;
+        self
+    }
+
+    /// Claims `claim_many` runs at once (default 16, at least 1).
+    pub fn fan_out(mut self, fan_out: usize) -> Self {
+        self.fan_out = fan_out;
+        self
+    }
+
+    /// Most deletes `expire()` issues per second (default 500, at least 1), so
+    /// a purge never starves the claims of an on-demand or provisioned table.
+    pub fn expire_rate(mut self, per_second: u32) -> Self {
+        self.expire_rate = per_second;
+        self
+    }
+
+    /// The clock that decides deadlines (default: the system clock). DynamoDB
+    /// has no server time in expressions, so every client's clock takes part;
+    /// see [`DynamoStore`] on skew.
+    pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Clock(Some(Arc::new(clock)));
+        self
+    }
+
+    /// Validates the settings and builds the store (no I/O).
+    pub fn build(self) -> Result<DynamoStore> {
+        let table_ok = (3..=255).contains(&self.table.len())
+            && self
+                .table
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !table_ok {
+            // Says exactly what is wrong with the name.
+            check_identifier("table", &self.table)?;
+            return Err(Error::config(format!(
+                "table name {:?} must be 3 to 255 characters of [A-Za-z0-9_.-]",
+                self.table
+            )));
+        }
+        self.names.validate()?;
+        check_ttl("takeover window", self.grace)?;
+        if self.max_outcome_bytes > MAX_OUTCOME_LIMIT {
+            return Err(Error::config(format!(
+                "max_outcome_bytes {} is over what a DynamoDB item holds ({MAX_OUTCOME_LIMIT})",
+                self.max_outcome_bytes
+            )));
+        }
+        let config = self.client.config();
+        let timeout = config
+            .timeout_config()
+            .and_then(|t| t.operation_timeout().or(t.operation_attempt_timeout()))
+            .unwrap_or_default();
+        let request_names = REQUESTS
+            .iter()
+            .map(|exprs| (exprs.to_vec(), self.names.used_in(exprs)))
+            .collect();
+        Ok(DynamoStore {
+            inner: Arc::new(Inner {
+                client: self.client,
+                table: self.table,
+                names: self.names,
+                timeout,
+                grace_ms: duration_millis(self.grace),
+                caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
+                fan_out: self.fan_out.max(1),
+                expire_rate: self.expire_rate.max(1),
+                clock: self.clock,
+                request_names,
+            }),
+        })
+    }
+}
