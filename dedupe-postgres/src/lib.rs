@@ -1,9 +1,12 @@
 //! # dedupe-postgres
 //!
 //! The Postgres store of dedupe, on sqlx (runtime queries, no database needed at
-//! build time; rustls for TLS). Every state change is one statement decided by
-//! the server's clock; see [`PgStore`] for the primitive it relies on and
-//! [`PgStore::claim_in`] for the transactional claim.
+//! build time; TLS through the `rustls` or `native-tls` feature, or a pool of
+//! your own). Every decision is made by one statement judged by the server's
+//! clock (a claim on the store's own connections may run a cheaper statement
+//! first, which changes nothing unless it wins); see [`PgStore`] for the
+//! primitive it relies on and [`PgStore::claim_in`] for the transactional
+//! claim.
 
 mod builder;
 mod codec;

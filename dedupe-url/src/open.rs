@@ -233,8 +233,9 @@ impl Opener {
     }
 
     /// Removes the namespace this opener's URL names (the SQLite table, the
-    /// Postgres schema, every key under the Redis prefix, the DynamoDB table)
-    /// with every record in it. For namespaces a run made for itself
+    /// Postgres schema of `?schema=`, or without one the store's table in
+    /// `public`; every key under the Redis prefix, the DynamoDB table) with
+    /// every record in it. For namespaces a run made for itself
     /// ([`StoreUrl::in_namespace`]); never call it on a live deployment's.
     pub async fn remove_namespace(&self) -> Result<(), Error> {
         match self.url.target() {
@@ -253,15 +254,26 @@ impl Opener {
             }
             #[cfg(feature = "postgres")]
             Target::Postgres { schema, .. } => {
-                let schema = schema.clone().unwrap_or_else(|| "dedupe".into());
                 let store = self.postgres(1).await?;
-                dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(format!(
-                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-                )))
-                .execute(store.pool())
-                .await
-                .map(|_| ())
-                .map_err(|e| Error::backend("dropping the schema", true, Some(Box::new(e) as _)))
+                // A URL with `?schema=` names a schema of the store's own: it goes
+                // whole. Without one the store's table is in the default schema
+                // (`public`), shared with everything else in the database: only
+                // that table goes.
+                let statement = match schema {
+                    Some(schema) => format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
+                    None => format!(
+                        "DROP TABLE IF EXISTS \"{}\".\"{}\"",
+                        dedupe_postgres::PgStore::DEFAULT_SCHEMA,
+                        dedupe_postgres::PgStore::DEFAULT_TABLE
+                    ),
+                };
+                dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(statement))
+                    .execute(store.pool())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        Error::backend("dropping the namespace", true, Some(Box::new(e) as _))
+                    })
             }
             #[cfg(feature = "redis")]
             Target::Redis { urls, prefix, .. } => {

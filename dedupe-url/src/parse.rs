@@ -77,7 +77,7 @@ pub enum Target {
     Postgres {
         /// The connection URL handed to sqlx (without the options dedupe reads).
         url: String,
-        /// `?schema=` (default `dedupe`).
+        /// `?schema=` (default: the store's, `public`).
         schema: Option<String>,
         /// `?connections=`: pool size per handle.
         connections: Option<u32>,

@@ -66,6 +66,47 @@ async fn sqlite_files_named_and_temporary() {
 async fn postgres() {
     let (_server, url) = dedupe_testkit::postgres_server();
     handles_share_records_and_namespaces_go(&url).await;
+    // Without `?schema=` the store's table is in `public`: removing the
+    // namespace drops that table and nothing else (a schema named `dedupe`,
+    // which an earlier version dropped instead, stays).
+    let admin = dedupe_postgres::sqlx::PgPool::connect(&url)
+        .await
+        .expect("admin");
+    dedupe_postgres::sqlx::raw_sql(
+        "CREATE SCHEMA IF NOT EXISTS dedupe; CREATE TABLE IF NOT EXISTS dedupe.canary (n int)",
+    )
+    .execute(&admin)
+    .await
+    .expect("canary");
+    let opener = Opener::new(url.parse().expect("url")).await.expect("open");
+    let store = opener.handle().await.expect("handle");
+    let key = Key::new("url", "public").expect("key");
+    assert!(store
+        .claim(&key, &ClaimOptions::default())
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
+    opener.remove_namespace().await.expect("remove");
+    let exists = |what: &'static str| {
+        let admin = admin.clone();
+        async move {
+            dedupe_postgres::sqlx::query_scalar::<_, bool>(dedupe_postgres::sqlx::AssertSqlSafe(
+                format!("SELECT to_regclass('{what}') IS NOT NULL"),
+            ))
+            .fetch_one(&admin)
+            .await
+            .expect("catalog")
+        }
+    };
+    assert!(
+        exists("dedupe.canary").await,
+        "an unrelated schema was dropped"
+    );
+    assert!(
+        !exists("public.dedupe_records").await,
+        "the store's table was kept"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
