@@ -672,32 +672,19 @@ async fn a_lost_claim_answer_is_reclaimed_by_its_claim_id() {
     .await;
 }
 
-/// Three worker processes work through 40 events on one DynamoDB Local table
-/// while eight of them are killed with SIGKILL, most between a claim and its
-/// completion: every event ends done exactly once, takeovers counted, stale
-/// completions refused.
-#[test]
-fn killed_workers_complete_every_event_exactly_once() {
-    use dedupe_conformance::crashes::{crash_workers, CrashPlan};
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let setup = runtime.block_on(Setup::start(Emulator::DynamoDbLocal));
-    let report = crash_workers(
-        "crash_worker",
-        &CrashPlan::default(),
-        &[
+dedupe_testkit::crash_tests! {
+    setup: || {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let setup = runtime.block_on(Setup::start(Emulator::DynamoDbLocal));
+        let env = vec![
             ("DEDUPE_CHILD_DYNAMO_ENDPOINT", setup.endpoint.clone()),
             ("DEDUPE_CHILD_DYNAMO_TABLE", setup.table.clone()),
-        ],
-    )
-    .unwrap_or_else(|failure| panic!("{failure}"));
-    eprintln!("{report}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by killed_workers_complete_every_event_exactly_once in a child process"]
-async fn crash_worker() {
-    let endpoint = std::env::var("DEDUPE_CHILD_DYNAMO_ENDPOINT").expect("child job");
-    let table = std::env::var("DEDUPE_CHILD_DYNAMO_TABLE").expect("child job");
-    let store = Setup::store_on(&endpoint, &table);
-    dedupe_conformance::crashes::run_crash_worker(Arc::new(store)).await;
+        ];
+        ((runtime, setup), env)
+    },
+    worker: || async {
+        let endpoint = std::env::var("DEDUPE_CHILD_DYNAMO_ENDPOINT").expect("child job");
+        let table = std::env::var("DEDUPE_CHILD_DYNAMO_TABLE").expect("child job");
+        Arc::new(Setup::store_on(&endpoint, &table)) as Arc<dyn DedupeStore>
+    },
 }

@@ -1021,39 +1021,23 @@ async fn a_lost_claim_answer_is_reclaimed_by_its_claim_id() {
     .await;
 }
 
-/// Three worker processes work through 40 events on one schema while eight of
-/// them are killed with SIGKILL, most between a claim and its completion: every
-/// event ends done exactly once, takeovers counted, stale completions refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_workers_complete_every_event_exactly_once() {
-    use dedupe_conformance::crashes::{crash_workers, CrashPlan};
-    let (_server, url) = support::postgres_server();
-    let schema = support::unique_schema("crashes");
-    store_on(&url, &schema, Duration::from_secs(5)).await;
-    let env = [
-        ("DEDUPE_CHILD_URL", url.clone()),
-        ("DEDUPE_CHILD_SCHEMA", schema),
-    ];
-    let report = tokio::task::spawn_blocking(move || {
-        crash_workers("crash_worker", &CrashPlan::default(), &env)
-    })
-    .await
-    .expect("crash run")
-    .unwrap_or_else(|failure| panic!("{failure}"));
-    eprintln!("{report}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by killed_workers_complete_every_event_exactly_once in a child process"]
-async fn crash_worker() {
-    let url = std::env::var("DEDUPE_CHILD_URL").expect("child job");
-    let schema = std::env::var("DEDUPE_CHILD_SCHEMA").expect("schema");
-    let pool = PgStore::connect_pool(&url, 2, Duration::from_secs(5))
-        .await
-        .expect("pool");
-    let store = PgStore::builder(pool)
-        .schema(&schema)
-        .build()
-        .expect("store");
-    dedupe_conformance::crashes::run_crash_worker(Arc::new(store)).await;
+dedupe_testkit::crash_tests! {
+    setup: || {
+        let (server, url) = support::postgres_server();
+        let schema = support::unique_schema("crashes");
+        tokio::runtime::Runtime::new()
+            .expect("runtime")
+            .block_on(store_on(&url, &schema, Duration::from_secs(5)));
+        let env = vec![("DEDUPE_CHILD_URL", url), ("DEDUPE_CHILD_SCHEMA", schema)];
+        (server, env)
+    },
+    worker: || async {
+        let url = std::env::var("DEDUPE_CHILD_URL").expect("child job");
+        let schema = std::env::var("DEDUPE_CHILD_SCHEMA").expect("schema");
+        let pool = PgStore::connect_pool(&url, 2, Duration::from_secs(5))
+            .await
+            .expect("pool");
+        let store = PgStore::builder(pool).schema(&schema).build().expect("store");
+        Arc::new(store) as Arc<dyn DedupeStore>
+    },
 }

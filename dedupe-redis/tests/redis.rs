@@ -567,26 +567,14 @@ async fn a_lost_claim_answer_is_reclaimed_by_its_claim_id() {
     .await;
 }
 
-/// Three worker processes work through 40 events on one server while eight of
-/// them are killed with SIGKILL, most between a claim and its completion: every
-/// event ends done exactly once, takeovers counted, stale completions refused.
-#[test]
-fn killed_workers_complete_every_event_exactly_once() {
-    use dedupe_conformance::crashes::{crash_workers, CrashPlan};
-    let server = RedisServer::start();
-    let report = crash_workers(
-        "crash_worker",
-        &CrashPlan::default(),
-        &[("DEDUPE_CHILD_REDIS", server.url())],
-    )
-    .unwrap_or_else(|failure| panic!("{failure}"));
-    eprintln!("{report}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by killed_workers_complete_every_event_exactly_once in a child process"]
-async fn crash_worker() {
-    let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
-    let store = store(&url, Duration::from_secs(5)).await;
-    dedupe_conformance::crashes::run_crash_worker(Arc::new(store)).await;
+dedupe_testkit::crash_tests! {
+    setup: || {
+        let server = RedisServer::start();
+        let env = vec![("DEDUPE_CHILD_REDIS", server.url())];
+        (server, env)
+    },
+    worker: || async {
+        let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
+        Arc::new(store(&url, Duration::from_secs(5)).await) as Arc<dyn DedupeStore>
+    },
 }

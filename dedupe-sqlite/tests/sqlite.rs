@@ -666,15 +666,27 @@ async fn one_shared_handle_serves_many_tasks() {
     }
 }
 
-/// Three worker processes share one file and work through 40 events while
-/// eight of them are killed with SIGKILL, most between a claim and its
-/// completion: every event ends done exactly once, with the outcome of its one
-/// successful completion, takeovers counted, stale completions refused.
-#[test]
-fn killed_workers_complete_every_event_exactly_once() {
-    let report =
-        crash_run(None, &CrashPlan::default()).unwrap_or_else(|failure| panic!("{failure}"));
-    eprintln!("{report}");
+dedupe_testkit::crash_tests! {
+    setup: || {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("crash.db");
+        tokio::runtime::Runtime::new()
+            .expect("runtime")
+            .block_on(SqliteStore::open(&db))
+            .expect("create the file");
+        let env = vec![("DEDUPE_CHILD_DB", db.display().to_string())];
+        (dir, env)
+    },
+    worker: || async {
+        let db = PathBuf::from(std::env::var("DEDUPE_CHILD_DB").expect("child job"));
+        let store = SqliteStore::open(&db).await.expect("open");
+        let store: Arc<dyn DedupeStore> = match std::env::var("DEDUPE_CHILD_BROKEN").as_deref() {
+            Ok("stale-completes") => Arc::new(StaleCompletes(store, false)),
+            Ok("claims-over-live") => Arc::new(StaleCompletes(store, true)),
+            _ => Arc::new(store),
+        };
+        store
+    },
 }
 
 /// A crash run on a fresh file, its workers' store broken as `broken` names
@@ -694,19 +706,6 @@ fn crash_run(
         env.push(("DEDUPE_CHILD_BROKEN", flaw.to_string()));
     }
     dedupe_conformance::crashes::crash_workers("crash_worker", plan, &env)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by killed_workers_complete_every_event_exactly_once in a child process"]
-async fn crash_worker() {
-    let db = PathBuf::from(std::env::var("DEDUPE_CHILD_DB").expect("child job"));
-    let store = SqliteStore::open(&db).await.expect("open");
-    let store: Arc<dyn DedupeStore> = match std::env::var("DEDUPE_CHILD_BROKEN").as_deref() {
-        Ok("stale-completes") => Arc::new(StaleCompletes(store, false)),
-        Ok("claims-over-live") => Arc::new(StaleCompletes(store, true)),
-        _ => Arc::new(store),
-    };
-    dedupe_conformance::crashes::run_crash_worker(store).await;
 }
 
 /// The crash run's judge on a store that lets a stale worker complete (a

@@ -4,6 +4,7 @@
 //! free loopback ports, temp dirs, stop and restart on demand, stopped on drop.
 //! Not published; store crates and the CLI take it as a dev-dependency.
 
+mod crash;
 pub mod dynamo;
 pub mod faults;
 pub mod postgres;
@@ -14,6 +15,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub use postgres::{server as postgres_server, unique_schema, PgCluster};
+
+#[doc(hidden)]
+pub use dedupe_conformance as __conformance;
 pub use proxy::{proxied, reroute, ProxyFault, TcpProxy};
 
 /// Polls `f` every 20 ms until it answers true, for at most `limit`; answers

@@ -1,0 +1,56 @@
+//! The worker-crash run of a store crate as one macro: the parent test and
+//! the ignored child test it starts as worker processes.
+
+/// Expands into the pair of tests every store crate runs for
+/// [`dedupe_conformance::crashes`]: `killed_workers_complete_every_event_exactly_once`
+/// (three worker processes work through 40 events while eight of them are
+/// killed with SIGKILL, most between a claim and its completion; every event
+/// must end done exactly once, takeovers counted, stale completions refused)
+/// and the ignored `crash_worker` that the run starts in each child process.
+///
+/// - `setup` is an expression of a function `() -> (G, Vec<(&'static str, String)>)`:
+///   it makes the shared store ready (empty of `crash:` keys) and answers a
+///   guard that keeps its server alive for the run and the environment that
+///   tells a worker where it is.
+/// - `worker` is an expression of an async function
+///   `() -> Arc<dyn DedupeStore>` that opens the store from that
+///   environment, in the child.
+///
+/// ```ignore
+/// dedupe_testkit::crash_tests! {
+///     setup: || {
+///         let server = RedisServer::start();
+///         let env = vec![("DEDUPE_CHILD_REDIS", server.url())];
+///         (server, env)
+///     },
+///     worker: || async {
+///         let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
+///         Arc::new(store(&url).await) as Arc<dyn DedupeStore>
+///     },
+/// }
+/// ```
+#[macro_export]
+macro_rules! crash_tests {
+    (setup: $setup:expr, worker: $worker:expr $(,)?) => {
+        /// Worker processes killed with SIGKILL mid-work: every event ends done
+        /// exactly once (see `dedupe_conformance::crashes`).
+        #[test]
+        fn killed_workers_complete_every_event_exactly_once() {
+            let (_guard, env) = ($setup)();
+            let report = $crate::__conformance::crashes::crash_workers(
+                "crash_worker",
+                &$crate::__conformance::crashes::CrashPlan::default(),
+                &env,
+            )
+            .unwrap_or_else(|failure| panic!("{failure}"));
+            eprintln!("{report}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "run by killed_workers_complete_every_event_exactly_once in a child process"]
+        async fn crash_worker() {
+            let store = ($worker)().await;
+            $crate::__conformance::crashes::run_crash_worker(store).await;
+        }
+    };
+}
