@@ -10,7 +10,7 @@ use dedupe_core::{Capabilities, Error, Result};
 
 use crate::codec::AttributeNames;
 use crate::expressions::*;
-use crate::store::{DynamoStore, Inner, MAX_OUTCOME_LIMIT};
+use crate::store::{DynamoStore, Inner, MAX_ITEM_OUTCOME_BYTES};
 
 /// The clock that decides deadlines.
 #[derive(Clone, Default)]
@@ -70,7 +70,7 @@ impl DynamoBuilder {
         self
     }
 
-    /// Largest outcome (default 256 KiB, at most [`MAX_OUTCOME_LIMIT`]).
+    /// Largest outcome (default 256 KiB, at most [`MAX_ITEM_OUTCOME_BYTES`]).
     pub fn max_outcome_bytes(mut self, limit: usize) -> Self {
         self.max_outcome_bytes = limit;
         self
@@ -114,9 +114,9 @@ impl DynamoBuilder {
         }
         self.names.validate()?;
         check_ttl("takeover window", self.grace)?;
-        if self.max_outcome_bytes > MAX_OUTCOME_LIMIT {
+        if self.max_outcome_bytes > MAX_ITEM_OUTCOME_BYTES {
             return Err(Error::config(format!(
-                "max_outcome_bytes {} is over what a DynamoDB item holds ({MAX_OUTCOME_LIMIT})",
+                "max_outcome_bytes {} is over what a DynamoDB item holds ({MAX_ITEM_OUTCOME_BYTES})",
                 self.max_outcome_bytes
             )));
         }

@@ -11,7 +11,7 @@ mod ops;
 mod store;
 
 pub use codec::{AttributeNames, MAX_ATTRIBUTE_NAME_BYTES};
-pub use store::{DynamoBuilder, DynamoStore, MAX_OUTCOME_LIMIT, MAX_TRANSACTION_ITEMS};
+pub use store::{DynamoBuilder, DynamoStore, MAX_ITEM_OUTCOME_BYTES, MAX_TRANSACTION_ITEMS};
 
 // The caller's client is the SDK's; name the same version.
 pub use aws_sdk_dynamodb;

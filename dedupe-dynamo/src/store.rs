@@ -28,7 +28,7 @@ use crate::ops::deadline_of;
 
 /// Largest outcome an item can carry next to its other attributes, under
 /// DynamoDB's 400 KB item limit.
-pub const MAX_OUTCOME_LIMIT: usize = 350_000;
+pub const MAX_ITEM_OUTCOME_BYTES: usize = 350_000;
 
 /// Most items a DynamoDB transaction holds; `claim_with` and `complete_with`
 /// add one of their own to the caller's.

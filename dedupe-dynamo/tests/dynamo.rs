@@ -14,7 +14,7 @@ use dedupe_dynamo::aws_sdk_dynamodb::types::{
 };
 use dedupe_dynamo::aws_sdk_dynamodb::Client;
 use dedupe_dynamo::{
-    client_for_endpoint, AttributeNames, DynamoStore, MAX_OUTCOME_LIMIT, MAX_TRANSACTION_ITEMS,
+    client_for_endpoint, AttributeNames, DynamoStore, MAX_ITEM_OUTCOME_BYTES, MAX_TRANSACTION_ITEMS,
 };
 use dedupe_testkit::dynamo::{dynamo_server, unique_table, DynamoServer, Emulator};
 
@@ -355,13 +355,13 @@ async fn the_item_limit_is_checked_before_the_request() {
     let setup = Setup::start(Emulator::DynamoDbLocal).await;
     assert!(matches!(
         DynamoStore::builder(setup.client())
-            .max_outcome_bytes(MAX_OUTCOME_LIMIT + 1)
+            .max_outcome_bytes(MAX_ITEM_OUTCOME_BYTES + 1)
             .build(),
         Err(Error::InvalidConfig { .. })
     ));
     let store = DynamoStore::builder(setup.client())
         .table(&setup.table)
-        .max_outcome_bytes(MAX_OUTCOME_LIMIT)
+        .max_outcome_bytes(MAX_ITEM_OUTCOME_BYTES)
         .build()
         .expect("store");
     let long = Key::new("n".repeat(64), "i".repeat(512)).expect("longest key");
@@ -375,7 +375,7 @@ async fn the_item_limit_is_checked_before_the_request() {
         .lease()
         .cloned()
         .expect("claimed");
-    let too_big = vec![1u8; MAX_OUTCOME_LIMIT + 1];
+    let too_big = vec![1u8; MAX_ITEM_OUTCOME_BYTES + 1];
     assert!(matches!(
         store
             .complete(&lease, &too_big, Duration::from_secs(600))
@@ -386,7 +386,7 @@ async fn the_item_limit_is_checked_before_the_request() {
         store.get(&long).await.expect("get").map(|r| r.state),
         Some(dedupe_core::RecordState::InFlight { .. })
     ));
-    let biggest = vec![2u8; MAX_OUTCOME_LIMIT];
+    let biggest = vec![2u8; MAX_ITEM_OUTCOME_BYTES];
     store
         .complete(&lease, &biggest, Duration::from_secs(600))
         .await

@@ -33,20 +33,24 @@ pub enum KeySource {
     BodyHash,
 }
 
-/// Why no key could be derived. Answered as 400.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why no key could be derived from a delivery. Answered as 400.
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum KeyError {
+pub enum DeriveError {
     /// The body had to be JSON and is not.
     #[error("body is not JSON: {0}")]
-    NotJson(String),
+    NotJson(#[source] serde_json::Error),
     /// None of the sources gave an id, and hashing the body is not allowed.
     #[error("no event id: looked for {0}")]
     NoId(String),
-    /// An id was found but is not a valid key (empty, too long, control
-    /// characters, not a string or number).
+    /// An id was found but cannot be one (empty, control characters, not a
+    /// string or an integer, a header sent twice or not visible ASCII).
     #[error("event id is not a valid key: {0}")]
     BadId(String),
+    /// An id was found but the key it makes is refused (too long, a NUL
+    /// byte, a namespace outside the allowed characters).
+    #[error("event id is not a valid key: {0}")]
+    InvalidKey(#[from] dedupe_core::KeyError),
 }
 
 /// What a delivery's payload fingerprint covers. A claim whose fingerprint
@@ -98,7 +102,7 @@ pub enum OnMismatch {
 /// // No id: the body's hash, so an identical body is still one event.
 /// let key = KeyRule::body_id("hooks").derive(&http::HeaderMap::new(), br#"{"n":1}"#)?;
 /// assert!(key.key.id().starts_with("sha256:"));
-/// # Ok::<(), dedupe_webhook::KeyError>(())
+/// # Ok::<(), dedupe_webhook::DeriveError>(())
 /// ```
 ///
 /// Every preset takes the consumer's namespace: **one namespace per
@@ -331,7 +335,7 @@ impl KeyRule {
 
     /// Derives the key of a delivery on an unsigned route. Reads the body as
     /// JSON only when a JSON pointer source is tried.
-    pub fn derive(&self, headers: &HeaderMap, body: &[u8]) -> Result<DerivedKey, KeyError> {
+    pub fn derive(&self, headers: &HeaderMap, body: &[u8]) -> Result<DerivedKey, DeriveError> {
         self.derive_verified(headers, body, None)
     }
 
@@ -343,7 +347,7 @@ impl KeyRule {
         headers: &HeaderMap,
         body: &[u8],
         verified: Option<&Verified>,
-    ) -> Result<DerivedKey, KeyError> {
+    ) -> Result<DerivedKey, DeriveError> {
         let mut json: Option<serde_json::Value> = None;
         for source in &self.sources {
             let id = match source {
@@ -364,10 +368,7 @@ impl KeyRule {
                 KeySource::Header(name) => header_text(headers, name)?,
                 KeySource::JsonPointer(pointer) => {
                     if json.is_none() {
-                        json = Some(
-                            serde_json::from_slice(body)
-                                .map_err(|e| KeyError::NotJson(e.to_string()))?,
-                        );
+                        json = Some(serde_json::from_slice(body).map_err(DeriveError::NotJson)?);
                     }
                     match json.as_ref().and_then(|j| j.pointer(pointer)) {
                         None | Some(serde_json::Value::Null) => None,
@@ -378,7 +379,7 @@ impl KeyRule {
                             Some(n.to_string())
                         }
                         Some(_) => {
-                            return Err(KeyError::BadId(format!(
+                            return Err(DeriveError::BadId(format!(
                                 "{pointer} is not a string or number"
                             )))
                         }
@@ -389,8 +390,7 @@ impl KeyRule {
                     let key = Key::new(
                         self.namespace.as_str(),
                         format!("sha256:{}", hex::encode(digest)),
-                    )
-                    .map_err(|e| KeyError::BadId(e.to_string()))?;
+                    )?;
                     return Ok(DerivedKey {
                         key,
                         event_id: None,
@@ -401,13 +401,14 @@ impl KeyRule {
             };
             if let Some(id) = id {
                 if id.is_empty() {
-                    return Err(KeyError::BadId("empty event id".into()));
+                    return Err(DeriveError::BadId("empty event id".into()));
                 }
                 if id.chars().any(char::is_control) {
-                    return Err(KeyError::BadId("event id holds control characters".into()));
+                    return Err(DeriveError::BadId(
+                        "event id holds control characters".into(),
+                    ));
                 }
-                let key = Key::new(self.namespace.as_str(), escape_id(&id))
-                    .map_err(|e| KeyError::BadId(e.to_string()))?;
+                let key = Key::new(self.namespace.as_str(), escape_id(&id))?;
                 let signed = verified.is_some()
                     && matches!(source, KeySource::SignedId | KeySource::JsonPointer(_));
                 return Ok(DerivedKey {
@@ -429,7 +430,7 @@ impl KeyRule {
                 KeySource::BodyHash => "the body hash".into(),
             })
             .collect();
-        Err(KeyError::NoId(looked.join(", ")))
+        Err(DeriveError::NoId(looked.join(", ")))
     }
 }
 
@@ -449,28 +450,28 @@ fn escape_id(id: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// A header's value, trimmed; refused when not visible ASCII or sent twice.
-fn header_text(headers: &HeaderMap, name: &str) -> Result<Option<String>, KeyError> {
+fn header_text(headers: &HeaderMap, name: &str) -> Result<Option<String>, DeriveError> {
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(KeyError::BadId(format!("{name} sent more than once")));
+        return Err(DeriveError::BadId(format!("{name} sent more than once")));
     }
     let text = value
         .to_str()
-        .map_err(|_| KeyError::BadId(format!("{name} is not visible ASCII")))?;
+        .map_err(|_| DeriveError::BadId(format!("{name} is not visible ASCII")))?;
     Ok(Some(text.trim().to_string()))
 }
 
 /// The Standard Webhooks message id of an unsigned delivery: `webhook-id` or
 /// Svix's `svix-id`; both with different values is ambiguous and refused.
-fn unsigned_message_id(headers: &HeaderMap) -> Result<Option<String>, KeyError> {
+fn unsigned_message_id(headers: &HeaderMap) -> Result<Option<String>, DeriveError> {
     match (
         header_text(headers, "webhook-id")?,
         header_text(headers, "svix-id")?,
     ) {
-        (Some(a), Some(b)) if a != b => Err(KeyError::BadId(
+        (Some(a), Some(b)) if a != b => Err(DeriveError::BadId(
             "webhook-id and svix-id name different messages".into(),
         )),
         (Some(a), _) => Ok(Some(a)),
@@ -578,7 +579,7 @@ mod tests {
         let both = h(&[("svix-id", "msg_2"), ("webhook-id", "msg_3")]);
         assert!(matches!(
             KeyRule::standard_webhooks("standard").derive(&both, b"{}"),
-            Err(KeyError::BadId(_))
+            Err(DeriveError::BadId(_))
         ));
         // Signed: the verified id, whatever unsigned header sits beside it.
         let verified = Verified {
@@ -669,24 +670,24 @@ mod tests {
         let rule = KeyRule::stripe("stripe");
         assert!(matches!(
             rule.derive(&HeaderMap::new(), b"not json"),
-            Err(KeyError::NotJson(_))
+            Err(DeriveError::NotJson(_))
         ));
         assert!(matches!(
             rule.derive(&HeaderMap::new(), b"{}"),
-            Err(KeyError::NoId(_))
+            Err(DeriveError::NoId(_))
         ));
         assert!(matches!(
             rule.derive(&HeaderMap::new(), br#"{"id":""}"#),
-            Err(KeyError::BadId(_))
+            Err(DeriveError::BadId(_))
         ));
         assert!(matches!(
             rule.derive(&HeaderMap::new(), br#"{"id":{"a":1}}"#),
-            Err(KeyError::BadId(_))
+            Err(DeriveError::BadId(_))
         ));
         let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(10_000));
         assert!(matches!(
             rule.derive(&HeaderMap::new(), long.as_bytes()),
-            Err(KeyError::BadId(_))
+            Err(DeriveError::InvalidKey(_))
         ));
         // Integers are ids too; floats and integers past 64 bits are not exact.
         let k = rule
@@ -696,16 +697,16 @@ mod tests {
         for body in [&br#"{"id":1.5}"#[..], br#"{"id":18446744073709551616}"#] {
             assert!(matches!(
                 rule.derive(&HeaderMap::new(), body),
-                Err(KeyError::BadId(_))
+                Err(DeriveError::BadId(_))
             ));
         }
         assert!(matches!(
             rule.derive(&HeaderMap::new(), b"{\"id\":\"evt\\n1\"}"),
-            Err(KeyError::BadId(_))
+            Err(DeriveError::BadId(_))
         ));
         assert!(matches!(
             KeyRule::github("github").derive(&HeaderMap::new(), b"{}"),
-            Err(KeyError::NoId(_))
+            Err(DeriveError::NoId(_))
         ));
     }
 }

@@ -48,7 +48,7 @@ mod receiver;
 mod signature;
 
 pub use key::{
-    delivery_id, DerivedKey, KeyError, KeyRule, KeySource, OnMismatch, PayloadFingerprint,
+    delivery_id, DeriveError, DerivedKey, KeyRule, KeySource, OnMismatch, PayloadFingerprint,
     PER_ATTEMPT_HEADERS,
 };
 pub use layer::{WebhookLayer, WebhookService};

@@ -4,7 +4,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use dedupe_webhook::{KeyError, KeyRule, KeySource, Scheme, SignatureError, Verifier};
+use dedupe_webhook::{DeriveError, KeyRule, KeySource, Scheme, SignatureError, Verifier};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
 
@@ -121,7 +121,7 @@ proptest! {
                     prop_assert!(!derived.key.id().is_empty());
                     prop_assert!(!derived.key.id().chars().any(char::is_control));
                 }
-                Err(KeyError::NotJson(_) | KeyError::NoId(_) | KeyError::BadId(_)) => {}
+                Err(DeriveError::NotJson(_) | DeriveError::NoId(_) | DeriveError::BadId(_) | DeriveError::InvalidKey(_)) => {}
                 Err(other) => prop_assert!(false, "untyped refusal {other:?}"),
             }
         }

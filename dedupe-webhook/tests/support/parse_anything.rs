@@ -5,7 +5,7 @@
 
 use std::time::SystemTime;
 
-use dedupe_webhook::{KeyError, KeyRule, KeySource, Scheme, SignatureError, Verifier};
+use dedupe_webhook::{DeriveError, KeyRule, KeySource, Scheme, SignatureError, Verifier};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The headers the parsers read, in the order the input fills them.
@@ -81,7 +81,12 @@ pub fn parse_anything(data: &[u8]) -> Result<(), String> {
                     return Err(format!("{}: derived a bad key {key:?}", rule.namespace()));
                 }
             }
-            Err(KeyError::NotJson(_) | KeyError::NoId(_) | KeyError::BadId(_)) => {}
+            Err(
+                DeriveError::NotJson(_)
+                | DeriveError::NoId(_)
+                | DeriveError::BadId(_)
+                | DeriveError::InvalidKey(_),
+            ) => {}
             Err(other) => return Err(format!("{}: untyped refusal {other:?}", rule.namespace())),
         }
     }
