@@ -168,6 +168,41 @@ fn now_secs() -> u64 {
         .as_secs()
 }
 
+/// The live record of `namespace:id` as `dedupe inspect` prints it (JSON), or
+/// `None` when there is none.
+fn inspect(url: &str, namespace: &str, id: &str) -> Option<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+        .args(["inspect", "--store", url, namespace, id])
+        .output()
+        .expect("dedupe inspect");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Waits (at most 2 s) until `namespace:id` is held by a delivery in flight.
+async fn wait_until_in_flight(url: &str, namespace: &str, id: &str) {
+    for _ in 0..200 {
+        if let Some(record) = inspect(url, namespace, id) {
+            assert!(record.contains("in_flight"), "{record}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{namespace}:{id} was never held by a delivery");
+}
+
+/// The Prometheus text of the admin listener.
+async fn metrics(http: &reqwest::Client, admin: &str) -> String {
+    http.get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 /// Every answer of the receiver, counted in ledger rows.
 async fn whole_path(serve: &Serve, rounds: usize) {
     let http = client();
@@ -340,14 +375,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
         .await
         .expect("healthz");
     assert_eq!(health.status(), StatusCode::OK);
-    let metrics = http
-        .get(format!("{}/metrics", serve.admin))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics(&http, &serve.admin).await;
     for answer in [
         "processed",
         "replayed",
@@ -468,21 +496,7 @@ async fn graceful_shutdown_finishes_in_flight_deliveries() {
         let (http, hooks) = (http.clone(), hooks.clone());
         tokio::spawn(async move { deliver(&http, &hooks, body, "del_1", &[]).await })
     };
-    // Wait until the delivery holds its claim (`dedupe inspect` finds the record).
-    let mut held = false;
-    for _ in 0..200 {
-        let inspect = Command::new(env!("CARGO_BIN_EXE_dedupe"))
-            .args(["inspect", "--store", &url, "hooks", "evt_shutdown"])
-            .output()
-            .expect("dedupe inspect");
-        if inspect.status.success() {
-            held = String::from_utf8_lossy(&inspect.stdout).contains("in_flight");
-            assert!(held, "{}", String::from_utf8_lossy(&inspect.stdout));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(held, "the first delivery never held its claim");
+    wait_until_in_flight(&url, "hooks", "evt_shutdown").await;
     let pid = serve.child.id().to_string();
     let term = Command::new("kill").args(["-TERM", &pid]).status();
     assert!(term.is_ok_and(|s| s.success()), "kill -TERM failed");
@@ -817,14 +831,7 @@ async fn metrics_count_every_answer() {
         deliver(&http, &hooks, r#"{"id":"m3"}"#, "f", &[]).await
     });
     assert_eq!((first.0, copy.0), (StatusCode::OK, StatusCode::CONFLICT));
-    let text = http
-        .get(format!("{}/metrics", serve.admin))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics(&http, &serve.admin).await;
     let deliveries = |answer| {
         sample(
             &text,
@@ -868,14 +875,7 @@ async fn metrics_count_every_answer() {
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(headers.contains_key("retry-after"));
-    let text = http
-        .get(format!("{}/metrics", bounded.admin))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics(&http, &bounded.admin).await;
     assert_eq!(
         sample(
             &text,
@@ -948,19 +948,7 @@ async fn shutdown_past_the_grace_aborts_releases_and_exits() {
         let (http, hooks) = (http.clone(), hooks.clone());
         tokio::spawn(async move { deliver(&http, &hooks, r#"{"id":"evt_long"}"#, "l1", &[]).await })
     };
-    let mut held = false;
-    for _ in 0..200 {
-        let inspect = Command::new(env!("CARGO_BIN_EXE_dedupe"))
-            .args(["inspect", "--store", &url, "hooks", "evt_long"])
-            .output()
-            .expect("dedupe inspect");
-        if inspect.status.success() {
-            held = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(held, "the delivery never held its claim");
+    wait_until_in_flight(&url, "hooks", "evt_long").await;
     let signalled = std::time::Instant::now();
     let term = Command::new("kill")
         .args(["-TERM", &serve.child.id().to_string()])
@@ -975,13 +963,6 @@ async fn shutdown_past_the_grace_aborts_releases_and_exits() {
         "took {:?} to stop",
         signalled.elapsed()
     );
-    let inspect = Command::new(env!("CARGO_BIN_EXE_dedupe"))
-        .args(["inspect", "--store", &url, "hooks", "evt_long"])
-        .output()
-        .expect("dedupe inspect");
-    assert!(
-        !inspect.status.success(),
-        "the aborted claim was kept: {}",
-        String::from_utf8_lossy(&inspect.stdout)
-    );
+    let kept = inspect(&url, "hooks", "evt_long");
+    assert!(kept.is_none(), "the aborted claim was kept: {kept:?}");
 }

@@ -263,7 +263,6 @@ pub struct Webhook {
     rule: KeyRule,
     verifier: Option<Verifier>,
     body_limit: Option<usize>,
-    lease: Duration,
     retention: Duration,
     require_json: bool,
     read_timeout: Duration,
@@ -288,8 +287,8 @@ impl std::fmt::Debug for Webhook {
         f.debug_struct("Webhook")
             .field("rule", &self.rule)
             .field("verifier", &self.verifier)
-            .field("body_limit", &self.limit())
-            .field("lease", &self.lease)
+            .field("body_limit", &self.body_limit_bytes())
+            .field("lease", &self.deduper.lease_ttl())
             .field("retention", &self.retention)
             .field("on_failure", &self.on_failure)
             .finish_non_exhaustive()
@@ -378,7 +377,6 @@ impl Webhook {
             rule,
             verifier: None,
             body_limit: None,
-            lease: Self::DEFAULT_LEASE,
             retention: Self::DEFAULT_RETENTION,
             require_json: true,
             read_timeout: Self::DEFAULT_READ_TIMEOUT,
@@ -422,14 +420,9 @@ impl Webhook {
             .unwrap_or(Self::DEFAULT_BODY_LIMIT)
     }
 
-    fn limit(&self) -> usize {
-        self.body_limit_bytes()
-    }
-
     /// How long a claim holds the event (default 60 s); the lease of a running
     /// handler is extended every third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
         self.deduper = self.deduper.with_lease_ttl(lease);
         self
     }
@@ -556,11 +549,15 @@ impl Webhook {
         }
         // From here the delivery is a task of its own: dropping this request
         // (the provider gave up) neither stops the handler nor frees its claim.
-        let this = self.clone();
+        let delivery = Delivery {
+            deduper: self.deduper.clone(),
+            retention: self.retention,
+            on_failure: self.on_failure,
+        };
         let owned_namespace = namespace.to_string();
         let task = self.deduper.spawn(
             async move {
-                let response = this.process(accepted, parts, handler).await;
+                let response = delivery.process(accepted, parts, handler).await;
                 drop(permit);
                 counted(&owned_namespace, started, response)
             }
@@ -596,7 +593,7 @@ impl Webhook {
         headers: &http::HeaderMap,
         body: Body,
     ) -> Result<Accepted, Response> {
-        let limit = self.limit();
+        let limit = self.body_limit_bytes();
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -666,6 +663,25 @@ impl Webhook {
         })
     }
 
+    fn too_large(&self) -> Response {
+        json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Answer::TooLarge,
+            format!("body over {} bytes", self.body_limit_bytes()),
+        )
+    }
+}
+
+/// What a delivery's task needs of its receiver: the claim's lifecycle and
+/// what to do with the handler's response (not the rule or the verifier,
+/// which have done their part before the task starts).
+struct Delivery {
+    deduper: Deduper,
+    retention: Duration,
+    on_failure: OnFailure,
+}
+
+impl Delivery {
     /// The delivery's task: claim, then run the handler under the claim and
     /// settle it; or answer what the claim found.
     async fn process<F, Fut>(
@@ -686,7 +702,7 @@ impl Webhook {
             on_mismatch,
         } = accepted;
         let key = derived.key;
-        let mut opts = ClaimOptions::new(self.lease);
+        let mut opts = ClaimOptions::new(self.deduper.lease_ttl());
         if let Some(fingerprint) = fingerprint {
             opts = opts.with_fingerprint(fingerprint);
         }
@@ -819,14 +835,6 @@ impl Webhook {
             Ok(None) => in_flight(key, SystemTime::now()),
             Err(e) => store_error(&e),
         }
-    }
-
-    fn too_large(&self) -> Response {
-        json_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Answer::TooLarge,
-            format!("body over {} bytes", self.limit()),
-        )
     }
 }
 

@@ -428,13 +428,13 @@ async fn receive_on(
 }
 
 async fn route(app: Arc<App>, name: &str, req: Request) -> Response {
-    match app.routes.get(name).cloned().flatten() {
-        Some(hook) => {
+    match app.routes.get(name) {
+        Some(Some(hook)) => {
             let a = Arc::clone(&app);
             hook.handle(req, move |req| business_step(a, req)).await
         }
-        None if name == "hooks" => not_served("/hooks"),
-        None => not_served(&format!("/hooks/{name}")),
+        _ if name == "hooks" => not_served("/hooks"),
+        _ => not_served(&format!("/hooks/{name}")),
     }
 }
 
