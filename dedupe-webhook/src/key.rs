@@ -65,7 +65,9 @@ pub enum PayloadFingerprint {
     /// canonically (object keys sorted, so key order does not count): fields
     /// a provider re-renders between attempts (Stripe's `pending_webhooks`, an
     /// attempt counter, a render time) are left out. A pointer with nothing
-    /// there counts as absent.
+    /// there counts as absent. Numbers compare as serde_json reads them (an
+    /// integer past 64 bits as the nearest float). A payload that is not JSON
+    /// is fingerprinted whole.
     JsonPointers(Vec<String>),
     /// No fingerprint: the key alone decides; a mismatch cannot happen.
     Nothing,
@@ -302,7 +304,14 @@ impl KeyRule {
             PayloadFingerprint::Body => Some(Fingerprint::sha256(payload)),
             PayloadFingerprint::Nothing => None,
             PayloadFingerprint::JsonPointers(pointers) => {
-                let json: Option<serde_json::Value> = serde_json::from_slice(payload).ok();
+                // A payload serde_json cannot read (not JSON, a number out
+                // of range, nesting past its limit) has no pointers to take:
+                // the whole of it is the fingerprint, so two such payloads
+                // never look alike.
+                let Ok(json) = serde_json::from_slice::<serde_json::Value>(payload) else {
+                    return Some(Fingerprint::sha256(payload));
+                };
+                let json = Some(json);
                 let mut canonical = Vec::new();
                 for pointer in pointers {
                     canonical.extend_from_slice(pointer.as_bytes());
@@ -363,7 +372,11 @@ impl KeyRule {
                             None => break,
                         }
                     }
-                    (parts.len() == names.len()).then(|| parts.join("/"))
+                    if parts.len() == names.len() {
+                        Some(join_parts(names, &parts)?)
+                    } else {
+                        None
+                    }
                 }
                 KeySource::Header(name) => header_text(headers, name)?,
                 KeySource::JsonPointer(pointer) => {
@@ -461,7 +474,26 @@ fn header_text(headers: &HeaderMap, name: &str) -> Result<Option<String>, Derive
     let text = value
         .to_str()
         .map_err(|_| DeriveError::BadId(format!("{name} is not visible ASCII")))?;
-    Ok(Some(text.trim().to_string()))
+    // Not trimmed: keys are exact, and `a` and `a ` are two ids.
+    Ok(Some(text.to_string()))
+}
+
+/// Header values joined into one id with `/`, each value's own `%` and `/`
+/// written `%25` and `%2F` first, so two different lists of values never
+/// join to the same id (`orders/create` + `e` is not `orders` + `create/e`).
+/// An empty value is refused.
+fn join_parts(names: &[String], parts: &[String]) -> Result<String, DeriveError> {
+    let mut joined = String::new();
+    for (i, (name, part)) in names.iter().zip(parts).enumerate() {
+        if part.is_empty() {
+            return Err(DeriveError::BadId(format!("{name} is empty")));
+        }
+        if i > 0 {
+            joined.push('/');
+        }
+        joined.push_str(&part.replace('%', "%25").replace('/', "%2F"));
+    }
+    Ok(joined)
 }
 
 /// The Standard Webhooks message id of an unsigned delivery: `webhook-id` or
@@ -599,7 +631,7 @@ mod tests {
         let k = KeyRule::shopify_event("shop")
             .derive(&sh, b"{}")
             .expect("key");
-        assert_eq!(k.key.to_string(), "shop:orders/create/e-1");
+        assert_eq!(k.key.to_string(), "shop:orders%2Fcreate/e-1");
     }
 
     #[test]
@@ -624,6 +656,45 @@ mod tests {
     }
 
     #[test]
+    fn joined_header_ids_are_one_to_one_and_exact() {
+        let gh = KeyRule::github("g");
+        let a = h(&[("x-github-hook-id", "1/2"), ("x-github-delivery", "3")]);
+        let b = h(&[("x-github-hook-id", "1"), ("x-github-delivery", "2/3")]);
+        assert_ne!(
+            gh.derive(&a, b"{}").expect("a").key,
+            gh.derive(&b, b"{}").expect("b").key
+        );
+        let shop = KeyRule::shopify_event("s");
+        let a = h(&[
+            ("x-shopify-topic", "orders/create"),
+            ("x-shopify-event-id", "e"),
+        ]);
+        let b = h(&[
+            ("x-shopify-topic", "orders"),
+            ("x-shopify-event-id", "create/e"),
+        ]);
+        let (ka, kb) = (
+            shop.derive(&a, b"{}").expect("a").key,
+            shop.derive(&b, b"{}").expect("b").key,
+        );
+        assert_ne!(ka, kb);
+        assert_eq!(ka.id(), "orders%2Fcreate/e");
+        let empty = h(&[("x-github-hook-id", ""), ("x-github-delivery", "x")]);
+        assert!(matches!(
+            gh.derive(&empty, b"{}"),
+            Err(DeriveError::BadId(_))
+        ));
+        let mut spaced = HeaderMap::new();
+        spaced.insert("x-shopify-webhook-id", http::HeaderValue::from_static("a "));
+        let plain = h(&[("x-shopify-webhook-id", "a")]);
+        let rule = KeyRule::shopify("s");
+        assert_ne!(
+            rule.derive(&spaced, b"{}").expect("spaced").key,
+            rule.derive(&plain, b"{}").expect("plain").key
+        );
+    }
+
+    #[test]
     fn pointer_fingerprints_ignore_what_they_do_not_cover() {
         let rule = KeyRule::stripe("s").fingerprint(PayloadFingerprint::JsonPointers(vec![
             "/type".into(),
@@ -637,6 +708,21 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(absent, null, "absent and null are two payloads");
+        // What serde_json cannot read is fingerprinted whole.
+        let data = KeyRule::stripe("s")
+            .fingerprint(PayloadFingerprint::JsonPointers(vec!["/data".into()]));
+        assert_ne!(
+            data.fingerprint_of(br#"{"data":1e400}"#),
+            data.fingerprint_of(br#"{"data":2e400}"#)
+        );
+        assert_ne!(
+            data.fingerprint_of(br#"{"data":1e400}"#),
+            data.fingerprint_of(b"{}")
+        );
+        assert_ne!(
+            data.fingerprint_of(b"garbage1"),
+            data.fingerprint_of(b"garbage2")
+        );
         assert_eq!(
             KeyRule::stripe("s")
                 .fingerprint(PayloadFingerprint::Nothing)

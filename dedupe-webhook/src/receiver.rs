@@ -882,10 +882,14 @@ fn form_payload(headers: &http::HeaderMap, body: &[u8]) -> Option<Result<Bytes, 
     if !essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
         return None;
     }
-    let mut fields = form_urlencoded::parse(body);
-    Some(match (fields.next(), fields.next()) {
-        (Some((name, value)), None) if name == "payload" => {
-            Ok(Bytes::from(value.into_owned().into_bytes()))
+    // Checked on the raw bytes: the form parser skips empty pairs and decodes
+    // names, so `&payload=...` or `pay%6Coad=...` would pass it as one field.
+    Some(match body.strip_prefix(b"payload=") {
+        Some(value) if !value.contains(&b'&') => {
+            let decoded: String = form_urlencoded::parse(body)
+                .map(|(_, value)| value.into_owned())
+                .collect();
+            Ok(Bytes::from(decoded.into_bytes()))
         }
         _ => Err("a form-encoded delivery must be exactly one field, payload".to_string()),
     })
@@ -966,6 +970,30 @@ fn store_error(e: &Error) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_form_is_exactly_one_payload_field() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
+        let ok = form_payload(&headers, b"payload=%7B%22a%22%3A1%7D").expect("a form");
+        assert_eq!(ok.expect("accepted"), Bytes::from_static(br#"{"a":1}"#));
+        for body in [
+            &b"&payload=x"[..],
+            b"payload=x&&",
+            b"pay%6Coad=x",
+            b"payload",
+            b"a=1&payload=x",
+        ] {
+            assert!(
+                form_payload(&headers, body).expect("a form").is_err(),
+                "{:?} was taken as one payload field",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
 
     #[test]
     fn stored_responses_round_trip() {
