@@ -336,7 +336,11 @@ impl History {
                 "{what}: {} contract violations in a history of {} calls; the first ones:\n  {}",
                 bad.len(),
                 self.calls().len(),
-                bad.iter().take(20).cloned().collect::<Vec<_>>().join("\n  ")
+                bad.iter()
+                    .take(20)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
             ))
         })
     }
@@ -739,7 +743,12 @@ impl History {
             }
             hs.iter()
                 .find(|h2| h2.token != h.token && h2.start_lo > h.start_hi && h2.start_hi < asked)
-                .map(|h2| format!("a later winner ({}) had already been answered", h2.describe()))
+                .map(|h2| {
+                    format!(
+                        "a later winner ({}) had already been answered",
+                        h2.describe()
+                    )
+                })
         };
         for c in calls {
             match &c.answer {

@@ -88,6 +88,13 @@ macro_rules! __with_check_names {
             stale_holders_race_takeovers,
             batches_race_batches,
             expire_races_takeovers,
+            lease_rules_across_handles,
+            deadline_edge_races,
+            near_identical_keys_race,
+            outcome_bytes_round_trip,
+            key_twice_in_a_batch_outlasting_its_lease,
+            claim_many_matches_reference_claims,
+            cancelled_calls_leave_a_sound_store,
             matches_reference_store,
         }
     };

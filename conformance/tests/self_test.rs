@@ -319,17 +319,25 @@ impl DedupeStore for Broken {
         if self.flaw != Flaw::UnboundedBatches {
             dedupe_core::backend::check_batch(keys)?;
         }
-        let mut seen: HashMap<&Key, ClaimOutcome> = HashMap::new();
-        let mut answers = Vec::with_capacity(keys.len());
-        for key in keys {
-            let answer = match seen.get(key) {
-                Some(first) if self.flaw == Flaw::ClaimManyIgnoresBatchDuplicates => first.clone(),
-                _ => self.claim(key, opts).await?,
-            };
-            seen.insert(key, answer.clone());
-            answers.push(answer);
+        if self.flaw == Flaw::ClaimManyIgnoresBatchDuplicates {
+            let mut seen: HashMap<&Key, ClaimOutcome> = HashMap::new();
+            let mut answers = Vec::with_capacity(keys.len());
+            for key in keys {
+                let answer = match seen.get(key) {
+                    Some(first) => first.clone(),
+                    None => self.claim(key, opts).await?,
+                };
+                seen.insert(key, answer.clone());
+                answers.push(answer);
+            }
+            return Ok(answers);
         }
-        Ok(answers)
+        let batch = dedupe_core::backend::BatchKeys::new(keys);
+        let mut firsts = Vec::with_capacity(batch.distinct().len());
+        for key in batch.distinct() {
+            firsts.push(self.claim(key, opts).await?);
+        }
+        batch.answers(firsts, opts)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -393,19 +401,47 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     ),
     (
         Flaw::ClaimManyIgnoresBatchDuplicates,
-        &["claim_many_matches_claim"],
+        &[
+            "claim_many_matches_claim",
+            "key_twice_in_a_batch_outlasting_its_lease",
+            "claim_many_matches_reference_claims",
+        ],
     ),
-    (Flaw::TruncatesOutcome, &["duplicate_returns_exact_outcome"]),
+    (
+        Flaw::TruncatesOutcome,
+        &[
+            "duplicate_returns_exact_outcome",
+            "outcome_bytes_round_trip",
+        ],
+    ),
     (
         Flaw::IgnoresFingerprint,
         &["fingerprint_mismatch", "matches_reference_store"],
     ),
     (Flaw::IgnoresClaimId, &["reentrant_claim_id"]),
-    (Flaw::NamespaceBlind, &["namespaces_isolate"]),
-    (Flaw::CaseInsensitive, &["key_case_unicode_and_max_length"]),
+    (
+        Flaw::NamespaceBlind,
+        &["namespaces_isolate", "near_identical_keys_race"],
+    ),
+    (
+        Flaw::CaseInsensitive,
+        &[
+            "key_case_unicode_and_max_length",
+            "near_identical_keys_race",
+        ],
+    ),
     (Flaw::ExpireRemovesLive, &["expire_removes_exactly_expired"]),
-    (Flaw::ReleaseKeepsRecord, &["release_then_reclaim"]),
-    (Flaw::ExtendForgets, &["extend_pushes_deadline"]),
+    (
+        Flaw::ReleaseKeepsRecord,
+        &[
+            "release_then_reclaim",
+            "cancelled_calls_leave_a_sound_store",
+        ],
+    ),
+    (
+        Flaw::ExtendForgets,
+        &["extend_pushes_deadline", "deadline_edge_races"],
+    ),
     (
         Flaw::ForgetAnswersFalse,
         &["forget_removes_any_state", "matches_reference_store"],
@@ -513,9 +549,15 @@ const EXPECTED_INDEPENDENT: &[(AFlaw, &[&str])] = &[
     ),
     (
         AFlaw::TakeoverKeepsDoneState,
-        &["takeover_resets_holder_keeps_record"],
+        &[
+            "takeover_resets_holder_keeps_record",
+            "claim_many_matches_reference_claims",
+        ],
     ),
-    (AFlaw::CompleteIgnoresDeadline, &["passed_lease_is_lost"]),
+    (
+        AFlaw::CompleteIgnoresDeadline,
+        &["passed_lease_is_lost", "lease_rules_across_handles"],
+    ),
     (AFlaw::ExtendIgnoresDeadline, &["passed_lease_is_lost"]),
     (
         AFlaw::CompleteTwiceOverwrites,
@@ -523,7 +565,10 @@ const EXPECTED_INDEPENDENT: &[(AFlaw, &[&str])] = &[
     ),
     (AFlaw::ReleaseRemovesDone, &["release_then_reclaim"]),
     (AFlaw::ExtendShortensDone, &["extend_pushes_deadline"]),
-    (AFlaw::GetIgnoresExpiry, &["passed_lease_is_lost"]),
+    (
+        AFlaw::GetIgnoresExpiry,
+        &["passed_lease_is_lost", "lease_rules_across_handles"],
+    ),
     (AFlaw::GetSlidesExpiry, &["deadlines_are_exact"]),
     (AFlaw::ForgetCountsExpired, &["passed_lease_is_lost"]),
     (AFlaw::ClaimIgnoresLogicalExpiry, &["passed_lease_is_lost"]),

@@ -141,17 +141,24 @@ pub trait DedupeStore: Debug + Send + Sync + 'static {
     async fn forget(&self, key: &Key) -> Result<bool>;
 
     /// Claims each key in order with the same answers as calling [`claim`] for each
-    /// (a key twice in one batch: the first wins, the second sees `InFlight`).
-    /// Stores override this to do it in fewer round trips.
+    /// (a key twice in one batch: the first wins, the second sees `InFlight`, or
+    /// the same lease with a claim id). Stores override this to do it in fewer
+    /// round trips.
+    ///
+    /// The default claims each distinct key once and answers a key's later
+    /// places from its first ([`BatchKeys`](crate::backend::BatchKeys)): claiming
+    /// a repeat again would take the first place's lease over when the batch
+    /// outlasts it, so one key would be won twice in one call.
     ///
     /// [`claim`]: DedupeStore::claim
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         crate::backend::check_batch(keys)?;
-        let mut answers = Vec::with_capacity(keys.len());
-        for key in keys {
-            answers.push(self.claim(key, opts).await?);
+        let batch = crate::backend::BatchKeys::new(keys);
+        let mut firsts = Vec::with_capacity(batch.distinct().len());
+        for key in batch.distinct() {
+            firsts.push(self.claim(key, opts).await?);
         }
-        Ok(answers)
+        batch.answers(firsts, opts)
     }
 
     /// What this store can do.

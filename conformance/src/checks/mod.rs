@@ -263,7 +263,25 @@ async fn live_record(store: &dyn DedupeStore, key: &Key, when: &str) -> Result<R
         .ok_or_else(|| Failure::new(format!("get of {key} found nothing {when}")))
 }
 
+/// A small deterministic generator (xorshift64*), so a failing sequence replays
+/// exactly.
+struct Sequence(u64);
+
+impl Sequence {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub(crate) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
 // After the helpers and `ensure!`, which the checks use.
+mod attacks;
 mod faults;
 mod lifecycle;
 mod limits;
@@ -271,6 +289,7 @@ mod races;
 mod reference;
 mod rules;
 
+pub use attacks::*;
 pub use faults::*;
 pub use lifecycle::*;
 pub use limits::*;

@@ -2,23 +2,6 @@
 
 use super::*;
 
-/// A small deterministic generator (xorshift64*), so a failing sequence replays
-/// exactly.
-struct Sequence(u64);
-
-impl Sequence {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// One store's side of the differential run: the store and the leases its
 /// claims handed out, per key, in order.
 struct Side {
