@@ -24,13 +24,14 @@
 )]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dedupe_conformance::checks::{cancellation_storm_on, deadline_edge_races_on, lease_rules_on};
+use dedupe_conformance::history::{History, Recorder};
 use dedupe_core::{
-    ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease, MemoryStore,
-    RecordState, RecordStateKind, MAX_BATCH_KEYS, MAX_TTL,
+    ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease, RecordState,
 };
 use dedupe_postgres::sqlx::{self, AssertSqlSafe, Row};
 use dedupe_postgres::PgStore;
@@ -535,19 +536,16 @@ async fn pg_lease_rules_hold_in_both_claim_modes() {
         warm_handle(s, true, &done, "rules").await;
     }
     let st = dyns(&stores);
-    let mut bad = lease_rules(&st, "rules1").await;
     let mut rotated = st[1..].to_vec();
     rotated.push(Arc::clone(&st[0]));
-    bad.extend(lease_rules(&rotated, "rules2").await);
-    assert!(
-        bad.is_empty(),
-        "{} violations:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
-    deadline_races(&st, "edge", &log, 40).await;
-    assert_history("deadline races", &log, STRICT);
-    assert_no_errors("deadline races", &log);
+    let rounds = async {
+        lease_rules_on(&st, "rules1").await?;
+        lease_rules_on(&rotated, "rules2").await?;
+        deadline_edge_races_on(&st, 40).await
+    };
+    if let Err(f) = rounds.await {
+        panic!("{f}");
+    }
 }
 
 /// Rule 8 for a batch, in both first-statement modes: a `claim_many` that
@@ -950,71 +948,6 @@ async fn pg_transactions_commit_each_event_exactly_once() {
     assert_no_errors("transactions", &log);
 }
 
-/// 24 random scenarios: `claim_many` and `claim` place by place, each on a
-/// handle warmed to insert first and on one warmed to read first, must all
-/// answer as `claim`s on the reference `MemoryStore`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_claim_many_answers_as_claim_would_in_both_modes() {
-    let (_cluster, url) = server().await;
-    let schema = dedupe_testkit::unique_schema("advdiff");
-    let stores = pg_handles(&url, &schema, 5).await;
-    let mk = |i: usize, name: &str, many: bool, read_first: bool| Role {
-        name: name.to_string(),
-        store: Arc::new(stores[i].clone()),
-        many,
-        warm: Some(read_first),
-    };
-    let roles = vec![
-        mk(
-            1,
-            "pg claim_many, handle warmed to insert first",
-            true,
-            false,
-        ),
-        mk(2, "pg claim_many, handle warmed to read first", true, true),
-        mk(
-            3,
-            "pg claim place by place, handle warmed to insert first",
-            false,
-            false,
-        ),
-        mk(
-            4,
-            "pg claim place by place, handle warmed to read first",
-            false,
-            true,
-        ),
-    ];
-    let bad = differential("pd", roles, 0x5EED_0003, 24).await;
-    assert!(
-        bad.is_empty(),
-        "{} disagreements:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
-}
-
-/// Rule 2, outcome bytes, and a key twice in a batch longer than its lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_near_identical_keys_and_every_outcome_byte_stay_apart() {
-    let (_cluster, url) = server().await;
-    let schema = dedupe_testkit::unique_schema("advexact");
-    let stores = pg_handles(&url, &schema, 3).await;
-    let st = dyns(&stores);
-    let log = Log::default();
-    exact_keys(&st, "exact", &log).await;
-    assert_history("near-identical keys", &log, STRICT);
-    assert_no_errors("near-identical keys", &log);
-    let mut bad = outcomes_round_trip(&st, "outcomes").await;
-    bad.extend(key_twice_in_a_long_batch(&stores[1], "twice").await);
-    assert!(
-        bad.is_empty(),
-        "{} violations:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
-}
-
 /// Ten tasks on four handles that each keep three connections checked out
 /// between calls call with timeouts of 0 to 4 ms, so futures are dropped
 /// mid-statement and between the statements of one claim. Whatever was
@@ -1032,49 +965,28 @@ async fn pg_cancelled_calls_leave_held_connections_sound() {
         stores.push(pg_handle(&url, &schema, 5, 3).await);
     }
     let st = dyns(&stores);
-    let log = Log::default();
-    let mut done = Vec::new();
-    for i in 0..6 {
-        let k = key("cxd", format!("d{i}"));
-        make_done(&log, &stores[0], &k, format!("d{i}").as_bytes()).await;
-        done.push(k);
-    }
-    let until = Instant::now() + Duration::from_secs(3);
-    let mut set = tokio::task::JoinSet::new();
-    for t in 0..10 {
-        set.spawn(cancel_worker(
-            log.clone(),
-            Arc::clone(&st[t % st.len()]),
-            t,
-            "cx".to_string(),
-            done.clone(),
-            until,
-        ));
-    }
-    let joined = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(j) = set.join_next().await {
-            j.expect("a worker panicked");
-        }
-    })
-    .await;
-    assert!(joined.is_ok(), "HANG: the cancellation storm did not end");
-    after_the_storm(&st, "cx", &log).await;
+    let history = History::new(Duration::from_millis(5)).every_in_flight_seen();
+    let done = match cancellation_storm_on(&st, 10, Duration::from_secs(3), &history).await {
+        Ok(done) => done,
+        Err(f) => panic!("{f}"),
+    };
     // Every handle, on its held connections, answers every done key with
     // that key's own outcome.
-    for (i, s) in stores.iter().enumerate() {
+    for (i, s) in st.iter().enumerate() {
+        let probe = Recorder::new(Arc::clone(s), history.clone(), 2000 + i);
         for round in 0..10 {
             for k in &done {
-                let _ = log.claim(s, &format!("probe{i}"), k, &opts(LONG)).await;
+                let _ = probe.claim(k, &opts(LONG)).await;
             }
-            let _ = log
-                .claim_many(s, &format!("probe{i}"), &done, &opts(LONG))
-                .await;
+            let _ = probe.claim_many(&done, &opts(LONG)).await;
             if round % 3 == 0 {
                 let _ = s.get(&done[round % done.len()]).await;
             }
         }
     }
-    assert_history("cancellation storm", &log, LOOSE);
+    if let Err(f) = history.verdict("cancellation storm") {
+        panic!("{f}");
+    }
 }
 
 async fn traffic(log: Log, s: PgStore, t: usize, done: Vec<Key>, stop: Arc<AtomicBool>) {

@@ -23,13 +23,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dedupe_conformance::checks::{batches_against_reference, cancellation_storm_on, BatchSide};
+use dedupe_conformance::history::History;
 use dedupe_core::{
     Capabilities, ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease,
-    MemoryStore, Record, RecordState, RecordStateKind, MAX_BATCH_KEYS, MAX_TTL,
+    Record, RecordState,
 };
 use dedupe_sqlite::rusqlite::{self, Connection, TransactionBehavior};
 use dedupe_sqlite::SqliteStore;
@@ -1295,36 +1297,35 @@ async fn claim_many_answers_as_claim_would_multi_thread() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("diff.db");
     let stores = handles(&db, 3).await;
-    let roles = vec![
-        Role {
-            name: "sqlite claim_many (caller's thread)".into(),
-            store: Arc::new(stores[0].clone()),
-            many: true,
-            warm: None,
-        },
-        Role {
-            name: "sqlite claim_many (queued behind a held write lock)".into(),
-            store: Arc::new(QueuedBatches {
+    let side = |name: &str, store: Arc<dyn DedupeStore>, many: bool| BatchSide {
+        name: name.to_string(),
+        store,
+        many,
+        warm: None,
+    };
+    let sides = vec![
+        side(
+            "sqlite claim_many (caller's thread)",
+            Arc::new(stores[0].clone()),
+            true,
+        ),
+        side(
+            "sqlite claim_many (queued behind a held write lock)",
+            Arc::new(QueuedBatches {
                 inner: stores[1].clone(),
                 db: db.clone(),
             }),
-            many: true,
-            warm: None,
-        },
-        Role {
-            name: "sqlite claim, place by place".into(),
-            store: Arc::new(stores[2].clone()),
-            many: false,
-            warm: None,
-        },
+            true,
+        ),
+        side(
+            "sqlite claim, place by place",
+            Arc::new(stores[2].clone()),
+            false,
+        ),
     ];
-    let bad = differential("dm", roles, 0x5EED_0001, 24).await;
-    assert!(
-        bad.is_empty(),
-        "{} disagreements:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
+    if let Err(f) = batches_against_reference(sides, 0x5EED_0001, 24).await {
+        panic!("{f}");
+    }
 }
 
 /// The same on a current-thread runtime: every call goes through the
@@ -1334,86 +1335,23 @@ async fn claim_many_answers_as_claim_would_current_thread() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("diff-ct.db");
     let stores = handles(&db, 2).await;
-    let roles = vec![
-        Role {
-            name: "sqlite claim_many (connection/writer threads)".into(),
-            store: Arc::new(stores[0].clone()),
-            many: true,
-            warm: None,
-        },
-        Role {
-            name: "sqlite claim, place by place (connection/writer threads)".into(),
-            store: Arc::new(stores[1].clone()),
-            many: false,
-            warm: None,
-        },
+    let side = |i: usize, name: &str, many: bool| BatchSide {
+        name: name.to_string(),
+        store: Arc::new(stores[i].clone()),
+        many,
+        warm: None,
+    };
+    let sides = vec![
+        side(0, "sqlite claim_many (connection/writer threads)", true),
+        side(
+            1,
+            "sqlite claim, place by place (connection/writer threads)",
+            false,
+        ),
     ];
-    let bad = differential("dc", roles, 0x5EED_0002, 16).await;
-    assert!(
-        bad.is_empty(),
-        "{} disagreements:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
-}
-
-/// Rule 4, `extend`, claim ids, fingerprints and refused input, acting on one
-/// handle and watching from another; then holder and takers aimed at the
-/// deadline for 40 rounds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_rules_hold_across_handles_and_at_the_deadline() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = dir.path().join("rules.db");
-    let stores = handles(&db, 4).await;
-    let st = dyns(&stores);
-    let bad = lease_rules(&st, "rules").await;
-    assert!(
-        bad.is_empty(),
-        "{} violations:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
-    let log = Log::default();
-    deadline_races(&st, "edge", &log, 40).await;
-    assert_history("deadline races", &log, STRICT);
-    assert_no_errors("deadline races", &log);
-}
-
-/// Rule 2 and outcome bytes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn near_identical_keys_and_every_outcome_byte_stay_apart() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = dir.path().join("exact.db");
-    let stores = handles(&db, 3).await;
-    let st = dyns(&stores);
-    let log = Log::default();
-    exact_keys(&st, "exact", &log).await;
-    assert_history("near-identical keys", &log, STRICT);
-    assert_no_errors("near-identical keys", &log);
-    let bad = outcomes_round_trip(&st, "outcomes").await;
-    assert!(
-        bad.is_empty(),
-        "{} violations:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
-}
-
-/// The `claim_many` row when a batch outlasts its own (short) lease: SQLite
-/// judges each place with its own clock read, so the key's second place can
-/// take over the first place's lease within one call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_twice_in_a_batch_longer_than_its_lease_is_won_once() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = dir.path().join("twice.db");
-    let store = open_store(&db, 2).await.expect("open");
-    let bad = key_twice_in_a_long_batch(&store, "twice").await;
-    assert!(
-        bad.is_empty(),
-        "{} violations:\n  {}",
-        bad.len(),
-        bad.join("\n  ")
-    );
+    if let Err(f) = batches_against_reference(sides, 0x5EED_0002, 16).await {
+        panic!("{f}");
+    }
 }
 
 /// Rule 8 for a batch: a `claim_many` that meets a corrupt record answers
@@ -1564,18 +1502,6 @@ async fn cancelled_calls_leave_a_sound_store() {
     let db = dir.path().join("cancel.db");
     let stores = handles(&db, 4).await;
     let st = dyns(&stores);
-    let log = Log::default();
-    let mut done = Vec::new();
-    for i in 0..6 {
-        let k = key("cxd", format!("d{i}"));
-        if let Ok(ClaimOutcome::Claimed(l)) = log.claim(&stores[0], "setup", &k, &opts(LONG)).await
-        {
-            let _ = log
-                .complete(&stores[0], "setup", &l, format!("d{i}").as_bytes())
-                .await;
-        }
-        done.push(k);
-    }
     let stop = Arc::new(AtomicBool::new(false));
     let locker = {
         let (db, stop) = (db.clone(), Arc::clone(&stop));
@@ -1590,27 +1516,14 @@ async fn cancelled_calls_leave_a_sound_store() {
             }
         })
     };
-    let until = Instant::now() + Duration::from_secs(3);
-    let mut set = tokio::task::JoinSet::new();
-    for t in 0..12 {
-        set.spawn(cancel_worker(
-            log.clone(),
-            Arc::clone(&st[t % st.len()]),
-            t,
-            "cx".to_string(),
-            done.clone(),
-            until,
-        ));
-    }
-    let joined = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(j) = set.join_next().await {
-            j.expect("a worker panicked");
-        }
-    })
-    .await;
+    let history = History::new(Duration::from_millis(5)).every_in_flight_seen();
+    let storm = cancellation_storm_on(&st, 12, Duration::from_secs(3), &history).await;
     stop.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || locker.join()).await;
-    assert!(joined.is_ok(), "HANG: the cancellation storm did not end");
-    after_the_storm(&st, "cx", &log).await;
-    assert_history("cancellation storm", &log, LOOSE);
+    if let Err(f) = storm
+        .map(drop)
+        .and_then(|()| history.verdict("cancellation storm"))
+    {
+        panic!("{f}");
+    }
 }

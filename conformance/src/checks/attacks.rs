@@ -123,9 +123,17 @@ fn expect_lost<T: std::fmt::Debug>(r: Result<T, Error>, what: &str, bad: &mut Ve
 pub async fn lease_rules_across_handles(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let st = handles(&*fixture, HANDLES).await?;
-    let clock = Clock::measure(&*st[0], "rules").await?;
+    lease_rules_on(&st, "rules").await?;
+    Ok(Verdict::Passed)
+}
+
+/// The rounds of [`lease_rules_across_handles`] on handles of the caller's
+/// (at least two, onto one store), with keys in namespace `ns`: for a store's
+/// own tests that put its handles in particular modes first.
+pub async fn lease_rules_on(st: &[Arc<dyn DedupeStore>], ns: &str) -> Result<(), Failure> {
+    ensure!(st.len() >= 2, "lease_rules_on needs two handles or more");
+    let clock = Clock::measure(&*st[0], ns).await?;
     let (a, b) = (&*st[0], &*st[1]);
-    let ns = "rules";
     let mut bad = Vec::new();
     let past = Duration::from_millis(20);
 
@@ -534,7 +542,8 @@ pub async fn lease_rules_across_handles(factory: &dyn StoreFactory) -> CheckResu
         },
         other => bad.push(format!("a MAX_TTL lease answered {other:?}")),
     }
-    verdict("lease rules across handles", bad)
+    verdict("lease rules across handles", bad)?;
+    Ok(())
 }
 
 /// The boundary where `>` against `>=` and clock reads decide: for 42 rounds a
@@ -546,15 +555,25 @@ pub async fn lease_rules_across_handles(factory: &dyn StoreFactory) -> CheckResu
 pub async fn deadline_edge_races(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let st = handles(&*fixture, HANDLES).await?;
-    let history = history_for(&*st[0], "edge")
-        .await?
-        .every_in_flight_seen()
-        .attempts_in_order();
     let rounds = if factory.scale() == Scale::Full {
         42
     } else {
         14
     };
+    deadline_edge_races_on(&st, rounds).await?;
+    Ok(Verdict::Passed)
+}
+
+/// `rounds` rounds of [`deadline_edge_races`] on handles of the caller's.
+pub async fn deadline_edge_races_on(
+    st: &[Arc<dyn DedupeStore>],
+    rounds: usize,
+) -> Result<(), Failure> {
+    ensure!(!st.is_empty(), "deadline_edge_races_on needs a handle");
+    let history = history_for(&*st[0], "edge")
+        .await?
+        .every_in_flight_seen()
+        .attempts_in_order();
     for r in 0..rounds {
         let k = nkey("edge", format!("edge{r}"))?;
         let holder = Recorder::new(Arc::clone(&st[r % st.len()]), history.clone(), 0);
@@ -616,7 +635,8 @@ pub async fn deadline_edge_races(factory: &dyn StoreFactory) -> CheckResult {
             }
         }
     }
-    judge("deadline edge races", &history)
+    judge("deadline edge races", &history)?;
+    Ok(())
 }
 
 /// Sleeps until `at` on the test's clock.
@@ -1326,6 +1346,23 @@ pub async fn cancelled_calls_leave_a_sound_store(factory: &dyn StoreFactory) -> 
     let fixture = factory.create().await?;
     let st = handles(&*fixture, HANDLES).await?;
     let history = history_for(&*st[0], "storm").await?.every_in_flight_seen();
+    cancellation_storm_on(&st, 12, Duration::from_secs(2), &history).await?;
+    history.verdict("cancellation storm")?;
+    Ok(Verdict::Passed)
+}
+
+/// The storm of [`cancelled_calls_leave_a_sound_store`] with `tasks` tasks for
+/// `during` on handles of the caller's (while the caller does something to
+/// the store, say), recorded into `history`, which the caller judges (after
+/// recording more calls of its own, if it likes). Answers the done keys the
+/// storm claimed among its others.
+pub async fn cancellation_storm_on(
+    st: &[Arc<dyn DedupeStore>],
+    tasks: usize,
+    during: Duration,
+    history: &History,
+) -> Result<Vec<Key>, Failure> {
+    ensure!(!st.is_empty(), "cancellation_storm_on needs a handle");
     let setup = Recorder::new(Arc::clone(&st[0]), history.clone(), usize::MAX);
     let mut done = Vec::new();
     for i in 0..6 {
@@ -1335,13 +1372,13 @@ pub async fn cancelled_calls_leave_a_sound_store(factory: &dyn StoreFactory) -> 
         }
         done.push(k);
     }
-    let stop_at = Instant::now() + Duration::from_secs(2);
+    let stop_at = Instant::now() + during;
     let mut set = tokio::task::JoinSet::new();
-    for t in 0..12 {
+    for t in 0..tasks {
         let rec = Recorder::new(Arc::clone(&st[t % st.len()]), history.clone(), t);
         set.spawn(cancelling_worker(rec, t, done.clone(), stop_at));
     }
-    let joined = tokio::time::timeout(Duration::from_secs(60), async {
+    let joined = tokio::time::timeout(during + Duration::from_secs(60), async {
         let mut died = Vec::new();
         while let Some(j) = set.join_next().await {
             match j {
@@ -1353,13 +1390,14 @@ pub async fn cancelled_calls_leave_a_sound_store(factory: &dyn StoreFactory) -> 
         died
     })
     .await;
-    let died =
-        joined.map_err(|_| Failure::new("hang: the cancellation storm did not end within 60 s"))?;
+    let died = joined.map_err(|_| {
+        Failure::new("hang: the cancellation storm did not end within a minute of its time")
+    })?;
     ensure!(died.is_empty(), "{died:?}");
     tokio::time::sleep(Duration::from_millis(600)).await;
     for i in 0..16 {
         let k = nkey("storm", format!("c{i}"))?;
-        let after = Recorder::new(Arc::clone(&st[i % st.len()]), history.clone(), 100 + i);
+        let after = Recorder::new(Arc::clone(&st[i % st.len()]), history.clone(), 1000 + i);
         match after.claim(&k, &opts(HELD)).await {
             Ok(ClaimOutcome::Claimed(_) | ClaimOutcome::Duplicate { .. }) => {}
             other => history.flag(format!(
@@ -1379,6 +1417,5 @@ pub async fn cancelled_calls_leave_a_sound_store(factory: &dyn StoreFactory) -> 
             )),
         }
     }
-    history.verdict("cancellation storm")?;
-    Ok(Verdict::Passed)
+    Ok(done)
 }
