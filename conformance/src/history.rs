@@ -149,8 +149,9 @@ impl Answer {
         )
     }
 
-    /// The answer of a claim.
-    fn of_claim(result: &Result<ClaimOutcome, Error>) -> Self {
+    /// The answer of a claim, for a call recorded by hand (a claim made
+    /// inside a transaction of the caller's, say).
+    pub fn of_claim(result: &Result<ClaimOutcome, Error>) -> Self {
         match result {
             Ok(ClaimOutcome::Claimed(lease)) => Answer::Claimed {
                 token: lease.token.clone(),
@@ -285,6 +286,11 @@ impl History {
             .push(violation.into());
     }
 
+    /// The violations workers flagged so far (without judging the calls).
+    pub fn flags(&self) -> Vec<String> {
+        self.flags.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Every call so far.
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -300,12 +306,24 @@ impl History {
             .collect()
     }
 
-    /// The instant a store deadline corresponds to.
-    fn instant_of(&self, at: SystemTime) -> Instant {
+    /// The instant a store deadline (or a wall-clock time another process
+    /// recorded) corresponds to on this history's clock.
+    pub fn instant_of(&self, at: SystemTime) -> Instant {
         let (i0, s0) = self.origin;
         match at.duration_since(s0) {
             Ok(after) => i0 + after,
             Err(before) => i0.checked_sub(before.duration()).unwrap_or(i0),
+        }
+    }
+
+    /// The wall-clock time of `at`, for a call another process will read
+    /// back with [`History::instant_of`].
+    pub fn wall_clock_of(&self, at: Instant) -> SystemTime {
+        let (i0, s0) = self.origin;
+        if at >= i0 {
+            s0 + (at - i0)
+        } else {
+            s0 - (i0 - at)
         }
     }
 

@@ -3,39 +3,25 @@
 //! crate's own tests or the conformance suite. Each test starts a private
 //! cluster through `dedupe-testkit` (or uses `DEDUPE_TEST_POSTGRES_URL`).
 //!
-//! Every test records each call with its answer and call/return times, and a
-//! checker replays the contract over that history: one live winner per key,
+//! Every test records each call with its answer and call/return times
+//! (`dedupe_testkit::rounds::Log`), and the suite's history checker
+//! (`dedupe_conformance::history`) replays the contract over that history: one live winner per key,
 //! stale holders fenced, duplicates answered with the exact bytes of the one
 //! completion, no phantom or stale `InFlight`, `claim_many` agreeing with
 //! `claim` whichever first statement (insert first / select first) a handle
 //! picked. Each test says what it aims at.
 
-#![allow(
-    dead_code,
-    missing_docs,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    clippy::too_many_arguments,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_precision_loss,
-    clippy::type_complexity
-)]
-
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use dedupe_conformance::checks::{cancellation_storm_on, deadline_edge_races_on, lease_rules_on};
-use dedupe_conformance::history::{History, Recorder};
-use dedupe_core::{
-    ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease, RecordState,
-};
+use dedupe_conformance::history::{Answer, History, Recorder};
+use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, RecordState};
 use dedupe_postgres::sqlx::{self, AssertSqlSafe, Row};
 use dedupe_postgres::PgStore;
-include!("../../testkit/attacks/harness.rs");
+use dedupe_testkit::rounds::*;
 // ======================================================================
 // Postgres-specific helpers
 // ======================================================================
@@ -711,7 +697,7 @@ async fn pg_a_failed_batch_is_never_seen_half_done() {
         })
     };
     // Until well past the batch's timeout (800 ms).
-    let shown = poll_until(Duration::from_millis(1500), || {
+    let shown = dedupe_testkit::eventually(Duration::from_millis(1500), || {
         let (s, k) = (stores[0].clone(), fresh[0].clone());
         async move { matches!(s.get(&k).await, Ok(Some(_))) }
     })
@@ -763,7 +749,7 @@ async fn pg_tx_worker(
     store: PgStore,
     keys: Arc<Vec<Key>>,
     log: Log,
-    commits: Arc<Mutex<Vec<(String, String, Vec<u8>)>>>,
+    commits: Arc<Mutex<Vec<Commit>>>,
     app: String,
 ) {
     let who = format!("tx{w}");
@@ -775,15 +761,15 @@ async fn pg_tx_worker(
             let mut tx = match store.pool().begin().await {
                 Ok(tx) => tx,
                 Err(e) => {
-                    log.push(
+                    log.record(
                         k,
                         &who,
                         t_call,
                         now_us(),
-                        Op::Claim(Ans::Err {
-                            definite: false,
-                            text: format!("BEGIN: {e}"),
-                        }),
+                        Answer::Failed {
+                            nothing_written: false,
+                            error: format!("BEGIN: {e}"),
+                        },
                     );
                     open = true;
                     continue;
@@ -827,15 +813,14 @@ async fn pg_tx_worker(
                                 t_ret,
                                 &Ok(ClaimOutcome::Claimed(lease.clone())),
                             );
-                            log.push(
+                            log.record(
                                 k,
                                 &who,
                                 t_complete,
                                 t_ret,
-                                Op::Complete {
-                                    token: lease.token.as_str().to_string(),
+                                Answer::Completed {
+                                    token: lease.token.clone(),
                                     outcome: out.clone(),
-                                    res: Res::Ok,
                                 },
                             );
                             commits.lock().expect("commits").push((
@@ -886,7 +871,7 @@ async fn pg_transactions_commit_each_event_exactly_once() {
     .await
     .expect("the application's table");
     let keys: Arc<Vec<Key>> = Arc::new((0..30).map(|i| key("tx", format!("k{i}"))).collect());
-    let commits: Arc<Mutex<Vec<(String, String, Vec<u8>)>>> = Arc::default();
+    let commits: Arc<Mutex<Vec<Commit>>> = Arc::default();
     let mut workers = Vec::new();
     for (w, store) in stores.iter().enumerate().take(4) {
         workers.push(tokio::spawn(pg_tx_worker(
@@ -987,87 +972,4 @@ async fn pg_cancelled_calls_leave_held_connections_sound() {
     if let Err(f) = history.verdict("cancellation storm") {
         panic!("{f}");
     }
-}
-
-async fn traffic(log: Log, s: PgStore, t: usize, done: Vec<Key>, stop: Arc<AtomicBool>) {
-    let who = format!("traffic{t}");
-    let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let k = key("up", format!("t{}", (n * 7 + t * 13) % 60));
-        let r: dedupe_core::Result<Option<Lease>> = match n % 5 {
-            0 => log
-                .claim_many(
-                    &s,
-                    &who,
-                    &[k.clone(), key("up", format!("{who}-{n}")), k.clone()],
-                    &opts(LONG),
-                )
-                .await
-                .map(|v| v.first().and_then(|a| a.lease().cloned())),
-            1 => {
-                let t0 = now_us();
-                let r = pg_claim_in(&s, &k, &opts(LONG)).await;
-                log.record_claim(&k, &who, t0, now_us(), &r);
-                r.map(|a| a.lease().cloned())
-            }
-            2 => log
-                .claim(&s, &who, &done[n % done.len()], &opts(LONG))
-                .await
-                .map(|a| a.lease().cloned()),
-            3 => log
-                .claim(
-                    &s,
-                    &who,
-                    &k,
-                    &opts(LONG).with_claim_id(cid(format!("{who}-{n}"))),
-                )
-                .await
-                .map(|a| a.lease().cloned()),
-            _ => log
-                .claim(&s, &who, &k, &opts(LONG))
-                .await
-                .map(|a| a.lease().cloned()),
-        };
-        match r {
-            Ok(Some(l)) => {
-                let out = format!("{who}-{n}").into_bytes();
-                if let Err(e) = log.complete(&s, &who, &l, &out).await {
-                    if !e.is_retryable() && !matches!(e, Error::LeaseLost { .. }) {
-                        log.flag(format!(
-                            "{who}: complete failed for good during the upgrade: {}",
-                            chain(&e)
-                        ));
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                if !e.is_retryable() {
-                    log.flag(format!(
-                        "{who}: a claim failed for good during the upgrade: {}",
-                        chain(&e)
-                    ));
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-/// Retries a call a few times past the retryable errors of a table that
-/// changed under the handle.
-async fn settled<T, F, Fut>(mut f: F) -> dedupe_core::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = dedupe_core::Result<T>>,
-{
-    let mut last = None;
-    for _ in 0..4 {
-        match f().await {
-            Err(e) if e.is_retryable() => last = Some(e),
-            other => return other,
-        }
-    }
-    Err(last.unwrap_or_else(|| Error::backend("no attempt", false, None)))
 }

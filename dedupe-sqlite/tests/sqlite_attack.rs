@@ -2,40 +2,27 @@
 //! `CONTRACT.md` and the store's source only (white-box), without reading the
 //! crate's own tests or the conformance suite.
 //!
-//! Every test records each call with its answer and call/return times, and a
-//! checker replays the contract over that history: one live winner per key,
+//! Every test records each call with its answer and call/return times
+//! (`dedupe_testkit::rounds::Log`), and the suite's history checker
+//! (`dedupe_conformance::history`) replays the contract over that history: one live winner per key,
 //! stale holders fenced, duplicates answered with the exact bytes of the one
 //! completion, no phantom or stale `InFlight`, `claim_many` agreeing with
 //! `claim`. Each test says what it aims at.
 
-#![allow(
-    dead_code,
-    missing_docs,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    clippy::too_many_arguments,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_precision_loss,
-    clippy::type_complexity
-)]
-
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dedupe_conformance::checks::{batches_against_reference, cancellation_storm_on, BatchSide};
-use dedupe_conformance::history::History;
+use dedupe_conformance::history::{Answer, Call, History};
 use dedupe_core::{
-    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, DedupeStore, Error, Fingerprint, Key, Lease,
-    Record, RecordState,
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, RecordState,
 };
 use dedupe_sqlite::rusqlite::{self, Connection, TransactionBehavior};
 use dedupe_sqlite::SqliteStore;
-include!("../../testkit/attacks/harness.rs");
+use dedupe_testkit::rounds::*;
 // ======================================================================
 // SQLite-specific helpers
 // ======================================================================
@@ -147,16 +134,22 @@ async fn claim_in_async(
 /// [k, k]; claim_many [fresh, k, fresh, k]; claim_many [k, k] with a claim
 /// id; claim_in in a transaction of the caller's own; claim with a
 /// fingerprint.
-async fn claim_by_mode(
-    log: &Log,
-    who: &str,
-    store: &SqliteStore,
-    conn: &Arc<Mutex<Connection>>,
-    mode: usize,
-    tag: &str,
-    k: &Key,
-    ttl: Duration,
-) -> Entry {
+/// Who claims, on which handle, with which connection of the application's.
+#[derive(Clone, Copy)]
+struct Claimer<'a> {
+    log: &'a Log,
+    who: &'a str,
+    store: &'a SqliteStore,
+    conn: &'a Arc<Mutex<Connection>>,
+}
+
+async fn claim_by_mode(c: &Claimer<'_>, mode: usize, tag: &str, k: &Key, ttl: Duration) -> Entry {
+    let Claimer {
+        log,
+        who,
+        store,
+        conn,
+    } = *c;
     let t_call = now_us();
     let o = opts(ttl);
     let answers: dedupe_core::Result<Vec<(Key, ClaimOutcome)>> = match mode % MODES {
@@ -242,6 +235,12 @@ async fn racer(ctx: Arc<RaceCtx>, id: usize, store: SqliteStore) {
     let conn = Arc::new(Mutex::new(caller_conn(&ctx.db)));
     let who = format!("racer{id}");
     let log = ctx.log.clone();
+    let me = Claimer {
+        log: &log,
+        who: &who,
+        store: &store,
+        conn: &conn,
+    };
     for round in 0..ctx.rounds {
         let kind = round % 4;
         let k = key("race", format!("r{round}"));
@@ -249,17 +248,7 @@ async fn racer(ctx: Arc<RaceCtx>, id: usize, store: SqliteStore) {
 
         // Phase 0: every racer claims the fresh key at once.
         ctx.barrier.wait().await;
-        let mut e = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            &conn,
-            id + round,
-            &format!("{round}-0"),
-            &k,
-            ttl,
-        )
-        .await;
+        let mut e = claim_by_mode(&me, id + round, &format!("{round}-0"), &k, ttl).await;
         e.id = id;
         ctx.board.lock().expect("board").p[0].push(e);
         ctx.barrier.wait().await;
@@ -299,17 +288,7 @@ async fn racer(ctx: Arc<RaceCtx>, id: usize, store: SqliteStore) {
         // Phase 1: everyone claims again: a duplicate, a fresh claim after the
         // release, or the takeover of the lapsed lease.
         ctx.barrier.wait().await;
-        let mut e = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            &conn,
-            id + round + 3,
-            &format!("{round}-1"),
-            &k,
-            LONG,
-        )
-        .await;
+        let mut e = claim_by_mode(&me, id + round + 3, &format!("{round}-1"), &k, LONG).await;
         e.id = id;
         ctx.board.lock().expect("board").p[1].push(e);
         ctx.barrier.wait().await;
@@ -340,17 +319,7 @@ async fn racer(ctx: Arc<RaceCtx>, id: usize, store: SqliteStore) {
 
         // Phase 2: everyone claims once more; all duplicates of the one outcome.
         ctx.barrier.wait().await;
-        let mut e = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            &conn,
-            id + round + 5,
-            &format!("{round}-2"),
-            &k,
-            LONG,
-        )
-        .await;
+        let mut e = claim_by_mode(&me, id + round + 5, &format!("{round}-2"), &k, LONG).await;
         e.id = id;
         ctx.board.lock().expect("board").p[2].push(e);
         if ctx.barrier.wait().await.is_leader() {
@@ -603,20 +572,20 @@ async fn queued_writes_straddling_group_limits_keep_one_winner() {
         }
     }
     // Every Claimed answer of a key never released is what the file holds.
-    let evs = log.events();
+    let calls = log.history().calls();
     let mut winners: HashMap<String, HashSet<String>> = HashMap::new();
-    for e in &evs {
-        if let Op::Claim(Ans::Claimed { token, .. }) = &e.op {
+    for c in &calls {
+        if let Answer::Claimed { token, .. } = &c.answer {
             winners
-                .entry(e.key.clone())
+                .entry(c.key.clone())
                 .or_default()
-                .insert(token.clone());
+                .insert(token.as_str().to_string());
         }
     }
-    let released: HashSet<String> = evs
+    let released: HashSet<String> = calls
         .iter()
-        .filter(|e| matches!(e.op, Op::Release { .. }))
-        .map(|e| e.key.clone())
+        .filter(|c| matches!(c.answer, Answer::Released(_) | Answer::ReleaseFailed { .. }))
+        .map(|c| c.key.clone())
         .collect();
     let mut lost = 0;
     for k in pool.iter().chain(
@@ -669,107 +638,113 @@ fn clean(s: &str) -> String {
     s.replace(['\t', '\n', '\r'], " ")
 }
 
-fn res_str(r: &Res) -> String {
-    match r {
-        Res::Ok => "ok".into(),
-        Res::Lost => "lost".into(),
-        Res::Err(t) => format!("err:{}", clean(t)),
+fn at_us(t: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(u64::try_from(t).unwrap_or(0))
+}
+
+fn lost_or_err(lease_lost: bool) -> &'static str {
+    if lease_lost {
+        "lost"
+    } else {
+        "err"
     }
 }
 
-fn res_parse(s: &str) -> Res {
-    match s {
-        "ok" => Res::Ok,
-        "lost" => Res::Lost,
-        other => Res::Err(other.trim_start_matches("err:").to_string()),
-    }
-}
-
-impl Ev {
-    fn to_line(&self) -> String {
-        let tail = match &self.op {
-            Op::Claim(Ans::Claimed {
-                token,
-                attempt,
-                deadline,
-            }) => format!("C\tclaimed\t{token}\t{attempt}\t{deadline}"),
-            Op::Claim(Ans::InFlight { attempt, deadline }) => {
-                format!("C\tinflight\t{attempt}\t{deadline}")
-            }
-            Op::Claim(Ans::Duplicate { outcome }) => format!("C\tdup\t{}", hex(outcome)),
-            Op::Claim(Ans::Mismatch) => "C\tmismatch".to_string(),
-            Op::Claim(Ans::Err { definite, text }) => {
-                format!("C\terr\t{definite}\t{}", clean(text))
-            }
-            Op::Complete {
-                token,
-                outcome,
-                res,
-            } => format!("F\t{token}\t{}\t{}", hex(outcome), res_str(res)),
-            Op::Release { token, res } => format!("R\t{token}\t{}", res_str(res)),
-            Op::Extend {
-                token,
-                res,
-                deadline,
-            } => format!("X\t{token}\t{}\t{deadline}", res_str(res)),
-        };
-        format!(
-            "{}\t{}\t{}\t{}\t{tail}",
-            clean(&self.key),
-            clean(&self.who),
-            self.t_call,
-            self.t_ret
-        )
-    }
-
-    fn from_line(line: &str) -> Option<Ev> {
-        let f: Vec<&str> = line.split('\t').collect();
-        if f.len() < 5 {
-            return None;
+/// One recorded call as a line a child process writes and the parent reads.
+fn to_line(who: &str, t_call: i64, t_ret: i64, c: &Call) -> String {
+    let tail = match &c.answer {
+        Answer::Claimed {
+            token,
+            attempt,
+            deadline,
+        } => format!("C\tclaimed\t{token}\t{attempt}\t{}", us(*deadline)),
+        Answer::InFlight { attempt, deadline } => {
+            format!("C\tinflight\t{attempt}\t{}", us(*deadline))
         }
-        let g = |i: usize| f.get(i).copied().unwrap_or("");
-        let op = match (g(4), g(5)) {
-            ("C", "claimed") => Op::Claim(Ans::Claimed {
-                token: g(6).into(),
-                attempt: g(7).parse().ok()?,
-                deadline: g(8).parse().ok()?,
-            }),
-            ("C", "inflight") => Op::Claim(Ans::InFlight {
-                attempt: g(6).parse().ok()?,
-                deadline: g(7).parse().ok()?,
-            }),
-            ("C", "dup") => Op::Claim(Ans::Duplicate {
-                outcome: unhex(g(6)),
-            }),
-            ("C", "mismatch") => Op::Claim(Ans::Mismatch),
-            ("C", "err") => Op::Claim(Ans::Err {
-                definite: g(6) == "true",
-                text: g(7).into(),
-            }),
-            ("F", token) => Op::Complete {
-                token: token.into(),
-                outcome: unhex(g(6)),
-                res: res_parse(g(7)),
-            },
-            ("R", token) => Op::Release {
-                token: token.into(),
-                res: res_parse(g(6)),
-            },
-            ("X", token) => Op::Extend {
-                token: token.into(),
-                res: res_parse(g(6)),
-                deadline: g(7).parse().ok()?,
-            },
-            _ => return None,
-        };
-        Some(Ev {
-            key: g(0).to_string(),
-            who: g(1).to_string(),
-            t_call: g(2).parse().ok()?,
-            t_ret: g(3).parse().ok()?,
-            op,
-        })
+        Answer::Duplicate(outcome) => format!("C\tdup\t{}", hex(outcome)),
+        Answer::Mismatch => "C\tmismatch".to_string(),
+        Answer::Failed {
+            error,
+            nothing_written,
+        } => format!("C\terr\t{nothing_written}\t{}", clean(error)),
+        Answer::Completed { token, outcome } => format!("F\t{token}\t{}\tok", hex(outcome)),
+        Answer::CompleteFailed {
+            token,
+            outcome,
+            lease_lost,
+        } => format!("F\t{token}\t{}\t{}", hex(outcome), lost_or_err(*lease_lost)),
+        Answer::Released(token) => format!("R\t{token}\tok"),
+        Answer::ReleaseFailed { token, lease_lost } => {
+            format!("R\t{token}\t{}", lost_or_err(*lease_lost))
+        }
+        Answer::Extended { token, deadline } => format!("X\t{token}\tok\t{}", us(*deadline)),
+        Answer::ExtendFailed { token, lease_lost } => {
+            format!("X\t{token}\t{}\t0", lost_or_err(*lease_lost))
+        }
+    };
+    format!(
+        "{}\t{}\t{t_call}\t{t_ret}\t{tail}",
+        clean(&c.key),
+        clean(who)
+    )
+}
+
+/// A line of [`to_line`]: key, who, call and return times, answer.
+fn from_line(line: &str) -> Option<(Key, String, i64, i64, Answer)> {
+    let f: Vec<&str> = line.split('\t').collect();
+    if f.len() < 5 {
+        return None;
     }
+    let g = |i: usize| f.get(i).copied().unwrap_or("");
+    let tok = |i: usize| dedupe_core::backend::stored_token(g(i));
+    let answer = match (g(4), g(5)) {
+        ("C", "claimed") => Answer::Claimed {
+            token: tok(6),
+            attempt: g(7).parse().ok()?,
+            deadline: at_us(g(8).parse().ok()?),
+        },
+        ("C", "inflight") => Answer::InFlight {
+            attempt: g(6).parse().ok()?,
+            deadline: at_us(g(7).parse().ok()?),
+        },
+        ("C", "dup") => Answer::Duplicate(unhex(g(6))),
+        ("C", "mismatch") => Answer::Mismatch,
+        ("C", "err") => Answer::Failed {
+            nothing_written: g(6) == "true",
+            error: g(7).into(),
+        },
+        ("F", _) if g(7) == "ok" => Answer::Completed {
+            token: tok(5),
+            outcome: unhex(g(6)),
+        },
+        ("F", _) => Answer::CompleteFailed {
+            token: tok(5),
+            outcome: unhex(g(6)),
+            lease_lost: g(7) == "lost",
+        },
+        ("R", _) if g(6) == "ok" => Answer::Released(tok(5)),
+        ("R", _) => Answer::ReleaseFailed {
+            token: tok(5),
+            lease_lost: g(6) == "lost",
+        },
+        ("X", _) if g(6) == "ok" => Answer::Extended {
+            token: tok(5),
+            deadline: at_us(g(7).parse().ok()?),
+        },
+        ("X", _) => Answer::ExtendFailed {
+            token: tok(5),
+            lease_lost: g(6) == "lost",
+        },
+        _ => return None,
+    };
+    let (ns, id) = g(0).split_once(':')?;
+    Some((
+        Key::new(ns, id).ok()?,
+        g(1).to_string(),
+        g(2).parse().ok()?,
+        g(3).parse().ok()?,
+        answer,
+    ))
 }
 
 fn xp_outcome(r: usize, who: &str, phase: usize) -> Vec<u8> {
@@ -783,6 +758,12 @@ fn xp_outcome(r: usize, who: &str, phase: usize) -> Vec<u8> {
 async fn xp_task(log: Log, store: SqliteStore, db: PathBuf, child: usize, t: usize, t0: i64) {
     let who = format!("p{child}t{t}");
     let conn = Arc::new(Mutex::new(caller_conn(&db)));
+    let me = Claimer {
+        log: &log,
+        who: &who,
+        store: &store,
+        conn: &conn,
+    };
     for r in 0..XP_ROUNDS {
         let base = t0 + i64::try_from(r).unwrap_or(0) * XP_PERIOD_US;
         let k = key("xp", format!("r{r}"));
@@ -794,7 +775,7 @@ async fn xp_task(log: Log, store: SqliteStore, db: PathBuf, child: usize, t: usi
         };
         let mode = child * 4 + t + r;
         sleep_until_us(base).await;
-        let e = claim_by_mode(&log, &who, &store, &conn, mode, &format!("{r}a"), &k, ttl).await;
+        let e = claim_by_mode(&me, mode, &format!("{r}a"), &k, ttl).await;
         if let Some(l) = &e.lease {
             match kind {
                 0 => {
@@ -807,17 +788,7 @@ async fn xp_task(log: Log, store: SqliteStore, db: PathBuf, child: usize, t: usi
             }
         }
         sleep_until_us(base + 170_000).await;
-        let e2 = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            &conn,
-            mode + 2,
-            &format!("{r}b"),
-            &k,
-            LONG,
-        )
-        .await;
+        let e2 = claim_by_mode(&me, mode + 2, &format!("{r}b"), &k, LONG).await;
         if let Some(l) = &e2.lease {
             let _ = log.complete(&store, &who, l, &xp_outcome(r, &who, 1)).await;
         }
@@ -826,17 +797,7 @@ async fn xp_task(log: Log, store: SqliteStore, db: PathBuf, child: usize, t: usi
             let _ = log.complete(&store, &who, l, b"stale").await;
             let _ = log.extend(&store, &who, l, LONG).await;
         }
-        let _ = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            &conn,
-            mode + 4,
-            &format!("{r}c"),
-            &k,
-            LONG,
-        )
-        .await;
+        let _ = claim_by_mode(&me, mode + 4, &format!("{r}c"), &k, LONG).await;
     }
 }
 
@@ -869,11 +830,11 @@ async fn xp_child_main(db: PathBuf, out: PathBuf, child: usize, t0: i64) {
         }
     }
     let mut text = String::new();
-    for e in log.events() {
-        text.push_str(&e.to_line());
+    for (who, t_call, t_ret, c) in log.calls() {
+        text.push_str(&to_line(&who, t_call, t_ret, &c));
         text.push('\n');
     }
-    for f in log.flags() {
+    for f in log.history().flags() {
         text.push_str("FLAG\t");
         text.push_str(&clean(&f));
         text.push('\n');
@@ -982,27 +943,27 @@ fn processes_racing_on_one_fresh_file_keep_one_winner() {
         for line in text.lines() {
             if let Some(flag) = line.strip_prefix("FLAG\t") {
                 log.flag(format!("child {c}: {flag}"));
-            } else if let Some(ev) = Ev::from_line(line) {
-                log.evs.lock().expect("log").push(ev);
+            } else if let Some((k, who, t_call, t_ret, answer)) = from_line(line) {
+                log.record(&k, &who, t_call, t_ret, answer);
             } else if !line.is_empty() {
                 log.flag(format!("child {c}: unreadable history line {line:?}"));
             }
         }
     }
-    let evs = log.events();
+    let calls = log.history().calls();
     for r in (0..XP_ROUNDS).filter(|r| r % 3 == 0) {
         let k = format!("xp:r{r}");
-        let toks: HashSet<&str> = evs
+        let toks: HashSet<&str> = calls
             .iter()
-            .filter(|e| e.key == k)
-            .filter_map(|e| match &e.op {
-                Op::Claim(Ans::Claimed { token, .. }) => Some(token.as_str()),
+            .filter(|c| c.key == k)
+            .filter_map(|c| match &c.answer {
+                Answer::Claimed { token, .. } => Some(token.as_str()),
                 _ => None,
             })
             .collect();
-        let errors = evs
+        let errors = calls
             .iter()
-            .any(|e| e.key == k && matches!(&e.op, Op::Claim(Ans::Err { .. })));
+            .any(|c| c.key == k && matches!(&c.answer, Answer::Failed { .. }));
         if toks.len() != 1 && !errors {
             log.flag(format!(
                 "{k}: {} winners across {XP_CHILDREN} processes (exactly one expected: the winner completed at once)",
@@ -1022,7 +983,7 @@ fn tx_worker(
     db: &Path,
     keys: &[Key],
     log: &Log,
-    commits: &Mutex<Vec<(String, String, Vec<u8>)>>,
+    commits: &Mutex<Vec<Commit>>,
 ) {
     let mut conn = caller_conn(db);
     let who = format!("tx{w}");
@@ -1040,15 +1001,15 @@ fn tx_worker(
             let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
                 Ok(tx) => tx,
                 Err(e) => {
-                    log.push(
+                    log.record(
                         k,
                         &who,
                         t_call,
                         now_us(),
-                        Op::Claim(Ans::Err {
-                            definite: false,
-                            text: format!("BEGIN IMMEDIATE: {e}"),
-                        }),
+                        Answer::Failed {
+                            nothing_written: false,
+                            error: format!("BEGIN IMMEDIATE: {e}"),
+                        },
                     );
                     open = true;
                     continue;
@@ -1100,15 +1061,14 @@ fn tx_worker(
                                 t_ret,
                                 &Ok(ClaimOutcome::Claimed(lease.clone())),
                             );
-                            log.push(
+                            log.record(
                                 k,
                                 &who,
                                 t_complete,
                                 t_ret,
-                                Op::Complete {
-                                    token: lease.token.as_str().to_string(),
+                                Answer::Completed {
+                                    token: lease.token.clone(),
                                     outcome: out.clone(),
-                                    res: Res::Ok,
                                 },
                             );
                             commits.lock().expect("commits").push((
@@ -1152,7 +1112,7 @@ async fn transactions_commit_each_event_exactly_once() {
         .execute_batch("CREATE TABLE app_orders (k TEXT NOT NULL, worker TEXT NOT NULL)")
         .expect("the application's table");
     let keys: Arc<Vec<Key>> = Arc::new((0..36).map(|i| key("tx", format!("k{i}"))).collect());
-    let commits: Arc<Mutex<Vec<(String, String, Vec<u8>)>>> = Arc::default();
+    let commits: Arc<Mutex<Vec<Commit>>> = Arc::default();
     let mut blocking = Vec::new();
     for w in 0..4 {
         let (store, db, keys, log, commits) = (

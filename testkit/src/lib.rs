@@ -10,6 +10,7 @@ pub mod faults;
 pub mod postgres;
 pub mod proxy;
 pub mod redis;
+pub mod rounds;
 
 use std::future::Future;
 use std::time::{Duration, Instant};
