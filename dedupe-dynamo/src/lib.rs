@@ -3,6 +3,8 @@
 //! The DynamoDB store of dedupe, on aws-sdk-dynamodb: one item per record, every
 //! decision a conditional write. See [`DynamoStore`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod builder;
 mod codec;
 mod error;
@@ -71,6 +73,7 @@ pub fn client_for_endpoint(
 /// # Ok(()) }
 /// ```
 #[cfg(feature = "aws-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "aws-config")))]
 pub async fn client_from_env(endpoint: Option<&str>) -> aws_sdk_dynamodb::Client {
     use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
     use aws_sdk_dynamodb::config::BehaviorVersion;

@@ -101,6 +101,7 @@ impl RedisBuilder {
     /// Trusts this CA certificate (PEM) for `rediss://` instead of the system's
     /// roots: a private CA, as test servers and some managed services use.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_cert = Some(pem.into());
         self

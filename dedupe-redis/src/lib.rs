@@ -7,6 +7,8 @@
 //! claimed with `SET key record NX PX ms`, an expired one taken over, in the
 //! same round trip. See [`RedisStore`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod builder;
 mod codec;
 mod conn;

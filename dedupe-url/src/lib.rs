@@ -27,6 +27,8 @@
 //! # Ok::<(), dedupe_url::OpenError>(()) }).unwrap();
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod open;
 mod parse;
 

@@ -109,6 +109,7 @@ impl Opener {
     /// A SQLite store with `connections` connections (each on a thread of its
     /// own). Fails on any other URL.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     pub async fn sqlite(&self, connections: usize) -> Result<dedupe_sqlite::SqliteStore, Error> {
         let Target::Sqlite { table, .. } = self.url.target() else {
             return Err(Error::config("not a sqlite URL"));
@@ -128,6 +129,7 @@ impl Opener {
     /// call; see `PgBuilder::hold_connections`). Do not run queries of your
     /// own on its pool; take [`postgres`](Self::postgres) for that.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres_dedicated(
         &self,
         connections: u32,
@@ -138,6 +140,7 @@ impl Opener {
 
     /// A Postgres store with a pool of `connections`.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub async fn postgres(&self, connections: u32) -> Result<dedupe_postgres::PgStore, Error> {
         self.postgres_holding(connections, 0).await
     }
@@ -163,6 +166,7 @@ impl Opener {
 
     /// A Redis store (standalone or Cluster) with a connection of its own.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn redis(&self) -> Result<dedupe_redis::RedisStore, Error> {
         let Target::Redis {
             urls,
@@ -186,6 +190,7 @@ impl Opener {
     /// A DynamoDB store on an SDK client of its own: static test credentials
     /// for an `endpoint` when the environment has none, else the AWS chain.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub async fn dynamo(&self) -> Result<dedupe_dynamo::DynamoStore, Error> {
         let client = self.dynamo_client().await?;
         let Target::Dynamo { table, .. } = self.url.target() else {
@@ -198,6 +203,7 @@ impl Opener {
 
     /// The SDK client a DynamoDB handle uses.
     #[cfg(feature = "dynamodb")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub async fn dynamo_client(&self) -> Result<dedupe_dynamo::aws_sdk_dynamodb::Client, Error> {
         let Target::Dynamo {
             region, endpoint, ..
