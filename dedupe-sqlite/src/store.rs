@@ -25,9 +25,16 @@ pub struct SqliteBuilder {
     busy_timeout: Duration,
     max_outcome_bytes: usize,
     connections: usize,
+    /// The temporary directory the file is in, when the store owns it.
+    dir: Option<Arc<tempfile::TempDir>>,
 }
 
 impl SqliteBuilder {
+    /// The file the store opens.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Connections this handle (and its clones) keeps open, each on a thread of
     /// its own (default 4). SQLite lets one writer in at a time whatever the
     /// count; more connections let reads (duplicates) run beside a write. The
@@ -90,6 +97,7 @@ impl SqliteBuilder {
                 settings,
                 readers: Arc::new(Pool::default()),
                 writers: Pool::default(),
+                dir: self.dir,
             }),
         };
         // The first connection opens now, so a bad path or file fails here.
@@ -148,6 +156,10 @@ struct Inner {
     /// Connections for writes run on the caller's thread (see
     /// [`SqliteStore::write_in_place`]).
     writers: Pool,
+    /// The temporary directory the file is in, for a store that owns it:
+    /// removed when the last handle onto it (clones, reopens) drops. Last, so
+    /// the handle's connections close first.
+    dir: Option<Arc<tempfile::TempDir>>,
 }
 
 /// Most read connections one handle opens.
@@ -245,7 +257,33 @@ impl SqliteStore {
             busy_timeout: Self::DEFAULT_BUSY_TIMEOUT,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
             connections: Self::DEFAULT_CONNECTIONS,
+            dir: None,
         }
+    }
+
+    /// Settings for a store on a file in a new temporary directory that the
+    /// store owns: the directory and the file go when the last handle onto it
+    /// (its clones, and the handles [`reopen`](Self::reopen) and
+    /// [`rebuild`](Self::rebuild) open) is dropped. For tests, demos and
+    /// `sqlite:` URLs without a path.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = dedupe_sqlite::SqliteStore::temporary()?.open().await?;
+    /// let dir = store.path().parent().unwrap().to_path_buf();
+    /// let other = store.reopen().await?;
+    /// drop(store);
+    /// assert!(dir.exists(), "another handle still uses it");
+    /// drop(other);
+    /// assert!(!dir.exists());
+    /// # Ok::<(), dedupe_core::Error>(()) }).unwrap();
+    /// ```
+    pub fn temporary() -> Result<SqliteBuilder> {
+        let dir = tempfile::tempdir()
+            .map_err(|e| Error::unavailable("a temporary directory", Some(Box::new(e))))?;
+        let mut builder = Self::builder(dir.path().join("dedupe.db"));
+        builder.dir = Some(Arc::new(dir));
+        Ok(builder)
     }
 
     /// Opens the file at `path` with default settings.
@@ -255,14 +293,21 @@ impl SqliteStore {
 
     /// Another handle onto the same file with connections of its own.
     pub async fn reopen(&self) -> Result<Self> {
+        self.rebuild().open().await
+    }
+
+    /// A builder with this handle's settings onto the same file (and, for a
+    /// [`temporary`](Self::temporary) store, holding its directory too), to
+    /// open another handle with some settings changed.
+    pub fn rebuild(&self) -> SqliteBuilder {
         let settings = &self.inner.settings;
-        Self::builder(&settings.path)
+        let mut builder = Self::builder(&settings.path)
             .table(self.table_name())
             .busy_timeout(settings.busy_timeout)
             .max_outcome_bytes(settings.caps.max_outcome_bytes)
-            .connections(self.inner.workers.threads())
-            .open()
-            .await
+            .connections(self.inner.workers.threads());
+        builder.dir = self.inner.dir.clone();
+        builder
     }
 
     /// The database file.

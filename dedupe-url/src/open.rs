@@ -19,9 +19,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Opener {
     url: StoreUrl,
     memory: MemoryStore,
-    /// The file of `sqlite:` (the URL's, or one in `_dir`).
+    /// The file of `sqlite:` (the URL's, or a temporary one).
     sqlite_path: Option<PathBuf>,
-    _dir: Option<tempfile::TempDir>,
+    /// For `sqlite:` without a path: the settings of a store on a temporary
+    /// file, which every handle opened from them keeps until it drops.
+    #[cfg(feature = "sqlite")]
+    sqlite_temporary: Option<dedupe_sqlite::SqliteBuilder>,
 }
 
 impl Opener {
@@ -33,18 +36,20 @@ impl Opener {
             url,
             memory: MemoryStore::new(),
             sqlite_path: None,
-            _dir: None,
+            #[cfg(feature = "sqlite")]
+            sqlite_temporary: None,
         };
         if let Target::Sqlite { path, .. } = opener.url.target() {
             match path {
                 Some(path) => opener.sqlite_path = Some(path.clone()),
+                #[cfg(feature = "sqlite")]
                 None => {
-                    let dir = tempfile::tempdir().map_err(|e| {
-                        Error::unavailable("a temporary directory", Some(Box::new(e)))
-                    })?;
-                    opener.sqlite_path = Some(dir.path().join("dedupe.db"));
-                    opener._dir = Some(dir);
+                    let temporary = dedupe_sqlite::SqliteStore::temporary()?;
+                    opener.sqlite_path = Some(temporary.path().to_path_buf());
+                    opener.sqlite_temporary = Some(temporary);
                 }
+                #[cfg(not(feature = "sqlite"))]
+                None => {}
             }
         }
         opener.prepare().await?;
@@ -114,8 +119,13 @@ impl Opener {
         let Target::Sqlite { table, .. } = self.url.target() else {
             return Err(Error::config("not a sqlite URL"));
         };
-        let path = self.sqlite_path.clone().unwrap_or_default();
-        let mut builder = dedupe_sqlite::SqliteStore::builder(path)
+        let builder = match &self.sqlite_temporary {
+            Some(temporary) => temporary.clone(),
+            None => {
+                dedupe_sqlite::SqliteStore::builder(self.sqlite_path.clone().unwrap_or_default())
+            }
+        };
+        let mut builder = builder
             .busy_timeout(self.timeout())
             .connections(connections);
         if let Some(table) = table {
@@ -366,76 +376,6 @@ fn glob_escape(prefix: &str) -> String {
 /// ```
 pub async fn open_store(url: &str) -> Result<Arc<dyn DedupeStore>, crate::OpenError> {
     let opener = Opener::new(url.parse()?).await?;
-    let handle = opener.handle().await?;
-    // A temporary SQLite file lives as long as its opener: keep it with the
-    // handle's owner by leaking nothing: re-open on the file when it is the
-    // URL's own, else keep the opener alive inside the handle.
-    if opener._dir.is_some() {
-        return Ok(Arc::new(KeepAlive {
-            handle,
-            _opener: Arc::new(opener),
-        }));
-    }
-    Ok(handle)
-}
-
-/// A handle that keeps its opener (and so its temporary directory) alive.
-#[derive(Debug)]
-struct KeepAlive {
-    handle: Arc<dyn DedupeStore>,
-    _opener: Arc<Opener>,
-}
-
-// A wrapper forwards every method: one it forgets would silently fall back
-// to the trait's default instead of the wrapped store's.
-#[deny(clippy::missing_trait_methods)]
-#[dedupe_core::async_trait]
-impl DedupeStore for KeepAlive {
-    async fn claim(
-        &self,
-        key: &dedupe_core::Key,
-        opts: &dedupe_core::ClaimOptions,
-    ) -> dedupe_core::Result<dedupe_core::ClaimOutcome> {
-        self.handle.claim(key, opts).await
-    }
-    async fn complete(
-        &self,
-        lease: &dedupe_core::Lease,
-        outcome: &[u8],
-        retention: Duration,
-    ) -> dedupe_core::Result<()> {
-        self.handle.complete(lease, outcome, retention).await
-    }
-    async fn release(&self, lease: &dedupe_core::Lease) -> dedupe_core::Result<()> {
-        self.handle.release(lease).await
-    }
-    async fn extend(
-        &self,
-        lease: &dedupe_core::Lease,
-        ttl: Duration,
-    ) -> dedupe_core::Result<dedupe_core::Lease> {
-        self.handle.extend(lease, ttl).await
-    }
-    async fn expire(&self) -> dedupe_core::Result<u64> {
-        self.handle.expire().await
-    }
-    async fn get(
-        &self,
-        key: &dedupe_core::Key,
-    ) -> dedupe_core::Result<Option<dedupe_core::Record>> {
-        self.handle.get(key).await
-    }
-    async fn forget(&self, key: &dedupe_core::Key) -> dedupe_core::Result<bool> {
-        self.handle.forget(key).await
-    }
-    async fn claim_many(
-        &self,
-        keys: &[dedupe_core::Key],
-        opts: &dedupe_core::ClaimOptions,
-    ) -> dedupe_core::Result<Vec<dedupe_core::ClaimOutcome>> {
-        self.handle.claim_many(keys, opts).await
-    }
-    fn capabilities(&self) -> dedupe_core::Capabilities {
-        self.handle.capabilities()
-    }
+    // A handle on a temporary SQLite file holds the file's directory itself.
+    Ok(opener.handle().await?)
 }

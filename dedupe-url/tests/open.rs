@@ -60,6 +60,26 @@ async fn sqlite_files_named_and_temporary() {
         .expect("claim")
         .lease()
         .is_some());
+    // A handle outlives its opener; the directory goes with the last handle.
+    let opener = Opener::new("sqlite:".parse().expect("url"))
+        .await
+        .expect("open");
+    let dir = opener
+        .sqlite_path()
+        .and_then(|p| p.parent())
+        .expect("a temporary file")
+        .to_path_buf();
+    let handle = opener.handle().await.expect("handle");
+    drop(opener);
+    assert!(handle
+        .claim(&key, &ClaimOptions::default())
+        .await
+        .expect("claim after the opener dropped")
+        .lease()
+        .is_some());
+    assert!(dir.exists());
+    drop(handle);
+    assert!(!dir.exists(), "{} outlived its last handle", dir.display());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
