@@ -192,8 +192,8 @@ fn nothing_written(e: &Error) -> bool {
     )
 }
 
-/// An error and its sources, in one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+/// An error and its sources, in one line (`a: b: c`).
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

@@ -178,213 +178,13 @@ async fn pg_claim_in(
     }
 }
 
-/// Claims `k` one of seven ways: claim; claim with a claim id; claim_many
-/// [k, k]; claim_many [fresh, k, fresh, k]; claim_many [k, k] with a claim
-/// id; claim_in in a transaction; claim with a fingerprint.
-async fn claim_by_mode(
-    log: &Log,
-    who: &str,
-    store: &PgStore,
-    mode: usize,
-    tag: &str,
-    k: &Key,
-    ttl: Duration,
-) -> Entry {
-    let t_call = now_us();
-    let o = opts(ttl);
-    let answers: dedupe_core::Result<Vec<(Key, ClaimOutcome)>> = match mode % MODES {
-        0 => log
-            .claim(store, who, k, &o)
-            .await
-            .map(|a| vec![(k.clone(), a)]),
-        1 => log
-            .claim(
-                store,
-                who,
-                k,
-                &o.clone().with_claim_id(cid(format!("{who}-{tag}"))),
-            )
-            .await
-            .map(|a| vec![(k.clone(), a)]),
-        2 => {
-            let keys = vec![k.clone(), k.clone()];
-            log.claim_many(store, who, &keys, &o)
-                .await
-                .map(|v| keys.into_iter().zip(v).collect())
-        }
-        3 => {
-            let keys = vec![
-                key("fresh", format!("{who}-{tag}-a")),
-                k.clone(),
-                key("fresh", format!("{who}-{tag}-b")),
-                k.clone(),
-            ];
-            log.claim_many(store, who, &keys, &o)
-                .await
-                .map(|v| keys.into_iter().zip(v).collect())
-        }
-        4 => {
-            let keys = vec![k.clone(), k.clone()];
-            let o = o.clone().with_claim_id(cid(format!("{who}-{tag}")));
-            log.claim_many(store, who, &keys, &o)
-                .await
-                .map(|v| keys.into_iter().zip(v).collect())
-        }
-        5 => {
-            let t0 = now_us();
-            let r = pg_claim_in(store, k, &o).await;
-            log.record_claim(k, who, t0, now_us(), &r);
-            r.map(|a| vec![(k.clone(), a)])
-        }
-        _ => log
-            .claim(store, who, k, &o.clone().with_fingerprint(fp(7)))
-            .await
-            .map(|a| vec![(k.clone(), a)]),
-    };
-    let t_ret = now_us();
-    match answers {
-        Ok(v) => {
-            let mine: Vec<&ClaimOutcome> =
-                v.iter().filter(|(kk, _)| kk == k).map(|(_, a)| a).collect();
-            Entry {
-                id: 0,
-                lease: mine.iter().find_map(|a| a.lease().cloned()),
-                first: mine.first().map(|a| (*a).clone()),
-                err: false,
-                t_call,
-                t_ret,
-            }
-        }
-        Err(_) => Entry {
-            id: 0,
-            lease: None,
-            first: None,
-            err: true,
-            t_call,
-            t_ret,
-        },
-    }
-}
-
-struct RaceCtx {
-    rounds: usize,
-    barrier: tokio::sync::Barrier,
-    board: Mutex<Board>,
-    log: Log,
-}
-
-async fn racer(ctx: Arc<RaceCtx>, id: usize, store: PgStore) {
-    let who = format!("racer{id}");
-    let log = ctx.log.clone();
-    for round in 0..ctx.rounds {
-        let kind = round % 4;
-        let k = key("race", format!("r{round}"));
-        let ttl = if kind == 2 { SHORT } else { LONG };
-
-        ctx.barrier.wait().await;
-        let mut e = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            id + round,
-            &format!("{round}-0"),
-            &k,
-            ttl,
-        )
-        .await;
-        e.id = id;
-        ctx.board.lock().expect("board").p[0].push(e);
-        ctx.barrier.wait().await;
-        let p0 = ctx.board.lock().expect("board").p[0].clone();
-        let w0 = first_winner(&p0);
-        if let Some((wid, l)) = &w0 {
-            if *wid == id {
-                match kind {
-                    0 => {
-                        let out = outcome_for(round, id, 0);
-                        let ok = log.complete(&store, &who, l, &out).await.is_ok();
-                        ctx.board.lock().expect("board").done[0] = Some((out, ok));
-                    }
-                    1 => {
-                        let ok = log.release(&store, &who, l).await.is_ok();
-                        ctx.board.lock().expect("board").released = ok;
-                    }
-                    2 => {}
-                    _ => {
-                        let out = outcome_for(round, id, 0);
-                        let ok = match log.extend(&store, &who, l, Duration::from_secs(30)).await {
-                            Ok(l2) => log.complete(&store, &who, &l2, &out).await.is_ok(),
-                            Err(_) => false,
-                        };
-                        ctx.board.lock().expect("board").done[0] = Some((out, ok));
-                    }
-                }
-            }
-        }
-        ctx.barrier.wait().await;
-        if kind == 2 {
-            if let Some((_, l)) = &w0 {
-                sleep_until_us(us(l.deadline) + 5_000).await;
-            }
-        }
-
-        ctx.barrier.wait().await;
-        let mut e = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            id + round + 3,
-            &format!("{round}-1"),
-            &k,
-            LONG,
-        )
-        .await;
-        e.id = id;
-        ctx.board.lock().expect("board").p[1].push(e);
-        ctx.barrier.wait().await;
-        let p1 = ctx.board.lock().expect("board").p[1].clone();
-        if let Some((wid, l)) = first_winner(&p1) {
-            if wid == id {
-                let out = outcome_for(round, id, 1);
-                let ok = log.complete(&store, &who, &l, &out).await.is_ok();
-                ctx.board.lock().expect("board").done[1] = Some((out, ok));
-            }
-        }
-        if let Some((wid, l)) = &w0 {
-            if *wid == id {
-                let c = log.complete(&store, &who, l, b"stale").await.map(|_| ());
-                let x = log.extend(&store, &who, l, LONG).await.map(|_| ());
-                let r = log.release(&store, &who, l).await.map(|_| ());
-                for (what, res) in [("complete", c), ("extend", x), ("release", r)] {
-                    if res.is_ok() {
-                        log.flag(format!(
-                            "round {round} ({}): STALE HOLDER: the first holder's {what} on its old lease succeeded",
-                            KINDS[kind]
-                        ));
-                    }
-                }
-            }
-        }
-
-        ctx.barrier.wait().await;
-        let mut e = claim_by_mode(
-            &log,
-            &who,
-            &store,
-            id + round + 5,
-            &format!("{round}-2"),
-            &k,
-            LONG,
-        )
-        .await;
-        e.id = id;
-        ctx.board.lock().expect("board").p[2].push(e);
-        if ctx.barrier.wait().await.is_leader() {
-            let mut b = ctx.board.lock().expect("board");
-            judge_round(&log, round, kind, &b);
-            *b = Board::default();
-        }
-    }
+/// A racer's claim inside a transaction of its own.
+fn pg_claim_in_tx(store: &PgStore) -> ClaimIn {
+    let store = store.clone();
+    Arc::new(move |k, o| {
+        let store = store.clone();
+        Box::pin(async move { pg_claim_in(&store, &k, &o).await })
+    })
 }
 
 /// Flips a handle between its two first statements while the racers use it:
@@ -449,12 +249,7 @@ async fn race_rounds() {
         warm_handle(s, true, &done, "race").await;
     }
     const RACERS: usize = 12;
-    let ctx = Arc::new(RaceCtx {
-        rounds: 60,
-        barrier: tokio::sync::Barrier::new(RACERS),
-        board: Mutex::default(),
-        log: log.clone(),
-    });
+    let ctx = RaceCtx::new(RACERS, 60, &log, SHORT, Duration::from_millis(5));
     let stop = Arc::new(AtomicBool::new(false));
     let storms: Vec<_> = [0usize, 3, 4]
         .iter()
@@ -469,10 +264,12 @@ async fn race_rounds() {
         .collect();
     let tasks: Vec<_> = (0..RACERS)
         .map(|id| {
+            let store = &stores[id % stores.len()];
             tokio::spawn(racer(
                 Arc::clone(&ctx),
                 id,
-                stores[id % stores.len()].clone(),
+                store.clone(),
+                pg_claim_in_tx(store),
             ))
         })
         .collect();

@@ -110,224 +110,21 @@ fn claim_in_committed(
     r
 }
 
-async fn claim_in_async(
-    log: &Log,
-    who: &str,
-    store: &SqliteStore,
-    conn: &Arc<Mutex<Connection>>,
-    k: &Key,
-    o: &ClaimOptions,
-) -> dedupe_core::Result<ClaimOutcome> {
-    let (store2, conn2, k2, o2) = (store.clone(), Arc::clone(conn), k.clone(), o.clone());
-    let t_call = now_us();
-    let r = tokio::task::spawn_blocking(move || {
-        let mut conn = conn2.lock().expect("caller connection");
-        claim_in_committed(&store2, &mut conn, &k2, &o2)
+/// A racer's claim inside a `BEGIN IMMEDIATE` transaction of its own, on a
+/// connection of its own (run off the runtime).
+fn sqlite_claim_in(store: &SqliteStore, db: &Path) -> ClaimIn {
+    let (store, conn) = (store.clone(), Arc::new(Mutex::new(caller_conn(db))));
+    Arc::new(move |k, o| {
+        let (store, conn) = (store.clone(), Arc::clone(&conn));
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+                claim_in_committed(&store, &mut conn, &k, &o)
+            })
+            .await
+            .unwrap_or_else(|e| Err(Error::backend(format!("claim_in task: {e}"), false, None)))
+        })
     })
-    .await
-    .unwrap_or_else(|e| Err(Error::backend(format!("claim_in task: {e}"), false, None)));
-    log.record_claim(k, who, t_call, now_us(), &r);
-    r
-}
-
-/// Claims `k` one of seven ways: claim; claim with a claim id; claim_many
-/// [k, k]; claim_many [fresh, k, fresh, k]; claim_many [k, k] with a claim
-/// id; claim_in in a transaction of the caller's own; claim with a
-/// fingerprint.
-/// Who claims, on which handle, with which connection of the application's.
-#[derive(Clone, Copy)]
-struct Claimer<'a> {
-    log: &'a Log,
-    who: &'a str,
-    store: &'a SqliteStore,
-    conn: &'a Arc<Mutex<Connection>>,
-}
-
-async fn claim_by_mode(c: &Claimer<'_>, mode: usize, tag: &str, k: &Key, ttl: Duration) -> Entry {
-    let Claimer {
-        log,
-        who,
-        store,
-        conn,
-    } = *c;
-    let t_call = now_us();
-    let o = opts(ttl);
-    let answers: dedupe_core::Result<Vec<(Key, ClaimOutcome)>> = match mode % MODES {
-        0 => log
-            .claim(store, who, k, &o)
-            .await
-            .map(|a| vec![(k.clone(), a)]),
-        1 => log
-            .claim(
-                store,
-                who,
-                k,
-                &o.clone().with_claim_id(cid(format!("{who}-{tag}"))),
-            )
-            .await
-            .map(|a| vec![(k.clone(), a)]),
-        2 => {
-            let keys = vec![k.clone(), k.clone()];
-            log.claim_many(store, who, &keys, &o)
-                .await
-                .map(|v| keys.into_iter().zip(v).collect())
-        }
-        3 => {
-            let keys = vec![
-                key("fresh", format!("{who}-{tag}-a")),
-                k.clone(),
-                key("fresh", format!("{who}-{tag}-b")),
-                k.clone(),
-            ];
-            log.claim_many(store, who, &keys, &o)
-                .await
-                .map(|v| keys.into_iter().zip(v).collect())
-        }
-        4 => {
-            let keys = vec![k.clone(), k.clone()];
-            let o = o.clone().with_claim_id(cid(format!("{who}-{tag}")));
-            log.claim_many(store, who, &keys, &o)
-                .await
-                .map(|v| keys.into_iter().zip(v).collect())
-        }
-        5 => claim_in_async(log, who, store, conn, k, &o)
-            .await
-            .map(|a| vec![(k.clone(), a)]),
-        _ => log
-            .claim(store, who, k, &o.clone().with_fingerprint(fp(7)))
-            .await
-            .map(|a| vec![(k.clone(), a)]),
-    };
-    let t_ret = now_us();
-    match answers {
-        Ok(v) => {
-            let mine: Vec<&ClaimOutcome> =
-                v.iter().filter(|(kk, _)| kk == k).map(|(_, a)| a).collect();
-            Entry {
-                id: 0,
-                lease: mine.iter().find_map(|a| a.lease().cloned()),
-                first: mine.first().map(|a| (*a).clone()),
-                err: false,
-                t_call,
-                t_ret,
-            }
-        }
-        Err(_) => Entry {
-            id: 0,
-            lease: None,
-            first: None,
-            err: true,
-            t_call,
-            t_ret,
-        },
-    }
-}
-
-struct RaceCtx {
-    rounds: usize,
-    barrier: tokio::sync::Barrier,
-    board: Mutex<Board>,
-    log: Log,
-    db: PathBuf,
-}
-
-async fn racer(ctx: Arc<RaceCtx>, id: usize, store: SqliteStore) {
-    let conn = Arc::new(Mutex::new(caller_conn(&ctx.db)));
-    let who = format!("racer{id}");
-    let log = ctx.log.clone();
-    let me = Claimer {
-        log: &log,
-        who: &who,
-        store: &store,
-        conn: &conn,
-    };
-    for round in 0..ctx.rounds {
-        let kind = round % 4;
-        let k = key("race", format!("r{round}"));
-        let ttl = if kind == 2 { SHORT } else { LONG };
-
-        // Phase 0: every racer claims the fresh key at once.
-        ctx.barrier.wait().await;
-        let mut e = claim_by_mode(&me, id + round, &format!("{round}-0"), &k, ttl).await;
-        e.id = id;
-        ctx.board.lock().expect("board").p[0].push(e);
-        ctx.barrier.wait().await;
-        let p0 = ctx.board.lock().expect("board").p[0].clone();
-        let w0 = first_winner(&p0);
-        if let Some((wid, l)) = &w0 {
-            if *wid == id {
-                match kind {
-                    0 => {
-                        let out = outcome_for(round, id, 0);
-                        let ok = log.complete(&store, &who, l, &out).await.is_ok();
-                        ctx.board.lock().expect("board").done[0] = Some((out, ok));
-                    }
-                    1 => {
-                        let ok = log.release(&store, &who, l).await.is_ok();
-                        ctx.board.lock().expect("board").released = ok;
-                    }
-                    2 => {}
-                    _ => {
-                        let out = outcome_for(round, id, 0);
-                        let ok = match log.extend(&store, &who, l, Duration::from_secs(30)).await {
-                            Ok(l2) => log.complete(&store, &who, &l2, &out).await.is_ok(),
-                            Err(_) => false,
-                        };
-                        ctx.board.lock().expect("board").done[0] = Some((out, ok));
-                    }
-                }
-            }
-        }
-        ctx.barrier.wait().await;
-        if kind == 2 {
-            if let Some((_, l)) = &w0 {
-                sleep_until_us(us(l.deadline) + 3_000).await;
-            }
-        }
-
-        // Phase 1: everyone claims again: a duplicate, a fresh claim after the
-        // release, or the takeover of the lapsed lease.
-        ctx.barrier.wait().await;
-        let mut e = claim_by_mode(&me, id + round + 3, &format!("{round}-1"), &k, LONG).await;
-        e.id = id;
-        ctx.board.lock().expect("board").p[1].push(e);
-        ctx.barrier.wait().await;
-        let p1 = ctx.board.lock().expect("board").p[1].clone();
-        if let Some((wid, l)) = first_winner(&p1) {
-            if wid == id {
-                let out = outcome_for(round, id, 1);
-                let ok = log.complete(&store, &who, &l, &out).await.is_ok();
-                ctx.board.lock().expect("board").done[1] = Some((out, ok));
-            }
-        }
-        // The first holder acts again on its old lease: always refused.
-        if let Some((wid, l)) = &w0 {
-            if *wid == id {
-                let c = log.complete(&store, &who, l, b"stale").await.map(|_| ());
-                let x = log.extend(&store, &who, l, LONG).await.map(|_| ());
-                let r = log.release(&store, &who, l).await.map(|_| ());
-                for (what, res) in [("complete", c), ("extend", x), ("release", r)] {
-                    if res.is_ok() {
-                        log.flag(format!(
-                            "round {round} ({}): STALE HOLDER: the first holder's {what} on its old lease succeeded",
-                            KINDS[kind]
-                        ));
-                    }
-                }
-            }
-        }
-
-        // Phase 2: everyone claims once more; all duplicates of the one outcome.
-        ctx.barrier.wait().await;
-        let mut e = claim_by_mode(&me, id + round + 5, &format!("{round}-2"), &k, LONG).await;
-        e.id = id;
-        ctx.board.lock().expect("board").p[2].push(e);
-        if ctx.barrier.wait().await.is_leader() {
-            let mut b = ctx.board.lock().expect("board");
-            judge_round(&log, round, kind, &b);
-            *b = Board::default();
-        }
-    }
 }
 
 /// Background traffic on other keys of the same handles: duplicates, fresh
@@ -393,13 +190,7 @@ async fn racing_handles_keep_one_winner_per_lease() {
     }
     const RACERS: usize = 16;
     const ON_CURRENT_THREAD: usize = 2;
-    let ctx = Arc::new(RaceCtx {
-        rounds: 80,
-        barrier: tokio::sync::Barrier::new(RACERS),
-        board: Mutex::default(),
-        log: log.clone(),
-        db: db.clone(),
-    });
+    let ctx = RaceCtx::new(RACERS, 80, &log, SHORT, Duration::from_millis(3));
     let stop = Arc::new(AtomicBool::new(false));
     let noise_tasks: Vec<_> = (0..3)
         .map(|i| {
@@ -413,21 +204,24 @@ async fn racing_handles_keep_one_winner_per_lease() {
         .collect();
     let mut tasks = Vec::new();
     for id in 0..RACERS - ON_CURRENT_THREAD {
+        let store = &stores[id % stores.len()];
         tasks.push(tokio::spawn(racer(
             Arc::clone(&ctx),
             id,
-            stores[id % stores.len()].clone(),
+            store.clone(),
+            sqlite_claim_in(store, &db),
         )));
     }
     let mut threads = Vec::new();
     for id in RACERS - ON_CURRENT_THREAD..RACERS {
         let (ctx, store) = (Arc::clone(&ctx), stores[id % stores.len()].clone());
+        let claim_in = sqlite_claim_in(&store, &db);
         threads.push(std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
-            rt.block_on(racer(ctx, id, store));
+            rt.block_on(racer(ctx, id, store, claim_in));
         }));
     }
     let finished = tokio::time::timeout(Duration::from_secs(150), async {
@@ -757,12 +551,12 @@ fn xp_outcome(r: usize, who: &str, phase: usize) -> Vec<u8> {
 /// every process (same machine, same clock).
 async fn xp_task(log: Log, store: SqliteStore, db: PathBuf, child: usize, t: usize, t0: i64) {
     let who = format!("p{child}t{t}");
-    let conn = Arc::new(Mutex::new(caller_conn(&db)));
+    let claim_in = sqlite_claim_in(&store, &db);
     let me = Claimer {
         log: &log,
         who: &who,
         store: &store,
-        conn: &conn,
+        claim_in: &claim_in,
     };
     for r in 0..XP_ROUNDS {
         let base = t0 + i64::try_from(r).unwrap_or(0) * XP_PERIOD_US;

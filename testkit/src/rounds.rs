@@ -10,6 +10,8 @@
 //! [`Recorder`] per call, so a round reads as the calls it makes.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -84,17 +86,7 @@ pub async fn sleep_until_us(t: i64) {
     }
 }
 
-/// An error and its sources, in one line.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use dedupe_conformance::history::chain;
 
 /// The history of a test, shared by its tasks, with a name per worker.
 #[derive(Clone, Debug)]
@@ -580,6 +572,270 @@ pub fn judge_round(log: &Log, round: usize, kind: usize, b: &Board) {
             if let Some((out, true)) = &b.done[1] {
                 dup_of(&b.p[2][..], &out[..], 2);
             }
+        }
+    }
+}
+
+/// A claim inside a transaction of the application's own, committed at once:
+/// the way of claiming only the SQL stores have (`claim_in`), the sixth of
+/// [`claim_by_mode`]'s.
+pub type ClaimIn = Arc<
+    dyn Fn(
+            Key,
+            ClaimOptions,
+        ) -> Pin<Box<dyn Future<Output = dedupe_core::Result<ClaimOutcome>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Who claims, on which handle, and how it claims inside a transaction.
+pub struct Claimer<'a, S> {
+    /// The history.
+    pub log: &'a Log,
+    /// The worker's name.
+    pub who: &'a str,
+    /// Its handle.
+    pub store: &'a S,
+    /// Its claim inside a transaction of its own.
+    pub claim_in: &'a ClaimIn,
+}
+
+impl<S> std::fmt::Debug for Claimer<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimer")
+            .field("who", &self.who)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Claims `k` one of seven ways, by `mode`: claim; claim with a claim id;
+/// `claim_many [k, k]`; `claim_many [fresh, k, fresh, k]`; `claim_many [k, k]`
+/// with a claim id; `claim_in` in a transaction of the caller's; claim with a
+/// fingerprint. Answers what the claimer saw of `k`.
+pub async fn claim_by_mode<S: DedupeStore + Clone + 'static>(
+    c: &Claimer<'_, S>,
+    mode: usize,
+    tag: &str,
+    k: &Key,
+    ttl: Duration,
+) -> Entry {
+    let Claimer {
+        log,
+        who,
+        store,
+        claim_in,
+    } = *c;
+    let t_call = now_us();
+    let o = opts(ttl);
+    let one = |a: ClaimOutcome| vec![(k.clone(), a)];
+    let answers: dedupe_core::Result<Vec<(Key, ClaimOutcome)>> = match mode % MODES {
+        0 => log.claim(store, who, k, &o).await.map(one),
+        1 => {
+            let o = o.clone().with_claim_id(cid(format!("{who}-{tag}")));
+            log.claim(store, who, k, &o).await.map(one)
+        }
+        2 | 4 => {
+            let keys = vec![k.clone(), k.clone()];
+            let o = if mode % MODES == 4 {
+                o.clone().with_claim_id(cid(format!("{who}-{tag}")))
+            } else {
+                o.clone()
+            };
+            log.claim_many(store, who, &keys, &o)
+                .await
+                .map(|v| keys.into_iter().zip(v).collect())
+        }
+        3 => {
+            let keys = vec![
+                key("fresh", format!("{who}-{tag}-a")),
+                k.clone(),
+                key("fresh", format!("{who}-{tag}-b")),
+                k.clone(),
+            ];
+            log.claim_many(store, who, &keys, &o)
+                .await
+                .map(|v| keys.into_iter().zip(v).collect())
+        }
+        5 => {
+            let t0 = now_us();
+            let r = claim_in(k.clone(), o.clone()).await;
+            log.record_claim(k, who, t0, now_us(), &r);
+            r.map(one)
+        }
+        _ => {
+            let o = o.clone().with_fingerprint(fp(7));
+            log.claim(store, who, k, &o).await.map(one)
+        }
+    };
+    let t_ret = now_us();
+    match answers {
+        Ok(v) => {
+            let mine: Vec<&ClaimOutcome> =
+                v.iter().filter(|(kk, _)| kk == k).map(|(_, a)| a).collect();
+            Entry {
+                id: 0,
+                lease: mine.iter().find_map(|a| a.lease().cloned()),
+                first: mine.first().map(|a| (*a).clone()),
+                err: false,
+                t_call,
+                t_ret,
+            }
+        }
+        Err(_) => Entry {
+            id: 0,
+            lease: None,
+            first: None,
+            err: true,
+            t_call,
+            t_ret,
+        },
+    }
+}
+
+/// What the racers of a race share.
+#[derive(Debug)]
+pub struct RaceCtx {
+    rounds: usize,
+    barrier: tokio::sync::Barrier,
+    board: Mutex<Board>,
+    log: Log,
+    /// The lease of the rounds whose winner lets it lapse.
+    short: Duration,
+    /// How long past that lease's deadline the next wave claims.
+    past: Duration,
+}
+
+impl RaceCtx {
+    /// A race of `racers` racers over `rounds` rounds, recorded into `log`;
+    /// rounds that let a lease lapse use `short` and wait `past` its deadline.
+    pub fn new(
+        racers: usize,
+        rounds: usize,
+        log: &Log,
+        short: Duration,
+        past: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            rounds,
+            barrier: tokio::sync::Barrier::new(racers),
+            board: Mutex::default(),
+            log: log.clone(),
+            short,
+            past,
+        })
+    }
+
+    fn board(&self) -> std::sync::MutexGuard<'_, Board> {
+        self.board.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One racer of a race: every round, every racer claims the fresh key at once
+/// (each by one of [`claim_by_mode`]'s ways); the winner completes, releases,
+/// lets its short lease lapse, or extends and completes ([`KINDS`]); a second
+/// wave claims again (duplicates, a fresh claim after the release, or the
+/// takeover), and its winner completes; the first holder calls again on its
+/// old lease (always refused); a third wave sees duplicates of the one
+/// outcome. The last racer to finish a round judges it ([`judge_round`]).
+pub async fn racer<S: DedupeStore + Clone + 'static>(
+    ctx: Arc<RaceCtx>,
+    id: usize,
+    store: S,
+    claim_in: ClaimIn,
+) {
+    let who = format!("racer{id}");
+    let log = ctx.log.clone();
+    let me = Claimer {
+        log: &log,
+        who: &who,
+        store: &store,
+        claim_in: &claim_in,
+    };
+    for round in 0..ctx.rounds {
+        let kind = round % 4;
+        let k = key("race", format!("r{round}"));
+        let ttl = if kind == 2 { ctx.short } else { LONG };
+
+        // Phase 0: every racer claims the fresh key at once.
+        ctx.barrier.wait().await;
+        let mut e = claim_by_mode(&me, id + round, &format!("{round}-0"), &k, ttl).await;
+        e.id = id;
+        ctx.board().p[0].push(e);
+        ctx.barrier.wait().await;
+        let p0 = ctx.board().p[0].clone();
+        let w0 = first_winner(&p0);
+        if let Some((wid, l)) = &w0 {
+            if *wid == id {
+                match kind {
+                    0 => {
+                        let out = outcome_for(round, id, 0);
+                        let ok = log.complete(&store, &who, l, &out).await.is_ok();
+                        ctx.board().done[0] = Some((out, ok));
+                    }
+                    1 => {
+                        let ok = log.release(&store, &who, l).await.is_ok();
+                        ctx.board().released = ok;
+                    }
+                    2 => {}
+                    _ => {
+                        let out = outcome_for(round, id, 0);
+                        let ok = match log.extend(&store, &who, l, Duration::from_secs(30)).await {
+                            Ok(l2) => log.complete(&store, &who, &l2, &out).await.is_ok(),
+                            Err(_) => false,
+                        };
+                        ctx.board().done[0] = Some((out, ok));
+                    }
+                }
+            }
+        }
+        ctx.barrier.wait().await;
+        if kind == 2 {
+            if let Some((_, l)) = &w0 {
+                sleep_until_us(us(l.deadline + ctx.past)).await;
+            }
+        }
+
+        // Phase 1: everyone claims again: a duplicate, a fresh claim after the
+        // release, or the takeover of the lapsed lease.
+        ctx.barrier.wait().await;
+        let mut e = claim_by_mode(&me, id + round + 3, &format!("{round}-1"), &k, LONG).await;
+        e.id = id;
+        ctx.board().p[1].push(e);
+        ctx.barrier.wait().await;
+        let p1 = ctx.board().p[1].clone();
+        if let Some((wid, l)) = first_winner(&p1) {
+            if wid == id {
+                let out = outcome_for(round, id, 1);
+                let ok = log.complete(&store, &who, &l, &out).await.is_ok();
+                ctx.board().done[1] = Some((out, ok));
+            }
+        }
+        // The first holder acts again on its old lease: always refused.
+        if let Some((wid, l)) = &w0 {
+            if *wid == id {
+                let c = log.complete(&store, &who, l, b"stale").await.map(|_| ());
+                let x = log.extend(&store, &who, l, LONG).await.map(|_| ());
+                let r = log.release(&store, &who, l).await.map(|_| ());
+                for (what, res) in [("complete", c), ("extend", x), ("release", r)] {
+                    if res.is_ok() {
+                        log.flag(format!(
+                            "round {round} ({}): stale holder: the first holder's {what} on its old lease succeeded",
+                            KINDS[kind]
+                        ));
+                    }
+                }
+            }
+        }
+
+        // Phase 2: everyone claims once more; all duplicates of the one outcome.
+        ctx.barrier.wait().await;
+        let mut e = claim_by_mode(&me, id + round + 5, &format!("{round}-2"), &k, LONG).await;
+        e.id = id;
+        ctx.board().p[2].push(e);
+        if ctx.barrier.wait().await.is_leader() {
+            let mut b = ctx.board();
+            judge_round(&log, round, kind, &b);
+            *b = Board::default();
         }
     }
 }
