@@ -125,8 +125,31 @@ macro_rules! __check_table {
 /// Put it at the top level of an integration test file (or inside a module); the
 /// crate needs `tokio` as a dev-dependency. A skipped check prints `SKIPPED` with
 /// the reason and passes; [`run_all`] lists skips in its report.
+///
+/// `suite!(current_thread, factory)` runs every check on Tokio's current-thread
+/// runtime instead, for a store whose calls take another path there (SQLite's
+/// run on its connection threads, never in place):
+///
+/// ```
+/// mod on_one_thread {
+///     dedupe_conformance::suite!(current_thread, dedupe_conformance::MemoryFactory);
+/// }
+/// # fn main() {}
+/// ```
 #[macro_export]
 macro_rules! suite {
+    (current_thread, $factory:expr) => {
+        $crate::__with_check_names!(suite! @current_thread ($factory));
+    };
+    (@current_thread ($factory:expr) ; $($name:ident),* $(,)?) => {
+        $(
+            #[$crate::__tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                let factory = $factory;
+                $crate::assert_check(&factory, stringify!($name)).await;
+            }
+        )*
+    };
     ($factory:expr) => {
         $crate::__with_check_names!(suite! @tests ($factory));
     };

@@ -1,5 +1,8 @@
-//! The SQLite store runs the whole conformance suite: each check gets a fresh file
-//! in a temp dir, and each racing handle its own connection to that file.
+//! The SQLite store runs the whole conformance suite twice: on Tokio's
+//! multi-thread runtime (calls run in place on the caller's thread where they
+//! can) and on the current-thread runtime (every call goes through the
+//! connection threads and the file's writer thread). Each check gets a fresh
+//! temporary file, and each racing handle its own connections to that file.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -14,16 +17,13 @@ struct SqliteFactory;
 
 struct SqliteFixture {
     store: SqliteStore,
-    _dir: tempfile::TempDir,
 }
 
 #[async_trait]
 impl StoreFactory for SqliteFactory {
     async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
-        let dir =
-            tempfile::tempdir().map_err(|e| Error::unavailable("temp dir", Some(Box::new(e))))?;
-        let store = SqliteStore::open(dir.path().join("conformance.db")).await?;
-        Ok(Box::new(SqliteFixture { store, _dir: dir }))
+        let store = SqliteStore::temporary()?.open().await?;
+        Ok(Box::new(SqliteFixture { store }))
     }
 }
 
@@ -89,3 +89,7 @@ impl FaultSwitch for WriteLock {
 }
 
 dedupe_conformance::suite!(SqliteFactory);
+
+mod current_thread {
+    dedupe_conformance::suite!(current_thread, super::SqliteFactory);
+}
