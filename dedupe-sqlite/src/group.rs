@@ -5,7 +5,7 @@
 //! turn to write (a lock that keeps its own writers from polling SQLite's lock
 //! against each other) and a thread owning a write connection, fed by a queue.
 //! A write that need not wait runs on its caller's thread (see
-//! `SqliteStore::write_in_place`); a write that would wait is queued here
+//! `Conns::write_in_place` in `conn`); a write that would wait is queued here
 //! instead. The thread takes every queued write at once (at most
 //! [`MAX_GROUP`] writes, and it stops taking more once they hold
 //! [`MAX_GROUP_KEYS`] keys), runs each in a savepoint of one `BEGIN IMMEDIATE`
@@ -39,8 +39,7 @@ use dedupe_core::{Error, Result};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use crate::ops::Ops;
-use crate::store::Settings;
+use crate::ops::{Ops, Settings};
 
 /// Most writes committed in one transaction.
 pub(crate) const MAX_GROUP: usize = 128;
@@ -125,7 +124,7 @@ impl FileWriter {
 
     /// This process's turn to write to the file. Whoever holds it is the only
     /// writer of the process; other processes still meet it at SQLite's lock.
-    pub(crate) fn turn(&self) -> &parking_lot::Mutex<()> {
+    pub(crate) fn turn(&self) -> &Arc<parking_lot::Mutex<()>> {
         &self.turn
     }
 
@@ -769,6 +768,7 @@ mod tests {
             let store = store.clone();
             tokio::spawn(async move {
                 store
+                    .conns()
                     .write(1, |ops, conn| {
                         let _claimed =
                             ops.claim(conn, &key("panicked"), &ClaimOptions::default())?;

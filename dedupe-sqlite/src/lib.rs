@@ -5,6 +5,8 @@
 //! processes open the same file. See [`SqliteStore`] for the atomic primitive it
 //! relies on, and [`SqliteStore::claim_in`] for the transactional claim.
 
+mod builder;
+mod conn;
 mod error;
 mod group;
 mod ops;

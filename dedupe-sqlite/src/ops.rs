@@ -35,6 +35,30 @@ fn read_row(row: &Row<'_>) -> rusqlite::Result<StoredRecord> {
     })
 }
 
+/// What every call of a handle needs, shared by its connection threads.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) sql: Statements,
+    pub(crate) path: std::path::PathBuf,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) caps: Capabilities,
+    /// This process's turn to write to the file (its writer's, shared by every
+    /// handle of the process on the file).
+    pub(crate) turn: std::sync::Arc<parking_lot::Mutex<()>>,
+}
+
+impl Settings {
+    /// The statements, for the store's own connections (they take the turn).
+    pub(crate) fn ops(&self) -> Ops<'_> {
+        Ops {
+            sql: &self.sql,
+            busy_timeout: self.busy_timeout,
+            caps: self.caps,
+            writer: Some(&self.turn),
+        }
+    }
+}
+
 /// Work on one connection, with the table's statements and the error mapping.
 #[derive(Debug)]
 pub(crate) struct Ops<'a> {

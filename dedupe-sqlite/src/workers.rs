@@ -5,8 +5,8 @@
 //! through Tokio's blocking pool per call, the connection never changes threads
 //! and a call costs one queue push and one wake-up each way. (That is still most
 //! of what a call costs, so reads and writes run on the caller's thread where
-//! the runtime allows it: see `SqliteStore::read_in_place`, [`open_reader`] and
-//! `SqliteStore::write_in_place`; and writes that must wait go to the process's
+//! the runtime allows it: see `Conns::read_in_place` in `conn`, [`open_reader`] and
+//! `Conns::write_in_place`; and writes that must wait go to the process's
 //! writer thread, `crate::group`, which commits them in groups.)
 //!
 //! Every job carries a deadline, the store's busy timeout counted from the call:
@@ -26,7 +26,7 @@ use dedupe_core::{Error, Result};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
-use crate::store::Settings;
+use crate::ops::Settings;
 
 /// One unit of work for a connection thread.
 type Job = Box<dyn FnOnce(&mut Slot) + Send>;
@@ -182,7 +182,7 @@ fn wait_for_lock(attempt: i32) -> bool {
 }
 
 /// Opens a connection for the reads a store runs on its caller's thread (see
-/// `SqliteStore::read_in_place`). Such a thread never has a busy deadline, so the
+/// `Conns::read_in_place` in `conn`). Such a thread never has a busy deadline, so the
 /// busy handler gives up at once: a read that meets a lock fails instead of
 /// waiting, and goes to a connection thread. `query_only`: it can never write.
 pub(crate) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection> {
