@@ -30,16 +30,16 @@ impl SqliteBuilder {
         &self.path
     }
 
-    /// Connections this handle (and its clones) keeps open, each on a thread of
-    /// its own (default 4). SQLite lets one writer in at a time whatever the
-    /// count; more connections let reads (duplicates) run beside a write. The
-    /// handle also opens as many read connections for reads on the caller's
-    /// thread, and more (up to 32) when that many reads run at once, and one or
-    /// two write connections for writes on the caller's thread. Writes that
-    /// must wait go to one writer thread per file and process, with a
-    /// connection of its own, shared by every handle (see the crate's README:
-    /// group commit).
-    pub fn connections(mut self, connections: usize) -> Self {
+    /// Connection threads this handle (and its clones) starts, each owning a
+    /// connection (default 4): they run the calls that cannot run on the
+    /// caller's thread. SQLite lets one writer in at a time whatever the count;
+    /// more threads let reads (duplicates) run beside a write. The handle also
+    /// opens as many read connections for reads on the caller's thread, and
+    /// more (up to 32) when that many reads run at once, and one or two write
+    /// connections for writes on the caller's thread. Writes that must wait go
+    /// to one writer thread per file and process, with a connection of its
+    /// own, shared by every handle (see the crate's README: group commit).
+    pub fn connection_threads(mut self, connections: usize) -> Self {
         self.connections = connections;
         self
     }
@@ -103,7 +103,7 @@ impl SqliteStore {
             table: Self::DEFAULT_TABLE.to_string(),
             busy_timeout: Self::DEFAULT_BUSY_TIMEOUT,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
-            connections: Self::DEFAULT_CONNECTIONS,
+            connections: Self::DEFAULT_CONNECTION_THREADS,
             dir: None,
         }
     }

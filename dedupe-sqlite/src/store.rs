@@ -36,7 +36,7 @@ struct Inner {
 ///   back under the same write lock to answer. Complete, release and extend are
 ///   single statements conditional on the lease token. Nothing checks then writes.
 /// - **Concurrency**: each opened `SqliteStore` keeps a small pool of connections
-///   (default 4, see [`SqliteBuilder::connections`]); clones share it, and each
+///   (default 4, see [`SqliteBuilder::connection_threads`]); clones share it, and each
 ///   `open` or [`reopen`](SqliteStore::reopen) is a handle with a pool of its own.
 ///   The file is in WAL mode with a busy timeout, so connections in other threads
 ///   and processes wait for the write lock rather than fail; past the timeout the
@@ -107,7 +107,7 @@ impl SqliteStore {
     /// Default table name.
     pub const DEFAULT_TABLE: &'static str = "dedupe_records";
     /// Default number of connections per handle.
-    pub const DEFAULT_CONNECTIONS: usize = 4;
+    pub const DEFAULT_CONNECTION_THREADS: usize = 4;
     /// Default busy timeout.
     pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -125,7 +125,7 @@ impl SqliteStore {
             .table(self.table_name())
             .busy_timeout(settings.busy_timeout)
             .max_outcome_bytes(settings.caps.max_outcome_bytes)
-            .connections(self.conns().threads());
+            .connection_threads(self.conns().threads());
         builder.dir = self.inner.dir.clone();
         builder
     }

@@ -43,7 +43,7 @@ impl Fixture for SqliteFixture {
         let busy = Duration::from_millis(300);
         let store = SqliteStore::builder(self.store.path())
             .busy_timeout(busy)
-            .connections(2)
+            .connection_threads(2)
             .open()
             .await?;
         Ok(Some(FaultyHandle {

@@ -407,7 +407,7 @@ async fn a_duplicate_does_not_wait_for_a_connection_thread() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("inline.db");
     let store = SqliteStore::builder(&db)
-        .connections(1)
+        .connection_threads(1)
         .busy_timeout(Duration::from_secs(10))
         .open()
         .await
@@ -511,7 +511,7 @@ async fn a_write_waiting_for_the_lock_does_not_hold_its_task() {
 async fn every_call_works_through_the_connection_threads() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::builder(dir.path().join("threads.db"))
-        .connections(1)
+        .connection_threads(1)
         .open()
         .await
         .expect("open");
@@ -620,7 +620,7 @@ async fn one_shared_handle_serves_many_tasks() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = Arc::new(
         SqliteStore::builder(dir.path().join("shared.db"))
-            .connections(3)
+            .connection_threads(3)
             .open()
             .await
             .expect("open"),
@@ -657,7 +657,7 @@ async fn one_shared_handle_serves_many_tasks() {
     assert_eq!(winners.len(), 50);
     assert!(winners.values().all(|n| *n == 1), "{winners:?}");
     match SqliteStore::builder(dir.path().join("x.db"))
-        .connections(0)
+        .connection_threads(0)
         .open()
         .await
     {

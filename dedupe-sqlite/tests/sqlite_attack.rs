@@ -34,7 +34,7 @@ const SHORT: Duration = Duration::from_millis(80);
 async fn open_store(db: &Path, conns: usize) -> dedupe_core::Result<SqliteStore> {
     SqliteStore::builder(db)
         .busy_timeout(BUSY)
-        .connections(conns)
+        .connection_threads(conns)
         .open()
         .await
 }

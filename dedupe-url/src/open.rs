@@ -86,11 +86,10 @@ impl Opener {
             Target::Memory => Arc::new(self.memory.clone()),
             #[cfg(feature = "sqlite")]
             Target::Sqlite { connections, .. } => Arc::new(
-                self.sqlite(
-                    connections.map_or(dedupe_sqlite::SqliteStore::DEFAULT_CONNECTIONS, |n| {
-                        n as usize
-                    }),
-                )
+                self.sqlite(connections.map_or(
+                    dedupe_sqlite::SqliteStore::DEFAULT_CONNECTION_THREADS,
+                    |n| n as usize,
+                ))
                 .await?,
             ),
             #[cfg(feature = "postgres")]
@@ -127,7 +126,7 @@ impl Opener {
         };
         let mut builder = builder
             .busy_timeout(self.timeout())
-            .connections(connections);
+            .connection_threads(connections);
         if let Some(table) = table {
             builder = builder.table(table);
         }

@@ -134,7 +134,7 @@ impl Ledger {
         Ok(match opener.url().target() {
             Target::Sqlite { .. } => {
                 let store = opener
-                    .sqlite(dedupe_sqlite::SqliteStore::DEFAULT_CONNECTIONS)
+                    .sqlite(dedupe_sqlite::SqliteStore::DEFAULT_CONNECTION_THREADS)
                     .await?;
                 let conns = Arc::new(LedgerConns {
                     path: store.path().to_path_buf(),
