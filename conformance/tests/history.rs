@@ -223,3 +223,72 @@ async fn recheck_finds_completions_a_crash_lost() {
 async fn a_guessed_lost_lease_is_caught() {
     caught(Flaw::GuessesLeaseLost, &["was told its lease"]).await;
 }
+
+/// A claim answered late (it took effect at once, its answer was slow) is not
+/// a done record won again when the lease it won passed and another worker
+/// took the key over and completed it before that answer came. The checker
+/// once flagged it: it judged a win by when it was answered.
+#[test]
+fn a_slow_answer_of_an_early_win_is_no_lost_record() {
+    use dedupe_conformance::history::{Answer, Call};
+    use std::time::{Instant, SystemTime};
+    let history = History::new(Duration::from_millis(2));
+    let (t0, now) = (Instant::now(), SystemTime::now());
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let token = |s: &str| dedupe_core::backend::stored_token(s);
+    let call = |worker, asked, answered, answer| Call {
+        worker,
+        key: "h:k".into(),
+        asked: at(asked),
+        answered: at(answered),
+        answer,
+    };
+    history.record(call(
+        1,
+        0,
+        120,
+        Answer::Claimed {
+            token: token("t1"),
+            deadline: now + Duration::from_millis(40),
+            attempt: 1,
+        },
+    ));
+    history.record(call(
+        2,
+        50,
+        51,
+        Answer::Claimed {
+            token: token("t2"),
+            deadline: now + Duration::from_secs(60),
+            attempt: 2,
+        },
+    ));
+    history.record(call(
+        2,
+        60,
+        61,
+        Answer::Completed {
+            token: token("t2"),
+            outcome: b"done".to_vec(),
+        },
+    ));
+    history.check().expect("a legal history");
+    // The same win asked after the completion returned is a lost record.
+    history.record(call(
+        3,
+        70,
+        71,
+        Answer::Claimed {
+            token: token("t3"),
+            deadline: now + Duration::from_secs(60),
+            attempt: 3,
+        },
+    ));
+    let problems = history.check().expect_err("a done record won again");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("the done record was lost")),
+        "{problems:?}"
+    );
+}
