@@ -381,8 +381,10 @@ struct Hold<'a> {
     extends: Vec<(Instant, Instant, SystemTime)>,
     completed: Option<(Instant, Instant)>,
     released: Option<(Instant, Instant)>,
-    /// The earliest instant the lease may have stopped holding the key;
-    /// `None` once it completed (a done record is never won again).
+    /// The earliest instant on this history's clock the lease may have
+    /// stopped holding the key (a deadline counts the clock tolerance, a
+    /// release, asked on this clock, does not); `None` once it completed (a
+    /// done record is never won again).
     end_lo: Option<Instant>,
 }
 
@@ -561,7 +563,8 @@ impl History {
             } else if let Some((asked, _)) = h.released {
                 Some(asked)
             } else {
-                Some(self.instant_of(last))
+                let d = self.instant_of(last);
+                Some(d.checked_sub(tol).unwrap_or(d))
             };
             if let Some(t) = unknown_release {
                 h.end_lo = Some(h.end_lo.map_or(t, |e| e.min(t)));
@@ -572,8 +575,8 @@ impl History {
         // 1. Two leases never hold the key at once.
         for (i, a) in hs.iter().enumerate() {
             for b in &hs[i + 1..] {
-                let a_then_b = a.end_lo.is_some_and(|e| e <= b.start_hi + tol);
-                let b_then_a = b.end_lo.is_some_and(|e| e <= a.start_hi + tol);
+                let a_then_b = a.end_lo.is_some_and(|e| e <= b.start_hi);
+                let b_then_a = b.end_lo.is_some_and(|e| e <= a.start_hi);
                 if !a_then_b && !b_then_a {
                     problems.push(format!(
                         "{key}: two live holders: {} and {} both held the key at once",

@@ -292,3 +292,43 @@ fn a_slow_answer_of_an_early_win_is_no_lost_record() {
         "{problems:?}"
     );
 }
+
+/// A second winner answered a moment before the first holder's release was
+/// even asked held the key with it, however small the moment (the release and
+/// the claim are both timed on this process's clock: no clock tolerance
+/// applies). Once let through by a tolerance meant for store deadlines.
+#[test]
+fn a_win_before_the_release_was_asked_is_two_holders() {
+    use dedupe_conformance::history::{Answer, Call};
+    use std::time::{Instant, SystemTime};
+    let history = History::new(Duration::from_millis(20));
+    let (t0, now) = (Instant::now(), SystemTime::now());
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let token = |s: &str| dedupe_core::backend::stored_token(s);
+    let call = |worker, asked, answered, answer| Call {
+        worker,
+        key: "h:k".into(),
+        asked: at(asked),
+        answered: at(answered),
+        answer,
+    };
+    let claimed = |t: &str, attempt| Answer::Claimed {
+        token: token(t),
+        deadline: now + Duration::from_secs(60),
+        attempt,
+    };
+    history.record(call(1, 0, 1, claimed("t1", 1)));
+    history.record(call(2, 2, 3, claimed("t2", 1)));
+    history.record(call(1, 8, 9, Answer::Released(token("t1"))));
+    let problems = history.check().expect_err("two holders");
+    assert!(
+        problems.iter().any(|p| p.contains("two live holders")),
+        "{problems:?}"
+    );
+    // Won after the release was asked: one holder after the other.
+    let history = History::new(Duration::from_millis(20));
+    history.record(call(1, 0, 1, claimed("t1", 1)));
+    history.record(call(1, 2, 3, Answer::Released(token("t1"))));
+    history.record(call(2, 2, 4, claimed("t2", 1)));
+    history.check().expect("a release, then a claim");
+}
