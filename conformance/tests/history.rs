@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_conformance::history::{recheck_completed, History, Recorder};
+use dedupe_conformance::history::{recheck_completed, Answer, Call, History, Recorder};
 use dedupe_core::{
     async_trait, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, MemoryStore, Record,
     Result,
@@ -224,66 +224,63 @@ async fn a_guessed_lost_lease_is_caught() {
     caught(Flaw::GuessesLeaseLost, &["was told its lease"]).await;
 }
 
+/// Calls on one key at instants given in milliseconds from a common start,
+/// for histories written by hand.
+struct Timeline {
+    t0: std::time::Instant,
+    now: std::time::SystemTime,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Self {
+            t0: std::time::Instant::now(),
+            now: std::time::SystemTime::now(),
+        }
+    }
+
+    fn call(&self, worker: usize, asked: u64, answered: u64, answer: Answer) -> Call {
+        Call {
+            worker,
+            key: "h:k".into(),
+            asked: self.t0 + Duration::from_millis(asked),
+            answered: self.t0 + Duration::from_millis(answered),
+            answer,
+        }
+    }
+
+    fn claimed(&self, token: &str, lease: Duration, attempt: u32) -> Answer {
+        Answer::Claimed {
+            token: dedupe_core::backend::stored_token(token),
+            deadline: self.now + lease,
+            attempt,
+        }
+    }
+}
+
 /// A claim answered late (it took effect at once, its answer was slow) is not
 /// a done record won again when the lease it won passed and another worker
 /// took the key over and completed it before that answer came. The checker
 /// once flagged it: it judged a win by when it was answered.
 #[test]
 fn a_slow_answer_of_an_early_win_is_no_lost_record() {
-    use dedupe_conformance::history::{Answer, Call};
-    use std::time::{Instant, SystemTime};
     let history = History::new(Duration::from_millis(2));
-    let (t0, now) = (Instant::now(), SystemTime::now());
-    let at = |ms: u64| t0 + Duration::from_millis(ms);
-    let token = |s: &str| dedupe_core::backend::stored_token(s);
-    let call = |worker, asked, answered, answer| Call {
-        worker,
-        key: "h:k".into(),
-        asked: at(asked),
-        answered: at(answered),
-        answer,
-    };
-    history.record(call(
-        1,
-        0,
-        120,
-        Answer::Claimed {
-            token: token("t1"),
-            deadline: now + Duration::from_millis(40),
-            attempt: 1,
-        },
-    ));
-    history.record(call(
-        2,
-        50,
-        51,
-        Answer::Claimed {
-            token: token("t2"),
-            deadline: now + Duration::from_secs(60),
-            attempt: 2,
-        },
-    ));
-    history.record(call(
+    let t = Timeline::new();
+    let minute = Duration::from_secs(60);
+    history.record(t.call(1, 0, 120, t.claimed("t1", Duration::from_millis(40), 1)));
+    history.record(t.call(2, 50, 51, t.claimed("t2", minute, 2)));
+    history.record(t.call(
         2,
         60,
         61,
         Answer::Completed {
-            token: token("t2"),
+            token: dedupe_core::backend::stored_token("t2"),
             outcome: b"done".to_vec(),
         },
     ));
     history.check().expect("a legal history");
     // The same win asked after the completion returned is a lost record.
-    history.record(call(
-        3,
-        70,
-        71,
-        Answer::Claimed {
-            token: token("t3"),
-            deadline: now + Duration::from_secs(60),
-            attempt: 3,
-        },
-    ));
+    history.record(t.call(3, 70, 71, t.claimed("t3", minute, 3)));
     let problems = history.check().expect_err("a done record won again");
     assert!(
         problems
@@ -299,27 +296,13 @@ fn a_slow_answer_of_an_early_win_is_no_lost_record() {
 /// applies). Once let through by a tolerance meant for store deadlines.
 #[test]
 fn a_win_before_the_release_was_asked_is_two_holders() {
-    use dedupe_conformance::history::{Answer, Call};
-    use std::time::{Instant, SystemTime};
+    let t = Timeline::new();
+    let minute = Duration::from_secs(60);
+    let released = || Answer::Released(dedupe_core::backend::stored_token("t1"));
     let history = History::new(Duration::from_millis(20));
-    let (t0, now) = (Instant::now(), SystemTime::now());
-    let at = |ms: u64| t0 + Duration::from_millis(ms);
-    let token = |s: &str| dedupe_core::backend::stored_token(s);
-    let call = |worker, asked, answered, answer| Call {
-        worker,
-        key: "h:k".into(),
-        asked: at(asked),
-        answered: at(answered),
-        answer,
-    };
-    let claimed = |t: &str, attempt| Answer::Claimed {
-        token: token(t),
-        deadline: now + Duration::from_secs(60),
-        attempt,
-    };
-    history.record(call(1, 0, 1, claimed("t1", 1)));
-    history.record(call(2, 2, 3, claimed("t2", 1)));
-    history.record(call(1, 8, 9, Answer::Released(token("t1"))));
+    history.record(t.call(1, 0, 1, t.claimed("t1", minute, 1)));
+    history.record(t.call(2, 2, 3, t.claimed("t2", minute, 1)));
+    history.record(t.call(1, 8, 9, released()));
     let problems = history.check().expect_err("two holders");
     assert!(
         problems.iter().any(|p| p.contains("two live holders")),
@@ -327,8 +310,8 @@ fn a_win_before_the_release_was_asked_is_two_holders() {
     );
     // Won after the release was asked: one holder after the other.
     let history = History::new(Duration::from_millis(20));
-    history.record(call(1, 0, 1, claimed("t1", 1)));
-    history.record(call(1, 2, 3, Answer::Released(token("t1"))));
-    history.record(call(2, 2, 4, claimed("t2", 1)));
+    history.record(t.call(1, 0, 1, t.claimed("t1", minute, 1)));
+    history.record(t.call(1, 2, 3, released()));
+    history.record(t.call(2, 2, 4, t.claimed("t2", minute, 1)));
     history.check().expect("a release, then a claim");
 }

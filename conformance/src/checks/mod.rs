@@ -242,6 +242,19 @@ impl Clock {
     }
 }
 
+/// Sleeps until shortly before `at`, then yields until it has come: timers have
+/// a millisecond's grain, the races below need finer.
+async fn until(at: SystemTime) {
+    if let Ok(wait) = at.duration_since(SystemTime::now()) {
+        if wait > Duration::from_millis(2) {
+            tokio::time::sleep(wait - Duration::from_millis(2)).await;
+        }
+    }
+    while SystemTime::now() < at {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Sleeps until the test clock is past `deadline` on the store's clock too.
 async fn wait_past_on(clock: &Clock, deadline: SystemTime) -> Result<(), Failure> {
     wait_past(clock.local_latest(deadline)).await

@@ -139,19 +139,6 @@ async fn claim_and_let_pass(
     Ok(latest)
 }
 
-/// Sleeps until shortly before `at`, then yields until it has come: timers have
-/// a millisecond's grain, the races below need finer.
-async fn until(at: SystemTime) {
-    if let Ok(wait) = at.duration_since(SystemTime::now()) {
-        if wait > Duration::from_millis(2) {
-            tokio::time::sleep(wait - Duration::from_millis(2)).await;
-        }
-    }
-    while SystemTime::now() < at {
-        tokio::task::yield_now().await;
-    }
-}
-
 /// What the stale holder does at its deadline in [`stale_holders_race_takeovers`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum HolderOp {
