@@ -6,6 +6,7 @@
 #   bench/all-stores.sh [extra dedupe bench arguments...]
 #   PG_URL=postgres://... REDIS_URL=redis://... DYNAMO_ENDPOINT=http://... bench/all-stores.sh
 #   PG_DATA_PARENT=/dev/shm bench/all-stores.sh   # the private cluster's data on tmpfs
+#   DEDUPE_BIN=/path/to/dedupe bench/all-stores.sh  # a binary built elsewhere
 #
 # PG_DATA_PARENT puts the private PostgreSQL cluster's data directory under
 # that directory: on tmpfs a commit's fsync costs nothing, so store/raw shows
@@ -68,8 +69,12 @@ if [ -z "${DYNAMO_ENDPOINT:-}" ]; then
   DYNAMO_ENDPOINT="http://127.0.0.1:$port"
 fi
 
+# DEDUPE_BIN runs a dedupe binary you built (another commit's, for a
+# before/after table) instead of this checkout's release build.
+bench=(cargo run --quiet --release -p dedupe-cli --)
+[ -n "${DEDUPE_BIN:-}" ] && bench=("$DEDUPE_BIN")
 # memory last: its rows leave millions of keys to free, which
 # stalls whatever row runs next.
-cargo run --quiet --release -p dedupe-cli -- bench \
+"${bench[@]}" bench \
   --store sqlite: --store "$PG_URL" --store "$REDIS_URL" \
   --store "dynamodb://dedupe_bench?endpoint=$DYNAMO_ENDPOINT" --store memory: "$@"

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use dedupe_core::Error;
 
+use crate::sql::{UNDECODABLE, UNDECODABLE_END};
+
 /// Maps a sqlx error by what retrying can do about it.
 ///
 /// - connection trouble (I/O, TLS, a closed or crashed connection, the server
@@ -48,6 +50,18 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                     true,
                     Some(Box::new(e) as _),
                 ),
+                // invalid_text_representation: a claim statement that met a
+                // live record it would not decode fails on purpose with one.
+                "22P02" => match undecodable_key(db.message()) {
+                    Some(key) => Error::corrupt(
+                        key,
+                        "the stored record does not decode (its state, token, attempts, \
+                         claim id or fingerprint is out of range); the claim wrote nothing",
+                    ),
+                    None => {
+                        Error::backend("postgres statement failed", false, Some(Box::new(e) as _))
+                    }
+                },
                 // undefined_column: a table this version did not make.
                 "42703" => Error::backend(
                     "the dedupe table lacks a column the statement names: it was not made \
@@ -64,5 +78,30 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
             }
         }
         _ => Error::backend("postgres client error", false, Some(Box::new(e) as _)),
+    }
+}
+
+/// The key in the error a claim statement raises on purpose (see
+/// [`UNDECODABLE`]): the server quotes the text it could not read as a
+/// number, `"<UNDECODABLE><key><UNDECODABLE_END>"`, as it is.
+fn undecodable_key(message: &str) -> Option<&str> {
+    let (_, quoted) = message.split_once(UNDECODABLE)?;
+    quoted.strip_suffix('"')?.strip_suffix(UNDECODABLE_END)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_key_of_an_undecodable_record() {
+        let message = format!(
+            "invalid input syntax for type smallint: \"{UNDECODABLE}acme:a \" does not decode{UNDECODABLE_END}\""
+        );
+        assert_eq!(undecodable_key(&message), Some("acme:a \" does not decode"));
+        assert_eq!(
+            undecodable_key("invalid input syntax for type smallint: \"x\""),
+            None
+        );
     }
 }

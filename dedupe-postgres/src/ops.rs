@@ -16,10 +16,6 @@ use sqlx::{PgConnection, Postgres, Row};
 use crate::codec::decode_record;
 use crate::sql::{text, Sql, Statements, EXPIRE_BATCH};
 
-/// How often a claim is retried when its record vanished between the upsert and
-/// the read that answers it (a concurrent release, forget or expire).
-const CLAIM_ROUNDS: usize = 3;
-
 /// Which statement a claim on the store's own connections runs first
 /// ([`Ops::claim_new_first`] or [`Ops::claim_read_first`]), picked by whether
 /// the store's recent claims met records already there (duplicates, claims in
@@ -71,7 +67,7 @@ pub(crate) struct Ops<'a> {
     pub(crate) caps: Capabilities,
 }
 
-/// A claim statement (`claim`, `insert_new`, `claim_many`, `insert_new_many`)
+/// A claim statement (`claim`, `insert_new`, `claim_many`)
 /// with its six parameters bound, in the order each of them takes: the keys'
 /// namespaces and ids and the tokens (one each, or arrays of them), then the
 /// claim id, the fingerprint and the lease.
@@ -94,19 +90,18 @@ where
         .bind(opts.lease_ttl)
 }
 
-/// The answer carried by one row of the claim statements, and whether the
-/// statement won the key (the row's `won`).
-fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<(ClaimOutcome, bool)> {
+/// The answer carried by one row of the claim statements: a win when the row
+/// holds the token the statement was given (its `won`).
+fn answer_from_row(key: &Key, row: &PgRow, opts: &ClaimOptions) -> Result<ClaimOutcome> {
     let won: bool = row
         .try_get("won")
         .map_err(|e| Error::corrupt(key, format!("undecodable column: {e}")))?;
     let record = decode_record(key, row)?;
-    let answer = if won {
-        backend::won_claim(record)?
+    if won {
+        backend::won_claim(record)
     } else {
-        backend::losing_claim(record, opts)
-    };
-    Ok((answer, won))
+        Ok(backend::losing_claim(record, opts))
+    }
 }
 
 /// Which of a batch's distinct keys a row of a batch statement is about, from
@@ -152,46 +147,21 @@ impl Ops<'_> {
             .map_err(|e| self.err(e))
     }
 
-    /// One upsert decides; the same statement returns the live record that stopped
-    /// it, so new and duplicate claims both cost one round trip.
+    /// The deciding statement: it answers every claim in one round trip,
+    /// whatever it meets (see `Statements::claim`).
     pub(crate) async fn claim(
         &self,
         conn: &mut PgConnection,
         key: &Key,
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
-        Ok(self.claim_deciding(conn, key, opts).await?.0)
-    }
-
-    /// [`claim`](Self::claim), also answering whether its own statement won
-    /// the key: false for a loss, and for a lease of the same claim id handed
-    /// back as it is stored (which belongs to the call that won it).
-    async fn claim_deciding(
-        &self,
-        conn: &mut PgConnection,
-        key: &Key,
-        opts: &ClaimOptions,
-    ) -> Result<(ClaimOutcome, bool)> {
         opts.validate()?;
-        for _ in 0..CLAIM_ROUNDS {
-            let token = backend::new_token();
-            let row = self
-                .claim_row(conn, &self.sql.claim, key, &token, opts)
-                .await?;
-            if let Some(row) = row {
-                return answer_from_row(key, &row, opts);
-            }
-            // The upsert found a live record committed after this statement's
-            // snapshot began, so the same statement could not read it: read it now.
-            if let Some(record) = self.get(conn, key).await? {
-                return Ok((backend::losing_claim(record, opts), false));
-            }
-        }
-        Err(Error::backend(
-            "the record kept changing under the claim; retry",
-            true,
-            None,
-        ))
+        let token = backend::new_token();
+        let row = self
+            .claim_row(conn, &self.sql.claim, key, &token, opts)
+            .await?
+            .ok_or_else(|| Error::backend("the claim statement answered no row", false, None))?;
+        answer_from_row(key, &row, opts)
     }
 
     /// A claim that first tries the bare insert (the cheapest statement for a key
@@ -259,93 +229,11 @@ impl Ops<'_> {
         }
     }
 
-    /// A batch that first tries the bare insert of every key, then runs
-    /// [`claim_many`](Self::claim_many) for the keys that have a record (if
-    /// any). Answers whether most of the distinct keys had one.
-    ///
-    /// The insert commits before the second statement runs: if anything after
-    /// it fails, the keys the insert won are given back (see
-    /// [`give_back`](Self::give_back): not for a batch with a claim id, whose
-    /// retry gets them back as they are) before the error is returned, so a
-    /// retry of the batch can win them again. Should that fail too (the connection is
-    /// gone), or the call be dropped between the statements (its timeout, a
-    /// `select!`), they are in flight until their lease passes, like the keys of
-    /// any claim whose answer was lost, and a later delivery takes them over.
-    pub(crate) async fn claim_many_new_first(
-        &self,
-        conn: &mut PgConnection,
-        keys: &[Key],
-        opts: &ClaimOptions,
-    ) -> Result<(Vec<ClaimOutcome>, bool)> {
-        opts.validate()?;
-        let batch = BatchKeys::new(keys);
-        let distinct = batch.distinct();
-        let namespaces: Vec<&str> = distinct.iter().map(|k| k.namespace()).collect();
-        let ids: Vec<&str> = distinct.iter().map(|k| k.id()).collect();
-        let tokens: Vec<LeaseToken> = backend::new_tokens(distinct.len());
-        let token_text: Vec<&str> = tokens.iter().map(LeaseToken::as_str).collect();
-        let rows = claim_query(
-            &self.sql.insert_new_many,
-            &namespaces,
-            &ids,
-            &token_text,
-            opts,
-        )
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| self.err(e))?;
-        // The insert has committed what it won: from here on, any error gives
-        // those keys back before it is answered.
-        let answered: Result<(Vec<ClaimOutcome>, bool)> = async {
-            let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
-            for row in &rows {
-                let index = position(&batch, row).map_err(|e| self.err(e))?;
-                let deadline: i64 = row.try_get("expires_ms").map_err(|e| self.err(e))?;
-                answers[index] = Some(ClaimOutcome::Claimed(Lease {
-                    key: distinct[index].clone(),
-                    token: tokens[index].clone(),
-                    deadline: from_millis(deadline),
-                    attempt: 1,
-                    claim_id: opts.claim_id.clone(),
-                }));
-            }
-            let rest: Vec<Key> = distinct
-                .iter()
-                .zip(&answers)
-                .filter(|(_, answer)| answer.is_none())
-                .map(|(key, _)| (*key).clone())
-                .collect();
-            if !rest.is_empty() {
-                // Gives back what it won itself if it fails.
-                let mut rest_answers = self.claim_many(conn, &rest, opts).await?.into_iter();
-                for answer in answers.iter_mut().filter(|a| a.is_none()) {
-                    *answer = rest_answers.next();
-                }
-            }
-            let distinct_answers = answers
-                .into_iter()
-                .map(|answer| {
-                    answer.ok_or_else(|| {
-                        Error::backend("claim_many left a key unanswered", true, None)
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let had_records = rest.len() * 2 > distinct.len();
-            Ok((batch.answers(distinct_answers, opts)?, had_records))
-        }
-        .await;
-        if answered.is_err() {
-            // Only keys holding these tokens change: the ones the insert won.
-            let won: Vec<(&str, &str, &str)> = (0..distinct.len())
-                .map(|i| (namespaces[i], ids[i], token_text[i]))
-                .collect();
-            self.give_back(conn, &won, opts).await;
-        }
-        answered
-    }
-
-    /// The whole batch in one statement over `unnest` of arrays; repeats inside the
-    /// batch are answered by [`BatchKeys`].
+    /// The whole batch in one statement over `unnest` of arrays, which answers
+    /// every distinct key; repeats inside the batch are answered by
+    /// [`BatchKeys`]. The statement writes nothing unless it answers (a live
+    /// record that would not decode fails it whole, see `Statements`), so a
+    /// batch that fails has changed nothing.
     pub(crate) async fn claim_many(
         &self,
         conn: &mut PgConnection,
@@ -364,105 +252,19 @@ impl Ops<'_> {
             .await
             .map_err(|e| self.err(e))?;
         let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
-        let mut decoded = Ok(());
         for row in &rows {
-            let answer = (|| {
-                let index = position(&batch, row).map_err(|e| self.err(e))?;
-                Ok((index, answer_from_row(distinct[index], row, opts)?.0))
-            })();
-            match answer {
-                Ok((index, answer)) => answers[index] = Some(answer),
-                Err(e) => {
-                    decoded = Err(e);
-                    break;
-                }
-            }
+            let index = position(&batch, row).map_err(|e| self.err(e))?;
+            answers[index] = Some(answer_from_row(distinct[index], row, opts)?);
         }
-        let mut distinct_answers = Vec::with_capacity(distinct.len());
-        // Keys won by claims on their own below, with their tokens. A lease
-        // of the same claim id handed back as stored is not among them: it
-        // belongs to the call that won it, and a failed batch must not end it
-        // (nor does it end one the batch statement handed back).
-        let mut won_alone: Vec<Lease> = Vec::new();
-        if decoded.is_ok() {
-            for (key, answer) in distinct.iter().zip(answers) {
-                distinct_answers.push(match answer {
-                    Some(answer) => answer,
-                    // Committed after the statement's snapshot: claim it on its own.
-                    None => match self.claim_deciding(conn, key, opts).await {
-                        Ok((answer, won_here)) => {
-                            if won_here {
-                                won_alone.extend(answer.lease().cloned());
-                            }
-                            answer
-                        }
-                        Err(e) => {
-                            decoded = Err(e);
-                            break;
-                        }
-                    },
-                });
-            }
-        }
-        if let Err(e) = decoded {
-            // The statement committed what it won: give those keys back, so
-            // the batch's error leaves nothing claimed behind the caller.
-            let mut won: Vec<(&str, &str, &str)> = (0..distinct.len())
-                .map(|i| (namespaces[i], ids[i], token_text[i]))
-                .collect();
-            won.extend(
-                won_alone
-                    .iter()
-                    .map(|l| (l.key.namespace(), l.key.id(), l.token.as_str())),
-            );
-            self.give_back(conn, &won, opts).await;
-            return Err(e);
-        }
-        batch.answers(distinct_answers, opts)
-    }
-
-    /// Gives back the keys a failed batch won: `(namespace, id, token)` of each
-    /// key the batch may have won, with the token it claimed with (a key that
-    /// holds another token is not touched). A fresh record is removed, as
-    /// `release` would; a record the batch took over (attempt 2 or more) has
-    /// its lease ended now instead, so the next claim takes it over with the
-    /// attempt count still going up and `first_seen` kept. As far as the
-    /// connection still works: a record it cannot give back is in flight until
-    /// its lease passes, and a later delivery takes it over.
-    ///
-    /// A batch with a claim id gives nothing back. Its leases were committed
-    /// before it failed, and a claim with the same claim id (the caller
-    /// retrying a call it thought lost) may have been handed one of them in
-    /// the meantime, as rule 3 says; ending it would let a third caller win
-    /// the key while that one works under a live lease (an adversarial test
-    /// did just that). They stay in flight under the claim id instead: the
-    /// caller's retry gets them back, and anyone else takes them over once
-    /// their lease passes, as after any claim whose answer was lost.
-    async fn give_back(
-        &self,
-        conn: &mut PgConnection,
-        won: &[(&str, &str, &str)],
-        opts: &ClaimOptions,
-    ) {
-        if opts.claim_id.is_some() {
-            tracing::debug!(
-                keys = won.len(),
-                "a failed batch with a claim id keeps what it won in flight"
-            );
-            return;
-        }
-        let namespaces: Vec<&str> = won.iter().map(|w| w.0).collect();
-        let ids: Vec<&str> = won.iter().map(|w| w.1).collect();
-        let tokens: Vec<&str> = won.iter().map(|w| w.2).collect();
-        let given = sqlx::query(text(&self.sql.release_many))
-            .bind(&namespaces)
-            .bind(&ids)
-            .bind(&tokens)
-            .execute(&mut *conn)
-            .await;
-        if let Err(e) = given {
-            tracing::warn!(error = %e, "could not give back the keys of a failed batch");
-        }
+        let answers = answers
+            .into_iter()
+            .map(|answer| {
+                answer.ok_or_else(|| {
+                    Error::backend("the batch statement left a key unanswered", false, None)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        batch.answers(answers, opts)
     }
 
     pub(crate) async fn complete(

@@ -30,10 +30,11 @@ fn columns(prefix: &str) -> String {
 
 /// Whether row `t` passes the checks of `StoredRecord::decode` that SQL can
 /// make (state, completion, token, attempts, claim id and fingerprint
-/// lengths). The batch claim writes nothing while a key it reads has a live
-/// row that fails them: the client then refuses that row as corrupt, and the
-/// call has changed nothing. A row these checks let through and the decoder
-/// refuses still fails the call, after its writes (see `Ops::give_back`).
+/// lengths), which are all the checks it makes on the columns this table
+/// holds. The batch claim writes nothing while a key it reads has a live row
+/// that fails them: the client then refuses that row as corrupt, and the call
+/// has changed nothing. A live row committed after the statement's snapshot
+/// meets them in the conflict arm instead (see [`UNDECODABLE`]).
 fn decodable(t: &str) -> String {
     format!(
         "(({t}.state = 0 OR ({t}.state = 1 AND {t}.completed_at IS NOT NULL
@@ -45,6 +46,16 @@ fn decodable(t: &str) -> String {
         fingerprint = MAX_FINGERPRINT_BYTES,
     )
 }
+
+/// The claim statements fail on purpose when their conflict arm meets a live
+/// record that would not decode: they cast this text, with the record's key
+/// and [`UNDECODABLE_END`] after it, to a number, an error that ends the
+/// statement and undoes everything it wrote. Plain SQL has no other way to
+/// raise one. [`crate::error::map`] reads the key back out of the error.
+pub(crate) const UNDECODABLE: &str = "dedupe: the live record of ";
+
+/// What follows the key in the [`UNDECODABLE`] text.
+pub(crate) const UNDECODABLE_END: &str = " does not decode";
 
 /// The names [`columns`] gives, to select them again from a CTE.
 const ALIASES: &str =
@@ -86,8 +97,6 @@ pub(crate) struct Statements {
     pub(crate) migrate: Sql,
     pub(crate) claim: Sql,
     pub(crate) insert_new: Sql,
-    pub(crate) insert_new_many: Sql,
-    pub(crate) release_many: Sql,
     pub(crate) claim_many: Sql,
     pub(crate) select_live: Sql,
     pub(crate) complete: Sql,
@@ -108,18 +117,35 @@ impl Statements {
         let bound = BOUND;
         let is_bound = format!("key = {BOUND}");
         let input = INPUT;
+        // The conflict arm of both claim statements. An expired record is taken
+        // over. A live one reaches it only when it was committed after the
+        // statement's snapshot was taken (the statement's own read skips
+        // every record it can see live): it is written back as it is and
+        // returned, so the statement answers every key it was asked, and the
+        // caller tells a win from a loss by the token. A live record there
+        // that would not decode fails the whole statement (see
+        // [`UNDECODABLE`]), so a batch never keeps the keys it won while it
+        // answers an error.
+        let taken = "r.expires_at <= now()";
+        let arm = |column: &str, new: &str| {
+            format!("{column} = CASE WHEN {taken} THEN {new} ELSE r.{column} END")
+        };
         let upsert_tail = format!(
             "ON CONFLICT ({kcols}) DO UPDATE SET
-                state = 0,
-                token = excluded.token,
-                claim_id = excluded.claim_id,
-                fingerprint = excluded.fingerprint,
-                expires_at = excluded.expires_at,
-                completed_at = NULL,
-                outcome = NULL,
-                attempts = CASE WHEN r.state = 0 THEN r.attempts + 1 ELSE 1 END,
-                first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END
-            WHERE r.expires_at <= now()"
+                state = CASE WHEN {taken} THEN 0::int2 WHEN {decodable} THEN r.state
+                             ELSE ('{UNDECODABLE}' || r.key || '{UNDECODABLE_END}')::int2 END,
+                {token}, {claim_id}, {fingerprint}, {expires}, {completed}, {outcome},
+                attempts = CASE WHEN NOT {taken} THEN r.attempts
+                                WHEN r.state = 0 THEN r.attempts + 1 ELSE 1 END,
+                first_seen = CASE WHEN NOT {taken} OR r.state = 0 THEN r.first_seen
+                                  ELSE excluded.first_seen END",
+            decodable = decodable("r"),
+            token = arm("token", "excluded.token"),
+            claim_id = arm("claim_id", "excluded.claim_id"),
+            fingerprint = arm("fingerprint", "excluded.fingerprint"),
+            expires = arm("expires_at", "excluded.expires_at"),
+            completed = arm("completed_at", "NULL"),
+            outcome = arm("outcome", "NULL"),
         );
         Ok(Self {
             schema: schema.to_string(),
@@ -175,7 +201,7 @@ impl Statements {
                     {upsert_tail}
                     RETURNING {cols}
                  )
-                 SELECT true AS won, {ALIASES} FROM claimed
+                 SELECT token = $3::text AS won, {ALIASES} FROM claimed
                  UNION ALL
                  SELECT false AS won, {ALIASES} FROM live"
             )
@@ -192,48 +218,6 @@ impl Statements {
                  ON CONFLICT ({kcols}) DO NOTHING
                  RETURNING {expires}",
                 expires = ms("expires_at")
-            )
-            .into(),
-            // The bare insert for a batch of distinct keys, in key order (so
-            // concurrent batches meet each other's new keys in the same order).
-            insert_new_many: format!(
-                "INSERT INTO {t} AS r ({kcols}, state, token, claim_id, fingerprint,
-                                       expires_at, completed_at, outcome, attempts, first_seen)
-                 SELECT {kcols}, 0, token, $4::text, $5::bytea, now() + $6::interval,
-                        NULL, NULL, 1, now()
-                 FROM ({input}) AS i
-                 ORDER BY {kcols}
-                 ON CONFLICT ({kcols}) DO NOTHING
-                 RETURNING {rkey} AS key, {expires} AS expires_ms",
-                rkey = "r.key",
-                expires = ms("r.expires_at")
-            )
-            .into(),
-            // Gives back the keys a batch won when the rest of it failed (see
-            // `Ops::give_back`): a fresh record goes, a taken-over one has its
-            // lease ended. Each key is probed on the primary key, in the key
-            // order the claim statements lock in, so a give-back and a
-            // concurrent batch never wait on each other in a cycle.
-            release_many: format!(
-                "WITH mine AS (
-                    SELECT {rcols}, r.attempts
-                    FROM (SELECT * FROM ({input}) AS u ORDER BY {kcols}) AS i
-                    CROSS JOIN LATERAL (
-                        SELECT {tcols}, t.attempts FROM {t} t
-                        WHERE {t_is_i} AND t.token = i.token AND t.state = 0
-                        FOR UPDATE
-                    ) r
-                 ), fresh AS (
-                    DELETE FROM {t} AS r USING mine m
-                    WHERE {r_is_m} AND m.attempts = 1
-                 )
-                 UPDATE {t} AS r SET expires_at = now()
-                 FROM mine m
-                 WHERE {r_is_m} AND m.attempts > 1",
-                rcols = "r.key",
-                tcols = "t.key",
-                t_is_i = "t.key = i.key",
-                r_is_m = "r.key = m.key",
             )
             .into(),
             // The same for a batch of distinct keys, in one round trip. Each key is
@@ -261,9 +245,15 @@ impl Statements {
                     {upsert_tail}
                     RETURNING {rkey} AS key, {cols}
                  )
-                 SELECT true AS won, key, {ALIASES} FROM claimed
+                 SELECT c.token = i.token AS won, c.key, {claimed} FROM claimed c
+                 JOIN input i ON i.key = c.key
                  UNION ALL
                  SELECT false AS won, key, {ALIASES} FROM live",
+                claimed = ALIASES
+                    .split(", ")
+                    .map(|column| format!("c.{column}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 ikey = "i.key",
                 rkey = "r.key",
                 tcols = columns("t."),

@@ -343,37 +343,16 @@ impl DedupeStore for PgStore {
             .await
     }
 
-    /// The whole batch in one statement (`unnest` of arrays), one round trip; or,
-    /// while recent claims were of new keys and the batch carries no claim id,
-    /// the bare batch insert first and the one statement for the keys that
-    /// have a record.
-    ///
-    /// A batch with a claim id always runs the one statement: it writes
-    /// nothing while a live record among the keys would not decode, where the
-    /// bare insert would have committed the new keys first, and a failed
-    /// batch with a claim id cannot give them back (see `Ops::give_back`).
+    /// The whole batch in one statement (`unnest` of arrays), one round trip,
+    /// which writes nothing unless it answers every key.
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let (answers, had_records) = self
-            .call(async |ops, conn| {
-                // As for `claim`: the bare insert first while recent claims were
-                // of new keys (see `FirstStatement`), unless the batch has a claim id.
-                if self.first.expect_records() || opts.claim_id.is_some() {
-                    let answers = ops.claim_many(conn, keys, opts).await?;
-                    let lost = answers.iter().filter(|a| a.lease().is_none()).count();
-                    let had_records = lost * 2 > answers.len();
-                    Ok((answers, had_records))
-                } else {
-                    ops.claim_many_new_first(conn, keys, opts).await
-                }
-            })
-            .await?;
-        self.first.note(had_records);
-        Ok(answers)
+        self.call(async |ops, conn| ops.claim_many(conn, keys, opts).await)
+            .await
     }
 
     fn capabilities(&self) -> Capabilities {

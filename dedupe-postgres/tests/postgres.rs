@@ -473,129 +473,173 @@ async fn corrupt_rows_are_reported_not_guessed() {
     }
 }
 
-/// A batch with a claim id that meets a corrupt record writes nothing, even on
-/// a handle that tries the bare insert first (a new handle): such a batch
-/// cannot give keys back (a retry with its claim id may hold them), so it
-/// runs the one statement, which writes nothing while a record it reads
-/// would not decode.
+/// A batch meeting a corrupt record fails and changes nothing, with a claim id
+/// and without: its new keys get no row, the expired lease it would have taken
+/// over keeps its holder's token and attempt, a key held by another lease and a
+/// done key stay exactly as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_with_a_claim_id_meeting_a_corrupt_record_writes_nothing() {
+async fn a_batch_meeting_a_corrupt_record_writes_nothing() {
     let (_server, url) = support::postgres_server();
-    let schema = support::unique_schema("cidbatch");
-    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "INSERT INTO \"{schema}\".dedupe_records VALUES
-         ('pg:bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("plant");
-    let opts = ClaimOptions::default()
-        .with_claim_id(dedupe_core::ClaimId::new("batch-1").expect("claim id"));
-    match store.claim_many(&[key("new"), key("bad")], &opts).await {
-        Err(Error::CorruptRecord { .. }) => {}
-        other => panic!("a batch meeting a corrupt record answered {other:?}"),
-    }
-    assert!(
-        store.get(&key("new")).await.expect("get").is_none(),
-        "the batch's new key was left claimed"
-    );
-}
-
-/// A batch meeting a corrupt record fails, and the keys it won on the way are
-/// given back: a new key is claimable again at once; an expired lease it took
-/// over is free again with its attempt count still going up; a key held by
-/// another lease and a done key are left exactly as they were. Both ways a
-/// claim can start (a handle that has seen new keys tries the bare insert
-/// first; one that has met records reads first) are checked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_batch_gives_back_the_keys_it_won() {
-    let (_server, url) = support::postgres_server();
-    let schema = support::unique_schema("giveback");
+    let schema = support::unique_schema("badbatch");
     let store = store_on(&url, &schema, Duration::from_secs(5)).await;
     let t = format!("\"{schema}\".dedupe_records");
-    let plant = |values: String| {
-        let (pool, t) = (store.pool().clone(), t.clone());
+    let raw = |sql: String| {
+        let pool = store.pool().clone();
         async move {
-            sqlx::raw_sql(AssertSqlSafe(format!("INSERT INTO {t} VALUES {values}")))
+            sqlx::raw_sql(AssertSqlSafe(sql))
                 .execute(&pool)
                 .await
-                .expect("plant");
+                .expect("raw statement");
         }
     };
-    plant("('pg:bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())".into())
-        .await;
-    let opts = ClaimOptions::default();
-    for reads_first in [false, true] {
-        let handle = PgStore::builder(store.pool().clone())
-            .schema(&schema)
-            .build()
-            .expect("store");
-        if reads_first {
-            // Meet one record again and again until the handle reads first.
-            let warm = key("warm");
-            for _ in 0..10 {
-                let _ = handle.claim(&warm, &opts).await.expect("claim");
-            }
+    let row_of = |id: String| {
+        let (pool, t) = (store.pool().clone(), t.clone());
+        async move {
+            sqlx::query_as::<_, (String, i32)>(AssertSqlSafe(format!(
+                "SELECT token, attempts FROM {t} WHERE key = $1"
+            )))
+            .bind(format!("pg:{id}"))
+            .fetch_optional(&pool)
+            .await
+            .expect("read row")
         }
-        let name = |what: &str| key(&format!("{what}-{reads_first}"));
-        // Held by another lease, done, and expired in flight at attempt 2.
-        let held = store.claim(&name("held"), &opts).await.expect("claim");
+    };
+    raw(format!(
+        "INSERT INTO {t} VALUES ('pg:bad', 7, 't', NULL, NULL, now() + interval '1 day', NULL, NULL, 1, now())"
+    ))
+    .await;
+    let plain = ClaimOptions::default();
+    let with_id =
+        ClaimOptions::default().with_claim_id(dedupe_core::ClaimId::new("batch-1").expect("id"));
+    for (case, opts) in [("plain", &plain), ("claim-id", &with_id)] {
+        let name = |what: &str| format!("{what}-{case}");
+        let held = store
+            .claim(&key(&name("held")), &plain)
+            .await
+            .expect("claim");
         let held = held.lease().cloned().expect("held is claimed");
-        let done = store.claim(&name("done"), &opts).await.expect("claim");
+        let done = store
+            .claim(&key(&name("done")), &plain)
+            .await
+            .expect("claim");
         let done = done.lease().cloned().expect("done is claimed");
         store
             .complete(&done, b"kept", Duration::from_secs(600))
             .await
             .expect("complete");
-        plant(format!(
-            "('pg:expired-{reads_first}', 0, 'old', NULL, NULL, now() - interval '1 second', NULL, NULL, 2, now() - interval '1 hour')"
+        raw(format!(
+            "INSERT INTO {t} VALUES ('pg:{}', 0, 'old', NULL, NULL, now() - interval '1 second', NULL, NULL, 2, now() - interval '1 hour')",
+            name("expired")
         ))
         .await;
-        let fresh = [name("new-a"), name("new-b")];
+        // The new keys sort before and after the corrupt one, so the
+        // statement would have written one of them before it met it.
         let batch = [
-            fresh[0].clone(),
-            name("held"),
-            name("expired"),
-            name("done"),
+            key(&name("a-new")),
+            key(&name("held")),
+            key(&name("expired")),
+            key(&name("done")),
             key("bad"),
-            fresh[1].clone(),
+            key(&name("z-new")),
         ];
-        match handle.claim_many(&batch, &opts).await {
-            Err(Error::CorruptRecord { .. }) => {}
-            other => panic!(
-                "a batch with a corrupt record answered {other:?} (reads first: {reads_first})"
-            ),
+        match store.claim_many(&batch, opts).await {
+            Err(Error::CorruptRecord { key, .. }) => assert_eq!(key, "pg:bad"),
+            other => panic!("a batch with a corrupt record answered {other:?} ({case})"),
         }
-        for k in &fresh {
-            let again = store.claim(k, &opts).await.expect("claim");
-            assert!(
-                matches!(&again, ClaimOutcome::Claimed(l) if l.attempt == 1),
-                "{k} was not given back (reads first: {reads_first}): {again:?}"
-            );
+        for new in ["a-new", "z-new"] {
+            assert_eq!(row_of(name(new)).await, None, "{new} was written ({case})");
         }
-        let expired = store.claim(&name("expired"), &opts).await.expect("claim");
-        assert!(
-            matches!(&expired, ClaimOutcome::Claimed(l) if l.attempt > 2),
-            "the expired lease the batch took over came back as {expired:?} (reads first: {reads_first})"
-        );
-        let still_held = store
-            .get(&name("held"))
-            .await
-            .expect("get")
-            .expect("held stays");
         assert_eq!(
-            still_held.token, held.token,
-            "another holder's lease was touched"
+            row_of(name("expired")).await,
+            Some(("old".to_string(), 2)),
+            "the expired lease was taken over ({case})"
         );
-        store
-            .extend(&held, Duration::from_secs(60))
-            .await
-            .expect("the holder still holds its key");
+        assert_eq!(
+            row_of(name("held")).await,
+            Some((held.token.as_str().to_string(), 1)),
+            "another holder's lease was touched ({case})"
+        );
         assert!(matches!(
-            store.claim(&name("done"), &opts).await.expect("claim"),
+            store.claim(&key(&name("done")), &plain).await.expect("claim"),
             ClaimOutcome::Duplicate { outcome, .. } if outcome == b"kept"
         ));
+    }
+}
+
+/// Waits until some statement on the server waits for a lock.
+async fn until_a_statement_waits(pool: &PgPool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted)")
+                .fetch_one(pool)
+                .await
+                .expect("read pg_locks");
+        if waiting {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no statement came to wait"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A record committed after a claim statement took its snapshot is met only
+/// by the statement's insert (its read could not see it): the claim and the
+/// batch answer it from there in the same statement, InFlight for a live
+/// lease and CorruptRecord for a record that does not decode. A batch that
+/// meets such a corrupt record has written nothing, not even a new key it
+/// inserted before it (the statement fails whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_committed_under_a_claim_is_answered_by_its_statement() {
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("under");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let t = format!("\"{schema}\".dedupe_records");
+    let opts = ClaimOptions::default();
+    for (state, batch) in [(0, false), (0, true), (7, false), (7, true)] {
+        let id = format!("under-{state}-{batch}");
+        let first = key(&format!("a-{id}"));
+        let mut tx = store.pool().begin().await.expect("begin");
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO {t} VALUES ('pg:{id}', {state}, 'theirs', NULL, NULL, now() + interval '1 day', NULL, NULL, 3, now())"
+        )))
+        .execute(&mut *tx)
+        .await
+        .expect("insert under the claim");
+        let claiming = tokio::spawn({
+            let (store, opts, first, under) =
+                (store.clone(), opts.clone(), first.clone(), key(&id));
+            async move {
+                if batch {
+                    let mut answers = store.claim_many(&[first, under], &opts).await?;
+                    assert!(answers[0].lease().is_some(), "the new key was not won");
+                    Ok(answers.pop().expect("two answers"))
+                } else {
+                    store.claim(&under, &opts).await
+                }
+            }
+        });
+        until_a_statement_waits(store.pool()).await;
+        tx.commit().await.expect("commit");
+        let answer = claiming.await.expect("claim task");
+        match (state, &answer) {
+            (0, Ok(ClaimOutcome::InFlight { attempt: 3, .. })) => {}
+            (7, Err(Error::CorruptRecord { key, .. })) if *key == format!("pg:{id}") => {}
+            _ => panic!(
+                "a record committed under the claim ({state}, batch {batch}) answered {answer:?}"
+            ),
+        }
+        if batch {
+            let won = store.get(&first).await.expect("get");
+            assert_eq!(
+                won.is_some(),
+                state == 0,
+                "the batch's new key after its answer {answer:?}: {won:?}"
+            );
+        }
     }
 }
 
@@ -854,9 +898,9 @@ async fn live_duplicates_write_nothing() {
                 .expect("autovacuum off");
         }
         // Each round claims through a handle of its own: a new handle expects
-        // new keys, so its first batch and claims try the bare insert first
-        // (which must leave a live row unwritten too), and once it has met
-        // records it reads first.
+        // new keys, so its first claims try the bare insert first (which must
+        // leave a live row unwritten too), and once it has met records it
+        // reads first.
         let handles: Vec<PgStore> = (0..5)
             .map(|_| {
                 PgStore::builder(store.pool().clone())
