@@ -22,17 +22,22 @@
 //!    `Duplicate` carries that outcome (never one nobody stored, never before
 //!    the completion was even asked);
 //! 4. **nothing lost**: no claim is answered `Claimed` or `InFlight` after a
-//!    completion of the key was acknowledged (the record was done; anything
+//!    completion of the key was acknowledged, or after a claim was answered
+//!    `Duplicate` (the record was done; anything
 //!    else means the store lost it, as a server without durable writes does
 //!    when it is killed);
 //! 5. **a lost lease is no guess**: a call answered `LeaseLost` was answered
-//!    after its lease could have passed, been let go, or been contested by
-//!    another claim (a store that answers `LeaseLost` for a transport error
+//!    after its lease could have passed, been let go, or been taken by
+//!    another claim answered `Claimed` (a claim of unknown effect could only
+//!    have won once the lease had passed; a store that answers `LeaseLost` for a transport error
 //!    makes a caller drop work that may have been stored);
 //! 6. **no stale or phantom `InFlight`**: an `InFlight` answer (or a claim id's
 //!    `Claimed` handed back) shows a lease that could still hold the key while
-//!    the call ran. With [`History::every_in_flight_seen`], it must also be a
-//!    lease some recorded claim was answered;
+//!    the call ran, with a deadline that could have been the one in force (not
+//!    one an extend had replaced before the call). With
+//!    [`History::every_in_flight_seen`], it must also be a lease some recorded
+//!    claim was answered, and a `Mismatch` needs some claim of the key to have
+//!    been answered `Claimed`;
 //! 7. with [`History::attempts_in_order`]: on keys never released, the winners
 //!    are attempts 1, 2, 3... each once.
 //!
@@ -254,7 +259,8 @@ impl History {
     }
 
     /// Every `InFlight` answer must show a lease (attempt and deadline) that a
-    /// recorded claim was answered, on keys where no call's effect is unknown:
+    /// recorded claim was answered, and a `Mismatch` needs a recorded claim of
+    /// the key answered `Claimed`, on keys where no call's effect is unknown:
     /// for runs where every claim goes through the history.
     pub fn every_in_flight_seen(mut self) -> Self {
         self.every_in_flight_seen = true;
@@ -668,24 +674,33 @@ impl History {
             }
         }
 
-        // 4. Nothing lost: a done record answers Duplicate from then on.
-        if let Some((done, done_token, _)) = stored.iter().min_by_key(|s| s.0.answered) {
+        // 4. Nothing lost: a done record answers Duplicate from then on. The
+        // first sign of one is a completion that returned, or a Duplicate
+        // answered (after a completion whose answer was lost, say).
+        let first_done = calls
+            .iter()
+            .filter_map(|c| match &c.answer {
+                Answer::Completed { .. } => Some((c, "completion")),
+                Answer::Duplicate(_) => Some((c, "Duplicate")),
+                _ => None,
+            })
+            .min_by_key(|(c, _)| c.answered);
+        if let Some((done, sign)) = first_done {
             for c in calls {
                 match &c.answer {
-                    // Asked after the completion returned: a claim answered
-                    // before may have taken effect before it (rule 1 judges
-                    // those).
+                    // Asked after the sign returned: a claim answered before
+                    // may have taken effect before it (rule 1 judges those).
                     Answer::Claimed { token, .. }
-                        if token != *done_token && c.asked > done.answered =>
+                        if !done_tokens.contains(token) && c.asked > done.answered =>
                     {
                         problems.push(format!(
-                            "{key}: worker {} won {token} after worker {}'s completion had returned (the done record was lost)",
+                            "{key}: worker {} won {token} after worker {}'s {sign} had returned (the done record was lost)",
                             c.worker, done.worker
                         ));
                     }
                     Answer::InFlight { .. } if c.asked > done.answered => {
                         problems.push(format!(
-                            "{key}: worker {} was answered InFlight {:?} after worker {}'s completion had returned",
+                            "{key}: worker {} was answered InFlight {:?} after worker {}'s {sign} had returned",
                             c.worker,
                             c.asked - done.answered,
                             done.worker
@@ -726,11 +741,9 @@ impl History {
                     && o.answered > h.start_lo
                     && o.worker != c.worker
                     && match &o.answer {
+                        // A claim of unknown effect is no contest: it could
+                        // only have won the key once this lease had passed.
                         Answer::Claimed { token: t, .. } => t != token,
-                        Answer::Failed {
-                            nothing_written: false,
-                            ..
-                        } => true,
                         _ => false,
                     }
             });
@@ -761,7 +774,29 @@ impl History {
 
         // 6. An InFlight, or a claim id's lease handed back, shows a lease
         // that could still hold the key while the call ran.
-        let stale = |h: &Hold<'_>, asked: Instant, deadline: SystemTime| -> Option<String> {
+        // Whether `deadline` may have been the one in force while a call
+        // asked at `asked` and answered at `answered` read it: set (by the
+        // claim or an extend) before the call ended, and not replaced for
+        // certain (by an extend asked after it was set) before the call began.
+        let in_force = |h: &Hold<'_>, asked: Instant, answered: Instant, deadline: SystemTime| {
+            let sets: Vec<(Instant, Instant, SystemTime)> =
+                std::iter::once((h.start_lo, h.start_hi, h.deadline0))
+                    .chain(h.extends.iter().copied())
+                    .collect();
+            sets.iter().any(|(set_lo, set_hi, d)| {
+                *d == deadline
+                    && *set_lo < answered
+                    && !sets.iter().any(|(lo, hi, _)| *lo > *set_hi && *hi < asked)
+            })
+        };
+        let stale = |h: &Hold<'_>,
+                     asked: Instant,
+                     answered: Instant,
+                     deadline: SystemTime|
+         -> Option<String> {
+            if !in_force(h, asked, answered, deadline) {
+                return Some("that deadline had been replaced by an extend before the call".into());
+            }
             let d = self.instant_of(deadline);
             if d + tol < asked {
                 return Some(format!(
@@ -801,7 +836,7 @@ impl History {
                     } else {
                         let reasons: Vec<String> = cands
                             .iter()
-                            .filter_map(|h| stale(h, c.asked, *deadline))
+                            .filter_map(|h| stale(h, c.asked, c.answered, *deadline))
                             .collect();
                         if reasons.len() == cands.len() {
                             problems.push(format!(
@@ -811,12 +846,20 @@ impl History {
                         }
                     }
                 }
+                // A Mismatch reads a live record: with every call recorded,
+                // some claim must have won one.
+                Answer::Mismatch if hs.is_empty() && self.every_in_flight_seen && unknown == 0 => {
+                    problems.push(format!(
+                        "{key}: phantom Mismatch: worker {} was answered Mismatch although no claim of the key was answered Claimed",
+                        c.worker
+                    ));
+                }
                 Answer::Claimed {
                     token, deadline, ..
                 } => {
                     if let Some(h) = holds.get(token.as_str()) {
                         if c.asked > h.start_hi {
-                            if let Some(why) = stale(h, c.asked, *deadline) {
+                            if let Some(why) = stale(h, c.asked, c.answered, *deadline) {
                                 problems.push(format!(
                                     "{key}: worker {} was handed back {} (same claim id) but {why}",
                                     c.worker,

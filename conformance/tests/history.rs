@@ -315,3 +315,130 @@ fn a_win_before_the_release_was_asked_is_two_holders() {
     history.record(t.call(2, 2, 4, t.claimed("t2", minute, 1)));
     history.check().expect("a release, then a claim");
 }
+
+/// A Duplicate shows a done record as surely as an acknowledged completion
+/// does (the completion's own answer may have been lost): a claim asked after
+/// it returned that wins the key, or is answered InFlight, means the store lost
+/// that record. Once let through: only completions that returned counted.
+#[test]
+fn a_win_after_a_duplicate_is_a_lost_record() {
+    let t = Timeline::new();
+    let minute = Duration::from_secs(60);
+    let token = dedupe_core::backend::stored_token("t1");
+    let history = History::new(Duration::from_millis(2));
+    history.record(t.call(1, 0, 1, t.claimed("t1", minute, 1)));
+    history.record(t.call(
+        1,
+        2,
+        3,
+        Answer::CompleteFailed {
+            token,
+            outcome: b"done".to_vec(),
+            lease_lost: false,
+        },
+    ));
+    history.record(t.call(2, 4, 5, Answer::Duplicate(b"done".to_vec())));
+    history
+        .check()
+        .expect("a completion of unknown effect, then its Duplicate");
+    history.record(t.call(3, 6, 7, t.claimed("t3", minute, 1)));
+    let problems = history.check().expect_err("a done record won again");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("Duplicate had returned (the done record was lost)")),
+        "{problems:?}"
+    );
+}
+
+/// An InFlight answer must show the deadline in force while it ran: once an
+/// extend has returned a new deadline, an InFlight asked afterwards carrying
+/// the old one read a superseded lease. Once let through: any deadline the
+/// lease ever had was accepted.
+#[test]
+fn an_in_flight_with_a_replaced_deadline_is_stale() {
+    let t = Timeline::new();
+    let minute = Duration::from_secs(60);
+    let extended = t.now + 2 * minute;
+    let in_flight = |deadline| Answer::InFlight {
+        deadline,
+        attempt: 1,
+    };
+    let history = History::new(Duration::from_millis(2));
+    history.record(t.call(1, 0, 1, t.claimed("t1", minute, 1)));
+    history.record(t.call(
+        1,
+        10,
+        11,
+        Answer::Extended {
+            token: dedupe_core::backend::stored_token("t1"),
+            deadline: extended,
+        },
+    ));
+    // During the extend either deadline may be read; after it, only the new one.
+    history.record(t.call(2, 5, 10, in_flight(t.now + minute)));
+    history.record(t.call(2, 10, 12, in_flight(t.now + minute)));
+    history.record(t.call(2, 20, 21, in_flight(extended)));
+    history.check().expect("deadlines in force");
+    history.record(t.call(3, 20, 21, in_flight(t.now + minute)));
+    let problems = history.check().expect_err("a replaced deadline");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("replaced by an extend before the call")),
+        "{problems:?}"
+    );
+}
+
+/// A claim that failed (its effect unknown) could only have won the key once
+/// the lease had passed, so it does not excuse a LeaseLost answered while the
+/// lease was live. Once it did.
+#[test]
+fn a_failed_claim_does_not_excuse_a_lost_lease() {
+    let t = Timeline::new();
+    let minute = Duration::from_secs(60);
+    let history = History::new(Duration::from_millis(2));
+    history.record(t.call(1, 0, 1, t.claimed("t1", minute, 1)));
+    history.record(t.call(
+        2,
+        2,
+        3,
+        Answer::Failed {
+            error: "connection reset".into(),
+            nothing_written: false,
+        },
+    ));
+    history.record(t.call(
+        1,
+        4,
+        5,
+        Answer::CompleteFailed {
+            token: dedupe_core::backend::stored_token("t1"),
+            outcome: b"done".to_vec(),
+            lease_lost: true,
+        },
+    ));
+    let problems = history.check().expect_err("a guessed LeaseLost");
+    assert!(
+        problems.iter().any(|p| p.contains("was told its lease")),
+        "{problems:?}"
+    );
+}
+
+/// With every call recorded, a Mismatch (which reads a live record) on a key
+/// no claim ever won is phantom.
+#[test]
+fn a_mismatch_on_a_key_nobody_won_is_phantom() {
+    let t = Timeline::new();
+    let history = History::new(Duration::from_millis(2)).every_in_flight_seen();
+    history.record(t.call(1, 0, 1, Answer::Mismatch));
+    let problems = history.check().expect_err("a phantom Mismatch");
+    assert!(
+        problems.iter().any(|p| p.contains("phantom Mismatch")),
+        "{problems:?}"
+    );
+    let history = History::new(Duration::from_millis(2)).every_in_flight_seen();
+    history.record(t.call(1, 0, 1, t.claimed("t1", Duration::from_secs(60), 1)));
+    history.record(t.call(2, 2, 3, Answer::Mismatch));
+    history.check().expect("a Mismatch of a live lease");
+}
