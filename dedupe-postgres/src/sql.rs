@@ -61,6 +61,10 @@ pub(crate) const UNDECODABLE_END: &str = " does not decode";
 const ALIASES: &str =
     "state, token, claim_id, fingerprint, expires_ms, completed_ms, outcome, attempts, first_seen_ms";
 
+/// The schema's migrations, in order: `migrate()` applies every one of them
+/// each time (each is safe to apply again; see the first file).
+pub(crate) const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_records.sql")];
+
 /// Rows deleted per `expire()` statement, at most.
 pub(crate) const EXPIRE_BATCH: i64 = 1000;
 
@@ -150,38 +154,18 @@ impl Statements {
         Ok(Self {
             schema: schema.to_string(),
             table: table.to_string(),
-            // The table is kept as cheap to write as the contract allows; each point
-            // was measured with pgbench (server time per statement, see the
-            // README):
-            // - one key column, `namespace:id`: against two columns (namespace,
-            //   id), a new key's insert takes about 10% less server time, and a
-            //   batch of 16 about 14% less (the unique index compares and stores
-            //   one string instead of two);
-            // - the key compares bytes (`COLLATE "C"`): a key is an opaque
-            //   string, the primary key needs no locale rules, and its order can
-            //   never change under an operating-system upgrade;
-            // - no index on `expires_at`: a completion rewrites the deadline, and
-            //   with that index no completion could be a HOT update and every claim
-            //   would write two index entries; `expire()` walks the table instead;
-            // - no CHECK on `state`: the decoder refuses any state it does not know
-            //   (Error::CorruptRecord), and a CHECK is evaluated anew on every insert
-            //   and update.
-            migrate: format!(
-                "SELECT pg_advisory_xact_lock(hashtext('dedupe-migrate:' || '{schema}.{table}'));
-                 CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-                 CREATE TABLE IF NOT EXISTS {t} (
-                     key          text COLLATE \"C\" NOT NULL PRIMARY KEY, -- namespace:id
-                     state        smallint    NOT NULL, -- 0 in flight, 1 done
-                     token        text        NOT NULL,
-                     claim_id     text,
-                     fingerprint  bytea,
-                     expires_at   timestamptz NOT NULL, -- lease deadline, or retention deadline once done
-                     completed_at timestamptz,
-                     outcome      bytea,
-                     attempts     integer     NOT NULL,
-                     first_seen   timestamptz NOT NULL
-                 );"
-            )
+            // One simple-query message, which Postgres runs as one implicit
+            // transaction: the advisory lock is held to the end.
+            migrate: std::iter::once(format!(
+                "SELECT pg_advisory_xact_lock(hashtext('dedupe-migrate:' || '{schema}.{table}'));"
+            ))
+            .chain(MIGRATIONS.iter().map(|migration| {
+                migration
+                    .replace("{schema}", schema)
+                    .replace("{table}", table)
+            }))
+            .collect::<Vec<_>>()
+            .join("\n")
             .into(),
             // One statement, one round trip. `live` reads the key first: a live
             // record (a duplicate, or a claim in flight) is answered from it and the
@@ -261,10 +245,8 @@ impl Statements {
                 decodable = decodable("t"),
             )
             .into(),
-            select_live: format!(
-                "SELECT {cols} FROM {t} WHERE {is_bound} AND expires_at > now()"
-            )
-            .into(),
+            select_live: format!("SELECT {cols} FROM {t} WHERE {is_bound} AND expires_at > now()")
+                .into(),
             complete: format!(
                 "UPDATE {t} SET state = 1, expires_at = now() + $4::interval,
                                 completed_at = now(), outcome = $5
@@ -302,8 +284,39 @@ impl Statements {
                     LIMIT $3 FOR UPDATE SKIP LOCKED))"
             )
             .into(),
-            forget: format!("DELETE FROM {t} WHERE {is_bound} RETURNING expires_at > now()")
-                .into(),
+            forget: format!("DELETE FROM {t} WHERE {is_bound} RETURNING expires_at > now()").into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// Every file of `migrations/` is applied, in the order of its number.
+    #[test]
+    fn every_migration_file_is_applied_in_order() {
+        let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+        let mut files: Vec<_> = std::fs::read_dir(folder)
+            .expect("migrations folder")
+            .map(|entry| entry.expect("entry").path())
+            .collect();
+        files.sort();
+        let texts: Vec<String> = files
+            .iter()
+            .map(|path| std::fs::read_to_string(path).expect("migration"))
+            .collect();
+        assert_eq!(texts, MIGRATIONS, "migrations/ holds {files:?}");
+        for (n, path) in files.iter().enumerate() {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            assert!(
+                name.starts_with(&format!("{:04}_", n + 1)) && name.ends_with(".sql"),
+                "{name} is not migration {}",
+                n + 1
+            );
+        }
     }
 }
