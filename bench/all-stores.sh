@@ -55,6 +55,10 @@ if [ -z "${REDIS_URL:-}" ]; then
 fi
 if [ -z "${DYNAMO_ENDPOINT:-}" ]; then
   home="${DEDUPE_DYNAMODB_LOCAL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dedupe/dynamodb-local}"
+  if [ ! -f "$home/DynamoDBLocal.jar" ]; then
+    echo "no DynamoDB Local in $home: run scripts/test once (it unpacks it), or set DYNAMO_ENDPOINT" >&2
+    exit 1
+  fi
   port="$(free_port)"
   (cd "$work" && exec java -Xmx512m -XX:+UseSerialGC -Djava.library.path="$home/DynamoDBLocal_lib" \
     -jar "$home/DynamoDBLocal.jar" -inMemory -port "$port" >/dev/null 2>&1) &
