@@ -108,6 +108,22 @@ pub trait FaultSwitch: Send + Sync {
     /// Breaks the connection (`true`: every call through the handle should now
     /// fail) or heals it (`false`).
     async fn set_broken(&self, broken: bool) -> Result<(), Error>;
+
+    /// Lets the next request through to the store, loses its answer on the way
+    /// back and closes that connection, once: the driver sees a dropped
+    /// connection after the store did the work, and may send the request again
+    /// on a new one. `Ok(false)` (the default) when the switch cannot; the
+    /// check of re-sent requests is then skipped.
+    async fn lose_next_answer(&self) -> Result<bool, Error> {
+        Ok(false)
+    }
+
+    /// After a call made under [`lose_next_answer`](Self::lose_next_answer):
+    /// whether an answer was indeed lost (a call the store answered from its
+    /// own cache, with no request, loses none), disarming the switch either way.
+    async fn answer_was_lost(&self) -> Result<bool, Error> {
+        Ok(false)
+    }
 }
 
 /// A handle onto the fixture's records that can be cut off, from

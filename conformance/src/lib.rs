@@ -83,6 +83,7 @@ macro_rules! __with_check_names {
             ten_thousand_distinct_keys,
             oversized_batches_are_refused,
             errors_are_not_answers,
+            resent_requests_answer_as_the_first,
             single_winner_race,
             single_winner_takeover_race,
             stale_holders_race_takeovers,

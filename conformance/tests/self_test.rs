@@ -561,7 +561,7 @@ const EXPECTED_INDEPENDENT: &[(AFlaw, &[&str])] = &[
     (AFlaw::ExtendIgnoresDeadline, &["passed_lease_is_lost"]),
     (
         AFlaw::CompleteTwiceOverwrites,
-        &["duplicate_returns_exact_outcome"],
+        &["duplicate_returns_exact_outcome", "release_then_reclaim"],
     ),
     (AFlaw::ReleaseRemovesDone, &["release_then_reclaim"]),
     (AFlaw::ExtendShortensDone, &["extend_pushes_deadline"]),
@@ -679,6 +679,30 @@ const EXPECTED_INDEPENDENT: &[(AFlaw, &[&str])] = &[
     ),
     (AFlaw::ClaimManyDedupByIdOnly, &["namespaces_isolate"]),
     (AFlaw::IdLatin1Column, &["encoded_keys_stay_distinct"]),
+    // Requests asked twice (rule 10).
+    (
+        AFlaw::ResentClaimAnswersInFlight,
+        &["resent_requests_answer_as_the_first"],
+    ),
+    (
+        AFlaw::CompleteAgainIsLeaseLost,
+        &[
+            "release_then_reclaim",
+            "resent_requests_answer_as_the_first",
+        ],
+    ),
+    (
+        AFlaw::ReleaseAgainIsLeaseLost,
+        &[
+            "release_then_reclaim",
+            "passed_lease_is_lost",
+            "resent_requests_answer_as_the_first",
+        ],
+    ),
+    (
+        AFlaw::ForgetUnfenced,
+        &["resent_requests_answer_as_the_first"],
+    ),
 ];
 
 async fn assert_independent_rejected(flaw: AFlaw) {
@@ -772,6 +796,10 @@ independent_flaw_tests!(
     rejects_outcome_limit_off_by_one => OutcomeLimitOffByOne,
     rejects_claim_many_dedup_by_id_only => ClaimManyDedupByIdOnly,
     rejects_id_stored_as_latin1 => IdLatin1Column,
+    rejects_a_resent_claim_answering_in_flight => ResentClaimAnswersInFlight,
+    rejects_a_complete_asked_again_answering_lease_lost => CompleteAgainIsLeaseLost,
+    rejects_a_release_asked_again_answering_lease_lost => ReleaseAgainIsLeaseLost,
+    rejects_an_unfenced_forget => ForgetUnfenced,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -34,6 +34,15 @@ impl Entry {
         self.done.is_none() && self.token == lease.token && self.is_live(now)
     }
 
+    fn completed_by(&self, lease: &Lease, outcome: &[u8], now: SystemTime) -> bool {
+        self.token == lease.token
+            && self.is_live(now)
+            && self
+                .done
+                .as_ref()
+                .is_some_and(|(_, o)| o.as_slice() == outcome)
+    }
+
     fn lease(&self, key: &Key) -> Lease {
         Lease {
             key: key.clone(),
@@ -168,6 +177,8 @@ impl DedupeStore for MemoryStore {
                 entry.expires_at = now + retention;
                 Ok(())
             }
+            // This lease already stored this outcome (a retried complete).
+            Some(entry) if entry.completed_by(lease, outcome, now) => Ok(()),
             _ => Err(Error::lease_lost(&lease.key)),
         }
     }
@@ -180,7 +191,11 @@ impl DedupeStore for MemoryStore {
                 map.remove(&lease.key);
                 Ok(())
             }
-            _ => Err(Error::lease_lost(&lease.key)),
+            // Held by another lease, or done.
+            Some(entry) if entry.is_live(now) => Err(Error::lease_lost(&lease.key)),
+            // Nothing live holds the key: what release asks for (a retried
+            // release lands here). An expired record stays, for its attempts.
+            _ => Ok(()),
         }
     }
 

@@ -113,12 +113,18 @@ pub trait DedupeStore: Debug + Send + Sync + 'static {
 
     /// Marks the lease's record done and stores `outcome`, kept for `retention`,
     /// atomically and only if the record is in flight and still holds this lease's
-    /// token. Otherwise fails with `LeaseLost` and changes nothing.
+    /// token. A live record this lease already completed with the same `outcome`
+    /// answers `Ok` and is left as it is (a complete asked again, by its caller
+    /// or by a driver whose answer was lost). Otherwise fails with `LeaseLost`
+    /// and changes nothing.
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()>;
 
     /// Removes the lease's record so the next delivery processes the event,
-    /// atomically and only if it is in flight and holds this lease's token.
-    /// Otherwise fails with `LeaseLost` and removes nothing.
+    /// atomically, if it is in flight and holds this lease's token. When no live
+    /// record is under the key (the lease passed, or a release asked again finds
+    /// its work done), answers `Ok` and changes nothing: the key is free, as
+    /// asked. A live record held by another lease, or done, fails with
+    /// `LeaseLost` and is not removed.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
     /// Pushes the lease deadline to `now + ttl` (a heartbeat for long work) and

@@ -25,7 +25,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::claim::{Lease, LeaseToken, MIN_TTL};
 use crate::error::Error;
-use crate::record::RecordState;
 use crate::store::DedupeStore;
 
 /// What to do with a claim once its work has returned.
@@ -342,8 +341,9 @@ impl Holder {
     }
 
     /// Completes, retrying a store that is briefly away while the lease lasts.
-    /// A retry answered `LeaseLost` may be about this call's own first write
-    /// (its answer was lost): the record then says, and is read.
+    /// A retry after a first attempt that did store the outcome (its answer was
+    /// lost) is answered `Ok`: a store answers a complete asked again with the
+    /// same lease and outcome as the first.
     async fn complete(
         &self,
         lease: &Lease,
@@ -351,7 +351,6 @@ impl Holder {
         retention: Duration,
     ) -> Result<(), Error> {
         let mut wait = Duration::from_millis(50);
-        let mut retried = false;
         let started = Instant::now();
         loop {
             match self.store.complete(lease, outcome, retention).await {
@@ -359,18 +358,6 @@ impl Holder {
                     tracing::warn!(key = %lease.key, error = %e, elapsed = ?started.elapsed(), "completion failed; retrying");
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(2));
-                    retried = true;
-                }
-                Err(lost @ Error::LeaseLost { .. }) if retried => {
-                    return match self.store.get(&lease.key).await {
-                        Ok(Some(record))
-                            if record.token == lease.token
-                                && matches!(record.state, RecordState::Done { .. }) =>
-                        {
-                            Ok(())
-                        }
-                        _ => Err(lost),
-                    };
                 }
                 other => return other,
             }

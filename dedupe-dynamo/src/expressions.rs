@@ -16,6 +16,9 @@ pub(crate) const TAKEOVER: &str = "#tk = :tk AND #dl = :dl";
 /// Every holder's write: this token, in flight, deadline ahead of `:now`.
 pub(crate) const HELD: &str = "#tk = :tk AND #st = :zero AND #dl > :now";
 
+/// `forget`'s delete: the record is still the one read.
+pub(crate) const FENCED: &str = "#tk = :tk";
+
 pub(crate) const COMPLETE: &str = "SET #st = :one, #dl = :until, #cm = :now, #oc = :oc, #ex = :exp";
 pub(crate) const EXTEND: &str = "SET #dl = :until, #ex = :exp";
 
@@ -27,7 +30,7 @@ pub(crate) const UNCHANGED: &str = "#tk = :tk AND #dl = :dl AND #dl <= :now";
 
 /// Every set of expressions one request carries: their attribute names are
 /// worked out once, when the store is built, not on every request.
-pub(crate) const REQUESTS: [&[&str]; 7] = [
+pub(crate) const REQUESTS: [&[&str]; 8] = [
     &[FRESH],
     &[TAKEOVER],
     &[COMPLETE, HELD],
@@ -35,4 +38,5 @@ pub(crate) const REQUESTS: [&[&str]; 7] = [
     &[EXTEND, HELD],
     &[SCAN, PROJECTION],
     &[UNCHANGED],
+    &[FENCED],
 ];

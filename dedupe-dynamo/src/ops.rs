@@ -138,6 +138,12 @@ impl DynamoStore {
                 continue;
             };
             let record = decode(&self.inner.names, key, &old)?;
+            if record.token == token {
+                // This round's own write: the SDK sent the request again after
+                // its answer was lost, and the second sending met the first's
+                // record. The claim won.
+                return backend::won_claim(record);
+            }
             if deadline_of(&record) > from_millis(self.now_ms()) {
                 return Ok(backend::losing_claim(record, opts));
             }
@@ -340,7 +346,7 @@ impl DynamoStore {
         let ours = TransactWriteItem::builder().update(update).build();
         match self.transact(items, ours).await? {
             Transacted::Committed => Ok(()),
-            Transacted::OursFailed(_) => Err(Error::lease_lost(&lease.key)),
+            Transacted::OursFailed(_) => self.completed_already(lease, outcome).await,
             Transacted::Conflict => Err(Error::backend(
                 "another transaction held the record; retry",
                 true,
@@ -373,6 +379,42 @@ impl DynamoStore {
             (":zero".to_string(), n(StoredRecord::IN_FLIGHT)),
             (":now".to_string(), n(now)),
         ])
+    }
+}
+
+impl DynamoStore {
+    /// After a `complete` whose condition failed: `Ok` when the record is done,
+    /// live, by this lease and with this outcome (the same complete sent
+    /// again, by the SDK after a lost answer or by the caller after an error,
+    /// met the first one's write), `LeaseLost` otherwise.
+    pub(crate) async fn completed_already(&self, lease: &Lease, outcome: &[u8]) -> Result<()> {
+        if let Some(item) = self.read(&lease.key).await? {
+            let record = decode(&self.inner.names, &lease.key, &item)?;
+            let live = deadline_of(&record) > from_millis(self.now_ms());
+            if live
+                && record.token == lease.token
+                && matches!(&record.state, RecordState::Done { outcome: o, .. } if o.as_slice() == outcome)
+            {
+                return Ok(());
+            }
+        }
+        Err(Error::lease_lost(&lease.key))
+    }
+
+    /// After a `release` whose condition failed: `Ok` when no live record is
+    /// under the key (the lease passed, or the same release sent again met the
+    /// first one's delete), `LeaseLost` for a live record of another lease or
+    /// a done one.
+    pub(crate) async fn released_already(&self, lease: &Lease) -> Result<()> {
+        let Some(item) = self.read(&lease.key).await? else {
+            return Ok(());
+        };
+        let record = decode(&self.inner.names, &lease.key, &item)?;
+        if deadline_of(&record) > from_millis(self.now_ms()) {
+            Err(Error::lease_lost(&lease.key))
+        } else {
+            Ok(())
+        }
     }
 }
 

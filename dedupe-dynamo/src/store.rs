@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ReturnValue, ScalarAttributeType,
-    TableStatus, TimeToLiveSpecification,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
+    TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
 use dedupe_core::backend::{check_ttl, duration_millis, from_millis, BatchKeys};
@@ -21,7 +21,7 @@ use futures_util::{StreamExt, TryStreamExt};
 
 use crate::builder::Clock;
 pub use crate::builder::DynamoBuilder;
-use crate::codec::{decode, n, partition_key, AttributeNames, Item};
+use crate::codec::{decode, n, partition_key, s, AttributeNames, Item};
 use crate::error::{is_condition_failure, map_err};
 use crate::expressions::*;
 use crate::ops::deadline_of;
@@ -273,7 +273,7 @@ impl DedupeStore for DynamoStore {
             .await;
         match done {
             Ok(_) => Ok(()),
-            Err(e) if is_condition_failure(&e) => Err(Error::lease_lost(&lease.key)),
+            Err(e) if is_condition_failure(&e) => self.completed_already(lease, outcome).await,
             Err(e) => Err(self.fail(e)),
         }
     }
@@ -292,7 +292,7 @@ impl DedupeStore for DynamoStore {
             .await;
         match done {
             Ok(_) => Ok(()),
-            Err(e) if is_condition_failure(&e) => Err(Error::lease_lost(&lease.key)),
+            Err(e) if is_condition_failure(&e) => self.released_already(lease).await,
             Err(e) => Err(self.fail(e)),
         }
     }
@@ -402,24 +402,43 @@ impl DedupeStore for DynamoStore {
         Ok((deadline_of(&record) > from_millis(self.now_ms())).then_some(record))
     }
 
+    /// Reads the record, then deletes it on condition that it still holds the
+    /// token read. A delete the SDK sends again after the first removed the
+    /// item finds it gone and answers as the first did; a claim made since is
+    /// never removed (the condition fails on its token; it is read again).
     async fn forget(&self, key: &Key) -> Result<bool> {
-        let out = self
-            .inner
-            .client
-            .delete_item()
-            .table_name(&self.inner.table)
-            .key(&self.inner.names.partition_key, partition_key(key))
-            .return_values(ReturnValue::AllOld)
-            .send()
-            .await
-            .map_err(|e| self.fail(e))?;
-        match out.attributes() {
-            Some(old) if !old.is_empty() => {
-                let record = decode(&self.inner.names, key, old)?;
-                Ok(deadline_of(&record) > from_millis(self.now_ms()))
+        for _ in 0..CLAIM_ROUNDS {
+            let Some(item) = self.read(key).await? else {
+                return Ok(false);
+            };
+            let record = decode(&self.inner.names, key, &item)?;
+            let live = deadline_of(&record) > from_millis(self.now_ms());
+            let gone = self
+                .inner
+                .client
+                .delete_item()
+                .table_name(&self.inner.table)
+                .key(&self.inner.names.partition_key, partition_key(key))
+                .condition_expression(FENCED)
+                .set_expression_attribute_names(self.names(&[FENCED]))
+                .expression_attribute_values(":tk", s(record.token.as_str()))
+                .send()
+                .await;
+            match gone {
+                Ok(_) => return Ok(live),
+                Err(e) if is_condition_failure(&e) => match self.read(key).await? {
+                    // Removed already: by this very request, sent twice.
+                    None => return Ok(live),
+                    Some(_) => continue,
+                },
+                Err(e) => return Err(self.fail(e)),
             }
-            _ => Ok(false),
         }
+        Err(Error::backend(
+            "the record kept changing under forget; retry",
+            true,
+            None,
+        ))
     }
 
     /// DynamoDB has no conditional batch write: the claims run concurrently,

@@ -295,14 +295,18 @@ impl Ops<'_> {
     }
 
     pub(crate) async fn release(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-        let done = sqlx::query(text(&self.sql.release))
+        let freed: bool = sqlx::query_scalar(text(&self.sql.release))
             .bind(lease.key.namespace())
             .bind(lease.key.id())
             .bind(lease.token.as_str())
-            .execute(conn)
+            .fetch_one(conn)
             .await
             .map_err(|e| self.err(e))?;
-        one_row_changed(done.rows_affected(), &lease.key)
+        if freed {
+            Ok(())
+        } else {
+            Err(Error::lease_lost(&lease.key))
+        }
     }
 
     pub(crate) async fn extend(

@@ -247,15 +247,28 @@ impl Statements {
             .into(),
             select_live: format!("SELECT {cols} FROM {t} WHERE {is_bound} AND expires_at > now()")
                 .into(),
+            // In flight under this token: done. Already done by this token with
+            // this outcome (a complete asked again): written back as it is, so
+            // the answer is the first one's.
             complete: format!(
-                "UPDATE {t} SET state = 1, expires_at = now() + $4::interval,
-                                completed_at = now(), outcome = $5
-                 WHERE {is_bound} AND token = $3 AND state = 0 AND expires_at > now()"
+                "UPDATE {t} SET state = 1,
+                        expires_at = CASE WHEN state = 0 THEN now() + $4::interval ELSE expires_at END,
+                        completed_at = CASE WHEN state = 0 THEN now() ELSE completed_at END,
+                        outcome = $5
+                 WHERE {is_bound} AND token = $3 AND expires_at > now()
+                   AND (state = 0 OR outcome = $5)"
             )
             .into(),
+            // True when the lease's live record was removed, or when no live
+            // record is under the key (the snapshot's: a record committed
+            // since is a later claim's); false for a live record of another
+            // lease, or a done one.
             release: format!(
-                "DELETE FROM {t}
-                 WHERE {is_bound} AND token = $3 AND state = 0 AND expires_at > now()"
+                "WITH gone AS (DELETE FROM {t}
+                                WHERE {is_bound} AND token = $3 AND state = 0 AND expires_at > now()
+                                RETURNING 1)
+                 SELECT EXISTS (SELECT 1 FROM gone)
+                        OR NOT EXISTS (SELECT 1 FROM {t} WHERE {is_bound} AND expires_at > now())"
             )
             .into(),
             extend: format!(

@@ -41,15 +41,30 @@ local function encode(st, ex, co, at, fs, token, claim, fp, outcome)
 end
 "#;
 
+/// For the claim scripts: the answer code of a live record `v` met by a claim
+/// sending token `tk` (`1` when the record is this claim's own, written by an
+/// earlier sending of the same call; `0` another's), or `nil` when `v` is not
+/// live (or its header does not parse: the caller decodes it in full).
+const LIVE: &str = r#"
+local function live_answer(v, tk)
+  local st, ex, tl, tp = string.match(v, '^d1:([01]):(%d+):[%d%-]+:%d+:%d+:(%d+):()')
+  if not st or tonumber(ex) <= now then return nil end
+  if st == '0' and string.sub(v, tp, tp + tonumber(tl) - 1) == tk then return 1 end
+  return 0
+end
+"#;
+
 /// KEYS[1] record; ARGV claim id ('' for none), fingerprint ('' for none),
 /// lease ms, grace ms (how long the key outlives the lease, so a takeover still
 /// finds it), token (the arguments of [`CLAIM_MANY`], for one key). Answers `{1, record}` when this claim won, `{0, record}` with the
 /// live record that stopped it, `{-1, value}` for a value that does not decode.
 ///
 /// The key is read first: a live record (a duplicate, a claim in flight) is
-/// answered as stored after reading only its header (the client decodes the
-/// whole value and refuses a malformed one), so a duplicate builds nothing and
-/// writes nothing. An absent key is claimed with `SET NX PX`; an expired record
+/// answered as stored after reading only its header and token (the client
+/// decodes the whole value and refuses a malformed one), so a duplicate builds
+/// nothing and writes nothing. A live record holding this call's own token is
+/// this very claim, sent again by the driver after its answer was lost: it is
+/// answered won (`1`), as the first sending would have been. An absent key is claimed with `SET NX PX`; an expired record
 /// is taken over with `SET XX PX` (one more attempt when it was in flight; a
 /// fresh start when it was done). The script runs atomically, so nothing comes
 /// between its read and its write; should `SET NX` ever find the key anyway,
@@ -58,8 +73,8 @@ const CLAIM: &str = r#"
 local old = redis.call('GET', KEYS[1])
 local attempts, first = 1, now
 if old then
-  local st, ex = string.match(old, '^d1:([01]):(%d+):')
-  if st and tonumber(ex) > now then return {0, old} end
+  local code = live_answer(old, ARGV[5])
+  if code then return {code, old} end
   local r = decode(old)
   if not r then return {-1, old} end
   if r.state == '0' then attempts, first = r.attempts + 1, r.first end
@@ -79,9 +94,10 @@ return {1, record}
 /// token per key. Answers `{code, record}` for each key in order, the codes
 /// and records of [`CLAIM`].
 ///
-/// Every key is read before any is written: a value that does not decode
-/// answers the whole call `{-1, i, value}` (the i-th key) with nothing
-/// written, so a batch meeting a corrupt record claims none of its keys.
+/// Every key is read and decoded in full before any is written: a value that
+/// does not decode, live or expired, answers the whole call `{-1, i, value}`
+/// (the i-th key) with nothing written, so a batch meeting a corrupt record
+/// claims none of its keys.
 /// Then each key with no live record is claimed as [`CLAIM`] claims it. One
 /// script call instead of one per key: the server's cost of a call (finding
 /// the script, its clock, its set-up) is paid once per batch.
@@ -92,14 +108,12 @@ for i = 1, #KEYS do
   local old = redis.call('GET', KEYS[i])
   local attempts, first, live = 1, now, false
   if old then
-    local st, ex = string.match(old, '^d1:([01]):(%d+):')
-    if st and tonumber(ex) > now then
-      live = true
-    else
-      local r = decode(old)
-      if not r then return {-1, i, old} end
-      if r.state == '0' then attempts, first = r.attempts + 1, r.first end
-    end
+    -- Decoded in full, live or not: the client would refuse a live record
+    -- that does not decode after the other keys had been claimed.
+    local r = decode(old)
+    if not r then return {-1, i, old} end
+    live = live_answer(old, ARGV[4 + i])
+    if not live and r.state == '0' then attempts, first = r.attempts + 1, r.first end
   end
   plan[i] = {old, attempts, first, live}
 end
@@ -107,7 +121,7 @@ local answers = {}
 for i = 1, #KEYS do
   local old, attempts, first, live = plan[i][1], plan[i][2], plan[i][3], plan[i][4]
   if live then
-    answers[2 * i - 1], answers[2 * i] = 0, old
+    answers[2 * i - 1], answers[2 * i] = live, old
   else
     local record = encode('0', now + lease, '-', attempts, first, ARGV[4 + i], ARGV[1], ARGV[2], '')
     if old then
@@ -134,21 +148,38 @@ end
 "#;
 
 /// KEYS[1]; ARGV token, retention ms, outcome. `1` done, `0` lease lost, `-1`
-/// corrupt. The key then lives exactly the retention.
+/// corrupt. The key then lives exactly the retention. A live record this token
+/// already completed with this outcome (the same complete sent again) answers
+/// `1` and is left as it is.
 const COMPLETE: &str = r#"
-local r, code = held(redis.call('GET', KEYS[1]))
-if not r then return code end
+local v = redis.call('GET', KEYS[1])
+local r, code = held(v)
+if not r then
+  local d = code == 0 and v and decode(v)
+  if d and d.state == '1' and d.token == ARGV[1] and d.outcome == ARGV[3] and d.expires > now then
+    return 1
+  end
+  return code
+end
 local keep = tonumber(ARGV[2])
 redis.call('SET', KEYS[1], encode('1', now + keep, num(now), r.attempts, r.first, r.token, r.claim, r.fp, ARGV[3]), 'PX', keep)
 return 1
 "#;
 
-/// KEYS[1]; ARGV token. `1` removed, `0` lease lost, `-1` corrupt.
+/// KEYS[1]; ARGV token. `1` removed, or no live record under the key (the
+/// lease passed, or the same release sent again finds its work done; an expired
+/// record is left for its attempt count); `0` a live record of another lease,
+/// or a done one; `-1` corrupt.
 const RELEASE: &str = r#"
-local r, code = held(redis.call('GET', KEYS[1]))
-if not r then return code end
-redis.call('DEL', KEYS[1])
-return 1
+local v = redis.call('GET', KEYS[1])
+local r, code = held(v)
+if r then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if code == -1 then return -1 end
+if not v or decode(v).expires <= now then return 1 end
+return 0
 "#;
 
 /// KEYS[1]; ARGV token, lease ms, grace ms. `{1, deadline}` extended, `{0}` lease
@@ -172,20 +203,34 @@ if r.expires <= now then return {0} end
 return {1, v}
 "#;
 
-/// KEYS[1]. `1` a live record was removed, `0` nothing live was there (an expired
-/// one is removed too), `-1` corrupt (left in place).
+/// KEYS[1]. What `forget` removes: `{0}` nothing is there, `{1, token, live}`
+/// the record's token and whether it is live (`1`) or expired (`0`), `{-1}`
+/// corrupt.
+const PEEK: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return {0} end
+local r = decode(v)
+if not r then return {-1} end
+if r.expires > now then return {1, r.token, 1} end
+return {1, r.token, 0}
+"#;
+
+/// KEYS[1]; ARGV the token [`PEEK`] read. `1` the record of that token was
+/// removed, or is gone already (the same forget sent again); `0` another
+/// record is there now (a newer claim, which a forget asked before it never
+/// removes); `-1` corrupt (left in place).
 const FORGET: &str = r#"
 local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
+if not v then return 1 end
 local r = decode(v)
 if not r then return -1 end
+if r.token ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if r.expires > now then return 1 end
-return 0
+return 1
 "#;
 
 fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{HELD}{body}"))
+    Script::new(&format!("{PRELUDE}{LIVE}{HELD}{body}"))
 }
 
 /// The scripts, built once (each carries its SHA1 for `EVALSHA`).
@@ -196,6 +241,7 @@ pub(crate) struct Scripts {
     pub(crate) release: Script,
     pub(crate) extend: Script,
     pub(crate) get: Script,
+    pub(crate) peek: Script,
     pub(crate) forget: Script,
 }
 
@@ -206,5 +252,6 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: script(RELEASE),
     extend: script(EXTEND),
     get: script(GET),
+    peek: script(PEEK),
     forget: script(FORGET),
 });

@@ -11,6 +11,7 @@ use dedupe_core::{
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
+use redis::Value;
 
 pub use crate::builder::RedisBuilder;
 use crate::builder::Target;
@@ -102,6 +103,9 @@ impl RedisStore {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
     /// Default takeover window.
     pub const DEFAULT_TAKEOVER_WINDOW: Duration = Duration::from_secs(24 * 3600);
+    /// How many times `forget` reads again when a newer record replaced the one
+    /// it read before it could remove it.
+    const FORGET_ROUNDS: usize = 4;
 
     pub(crate) fn builder_for(target: Target) -> RedisBuilder {
         RedisBuilder {
@@ -112,6 +116,7 @@ impl RedisStore {
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
             wait_replicas: None,
             root_cert: None,
+            allow_eviction: false,
         }
     }
 
@@ -177,6 +182,19 @@ impl RedisStore {
             .ok()
             .flatten()
             .unwrap_or(Durability::Unknown)
+    }
+
+    /// How many keys the server has evicted since it started (`evicted_keys` of
+    /// `INFO stats`, summed over a Cluster's primaries); `None` where `INFO`
+    /// is refused or unanswered. Anything above 0 on a store's server means
+    /// records may have been evicted, and with them the claims that kept a
+    /// second delivery out.
+    pub async fn evicted_keys(&self) -> Option<u64> {
+        let (_, mut conn) = self.link.get();
+        tokio::time::timeout(self.timeout, crate::server::evicted_keys(&mut conn))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// The key prefix.
@@ -270,17 +288,47 @@ impl DedupeStore for RedisStore {
         }
     }
 
+    /// Two scripts: the first reads the record's token, the second removes the
+    /// record only while it still holds that token. A forget the driver sends
+    /// again after the first removed the record finds it gone and answers as
+    /// the first did; it never removes a claim made since.
     async fn forget(&self, key: &Key) -> Result<bool> {
-        let invocation = SCRIPTS.forget.key(self.record_key(key));
-        match parts(self.run(invocation, key).await?) {
-            Some((1, _)) => Ok(true),
-            Some((0, _)) => Ok(false),
-            Some((-1, _)) => Err(Error::corrupt(
+        let corrupt = || {
+            Error::corrupt(
                 key,
                 "not a dedupe record; left in place for an operator to inspect",
-            )),
-            _ => Err(Self::unexpected(key, "forget")),
+            )
+        };
+        for _ in 0..Self::FORGET_ROUNDS {
+            let peeked = self
+                .run(SCRIPTS.peek.key(self.record_key(key)), key)
+                .await?;
+            let (token, live) = match peeked {
+                Value::Array(items) => match items.as_slice() {
+                    [Value::Int(0)] => return Ok(false),
+                    [Value::Int(-1)] => return Err(corrupt()),
+                    [Value::Int(1), Value::BulkString(token), Value::Int(live)] => {
+                        (token.clone(), *live == 1)
+                    }
+                    _ => return Err(Self::unexpected(key, "forget")),
+                },
+                _ => return Err(Self::unexpected(key, "forget")),
+            };
+            let mut invocation = SCRIPTS.forget.key(self.record_key(key));
+            invocation.arg(token);
+            match parts(self.run(invocation, key).await?) {
+                Some((1, _)) => return Ok(live),
+                // A newer record took its place: look again.
+                Some((0, _)) => continue,
+                Some((-1, _)) => return Err(corrupt()),
+                _ => return Err(Self::unexpected(key, "forget")),
+            }
         }
+        Err(Error::backend(
+            "the record kept changing under forget; retry",
+            true,
+            None,
+        ))
     }
 
     /// On one server, one batch script call per 128

@@ -188,19 +188,39 @@ impl Ops<'_> {
         one_row_changed(changed as u64, &lease.key)
     }
 
+    /// Removes the lease's live record; with none, `Ok` unless a live record
+    /// of another lease, or a done one, is under the key. Both statements run
+    /// in the caller's write transaction.
     pub(crate) fn release(&self, conn: &Connection, lease: &Lease) -> Result<()> {
+        let now = backend::now_millis();
+        let (ns, id) = (lease.key.namespace(), lease.key.id());
         let changed = conn
             .prepare_cached(&self.sql.release)
             .and_then(|mut stmt| {
                 stmt.execute(named_params! {
-                    ":ns": lease.key.namespace(),
-                    ":id": lease.key.id(),
+                    ":ns": ns,
+                    ":id": id,
                     ":token": lease.token.as_str(),
-                    ":now": backend::now_millis(),
+                    ":now": now,
                 })
             })
             .map_err(|e| self.err(e))?;
-        one_row_changed(changed as u64, &lease.key)
+        if changed > 0 {
+            return one_row_changed(changed as u64, &lease.key);
+        }
+        let live: bool = conn
+            .prepare_cached(&self.sql.any_live)
+            .and_then(|mut stmt| {
+                stmt.query_row(named_params! { ":ns": ns, ":id": id, ":now": now }, |row| {
+                    row.get(0)
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        if live {
+            Err(Error::lease_lost(&lease.key))
+        } else {
+            Ok(())
+        }
     }
 
     pub(crate) fn extend(&self, conn: &Connection, lease: &Lease, ttl: Duration) -> Result<Lease> {

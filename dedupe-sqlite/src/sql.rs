@@ -12,6 +12,7 @@ pub(crate) struct Statements {
     pub(crate) select_live: String,
     pub(crate) complete: String,
     pub(crate) release: String,
+    pub(crate) any_live: String,
     pub(crate) extend: String,
     pub(crate) expire_batch: String,
     pub(crate) forget: String,
@@ -72,13 +73,26 @@ impl Statements {
             select_live: format!(
                 "SELECT {COLUMNS} FROM {t} WHERE namespace = :ns AND id = :id AND expires_at > :now"
             ),
+            // In flight under this token: done. Already done by this token with
+            // this outcome (a complete asked again): the row is written back as
+            // it is, so the answer is the first one's.
             complete: format!(
-                "UPDATE {t} SET state = 1, expires_at = :until, completed_at = :now, outcome = :outcome
-                 WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now"
+                "UPDATE {t} SET state = 1,
+                        expires_at = CASE WHEN state = 0 THEN :until ELSE expires_at END,
+                        completed_at = CASE WHEN state = 0 THEN :now ELSE completed_at END,
+                        outcome = :outcome
+                 WHERE namespace = :ns AND id = :id AND token = :token AND expires_at > :now
+                   AND (state = 0 OR outcome = :outcome)"
             ),
             release: format!(
                 "DELETE FROM {t}
                  WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now"
+            ),
+            // After a release removed nothing: whether a live record (another
+            // lease's, or done) is under the key.
+            any_live: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t}
+                                 WHERE namespace = :ns AND id = :id AND expires_at > :now)"
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = :until

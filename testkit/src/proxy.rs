@@ -16,6 +16,8 @@ const CUT: u8 = 1;
 const BLACKHOLE: u8 = 2;
 const STALL: u8 = 3;
 const LOSE_ANSWERS: u8 = 4;
+/// Loses the next answer only, then forwards again (see [`TcpProxy::lose_next_answer`]).
+const LOSE_ONE_ANSWER: u8 = 5;
 
 #[derive(Debug, Default)]
 struct State {
@@ -82,6 +84,21 @@ impl TcpProxy {
     /// commit, before the reply was read).
     pub fn lose_answers(&self) {
         self.state.mode.store(LOSE_ANSWERS, Ordering::SeqCst);
+    }
+
+    /// Forwards every request, drops the first answer the server sends back and
+    /// closes that connection, then forwards again: exactly one answer is lost,
+    /// after the server did the work, and a client that re-sends the request
+    /// on a new connection gets through. The write a driver repeats because its
+    /// answer never came.
+    pub fn lose_next_answer(&self) {
+        self.state.mode.store(LOSE_ONE_ANSWER, Ordering::SeqCst);
+    }
+
+    /// Whether [`lose_next_answer`](Self::lose_next_answer)'s answer has been
+    /// lost yet (`false` once it has, or when it was never asked).
+    pub fn answer_pending_loss(&self) -> bool {
+        self.state.mode.load(Ordering::SeqCst) == LOSE_ONE_ANSWER
     }
 
     /// Forwards again. Connections cut meanwhile stay closed; clients reconnect.
@@ -157,7 +174,17 @@ async fn pump(
         }
         match mode {
             LOSE_ANSWERS if answers => return, // the answer is dropped, the connection closed
-            PASS | LOSE_ANSWERS => {
+            // Only the first answer to arrive is lost; the others pass.
+            LOSE_ONE_ANSWER
+                if answers
+                    && state
+                        .mode
+                        .compare_exchange(LOSE_ONE_ANSWER, PASS, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok() =>
+            {
+                return;
+            }
+            PASS | LOSE_ANSWERS | LOSE_ONE_ANSWER => {
                 if to.write_all(&buf[..n]).await.is_err() {
                     return;
                 }
@@ -201,7 +228,8 @@ pub async fn proxied(url: &str) -> io::Result<(TcpProxy, String)> {
 }
 
 /// The conformance suite's fault switch over a proxy: broken cuts every
-/// connection through it and refuses new ones, healed forwards again.
+/// connection through it and refuses new ones, healed forwards again; a lost
+/// answer is [`TcpProxy::lose_next_answer`].
 #[derive(Debug)]
 pub struct ProxyFault(pub TcpProxy);
 
@@ -214,5 +242,17 @@ impl dedupe_conformance::FaultSwitch for ProxyFault {
             self.0.heal();
         }
         Ok(())
+    }
+
+    async fn lose_next_answer(&self) -> Result<bool, dedupe_core::Error> {
+        self.0.lose_next_answer();
+        Ok(true)
+    }
+
+    async fn answer_was_lost(&self) -> Result<bool, dedupe_core::Error> {
+        let lost = !self.0.answer_pending_loss();
+        // Never leave the mode armed for the next call.
+        self.0.heal();
+        Ok(lost)
     }
 }

@@ -149,3 +149,194 @@ pub async fn errors_are_not_answers(factory: &dyn StoreFactory) -> CheckResult {
     must_claim(&**s, &healed, &opts(LONG_TTL)).await?;
     Ok(Verdict::Passed)
 }
+
+/// A request the driver sends again because its answer was lost is answered as
+/// the first would have been (rule 10). Through a fixture's [`FaultyHandle`]
+/// whose switch can lose exactly one answer (the request reaches the store and
+/// does its work, the answer is dropped and the connection closed), each
+/// operation is asked once, on a key nobody else touches, and its answer is
+/// judged against the record the fixture's own handle then reads:
+///
+/// - a claim of a fresh key (no claim id, as `Deduper` and the webhook receiver
+///   claim): `Claimed` with the lease the record holds, never `InFlight` about
+///   the record it wrote itself; the same for `claim_many`;
+/// - `complete`: `Ok` when the outcome is stored, never `LeaseLost`;
+/// - `release`: `Ok` when the record is gone, never `LeaseLost`;
+/// - `extend`: the deadline the record holds;
+/// - `forget`: `true` when the live record is gone.
+///
+/// A retryable error is always a fair answer (the driver did not re-send, or
+/// gave up); a wrong answer is not.
+///
+/// [`FaultyHandle`]: crate::FaultyHandle
+pub async fn resent_requests_answer_as_the_first(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let Some(faulty) = fixture.faulty_handle().await? else {
+        return Ok(Verdict::Skipped(
+            "the fixture cannot break its store's connection (Fixture::faulty_handle)".into(),
+        ));
+    };
+    let store = fixture.store();
+    let (s, switch) = (&faulty.store, &faulty.switch);
+    let lose = || async {
+        ensure!(
+            switch.lose_next_answer().await?,
+            "the fault switch lost no answer"
+        );
+        Ok::<(), Failure>(())
+    };
+    if !switch.lose_next_answer().await? {
+        return Ok(Verdict::Skipped(
+            "the fixture's fault switch cannot lose one answer (FaultSwitch::lose_next_answer)"
+                .into(),
+        ));
+    }
+    // The probe above armed the switch: disarm it before the first real call.
+    switch.answer_was_lost().await?;
+    let lost = || async {
+        ensure!(
+            switch.answer_was_lost().await?,
+            "the fault switch was asked to lose an answer and lost none: the call sent no request"
+        );
+        Ok::<(), Failure>(())
+    };
+    let resent = "(the answer was lost once and the driver may have sent the request again)";
+    let fail = |what: &str, answer: String| -> Result<(), Failure> {
+        Err(Failure::new(format!("{what} {resent} answered {answer}")))
+    };
+    let retryable = |e: &Error| e.is_retryable();
+
+    // Claims of fresh keys, one at a time and in a batch.
+    for round in 0..3 {
+        let k = key(&format!("resent-claim-{round}"))?;
+        lose().await?;
+        let answer = s.claim(&k, &opts(LONG_TTL)).await;
+        lost().await?;
+        let record = store.get(&k).await?;
+        match (answer, &record) {
+            (Ok(ClaimOutcome::Claimed(l)), Some(r)) if r.token == l.token => {}
+            (Err(e), _) if retryable(&e) => {}
+            (Ok(ClaimOutcome::InFlight { .. }), Some(r)) => fail(
+                "a claim of a fresh key",
+                format!(
+                    "InFlight about the record it wrote itself (token {}): its own write judged as another claim's",
+                    r.token
+                ),
+            )?,
+            (other, r) => fail(
+                "a claim of a fresh key",
+                format!("{other:?} while the store holds {r:?}"),
+            )?,
+        }
+    }
+    let batch = [key("resent-batch-a")?, key("resent-batch-b")?];
+    lose().await?;
+    let answer = s.claim_many(&batch, &opts(LONG_TTL)).await;
+    lost().await?;
+    match answer {
+        Ok(answers) => {
+            for (k, a) in batch.iter().zip(&answers) {
+                let record = store.get(k).await?;
+                match (a, &record) {
+                    (ClaimOutcome::Claimed(l), Some(r)) if r.token == l.token => {}
+                    (a, r) => fail(
+                        "claim_many of fresh keys",
+                        format!("{a:?} for {k} while the store holds {r:?}"),
+                    )?,
+                }
+            }
+        }
+        Err(e) if retryable(&e) => {}
+        Err(e) => fail("claim_many of fresh keys", format!("{e}"))?,
+    }
+
+    // complete.
+    let k = key("resent-complete")?;
+    let lease = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
+    lose().await?;
+    let answer = s.complete(&lease, b"stored once", LONG_TTL).await;
+    lost().await?;
+    let record = store.get(&k).await?;
+    let stored = record.as_ref().is_some_and(|r| {
+        r.token == lease.token
+            && matches!(&r.state, RecordState::Done { outcome, .. } if outcome.as_slice() == b"stored once")
+    });
+    match answer {
+        Ok(()) if stored => {}
+        Err(e) if retryable(&e) => {}
+        Err(Error::LeaseLost { .. }) if stored => fail(
+            "complete",
+            "LeaseLost although its outcome is stored".into(),
+        )?,
+        other => fail(
+            "complete",
+            format!("{other:?} while the store holds {record:?}"),
+        )?,
+    }
+
+    // release.
+    let k = key("resent-release")?;
+    let lease = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
+    lose().await?;
+    let answer = s.release(&lease).await;
+    lost().await?;
+    let record = store.get(&k).await?;
+    match answer {
+        Ok(()) if record.is_none() => {}
+        Err(e) if retryable(&e) => {}
+        Err(Error::LeaseLost { .. }) if record.is_none() => {
+            fail("release", "LeaseLost although the record is gone".into())?
+        }
+        other => fail(
+            "release",
+            format!("{other:?} while the store holds {record:?}"),
+        )?,
+    }
+
+    // extend.
+    let k = key("resent-extend")?;
+    let lease = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
+    lose().await?;
+    let answer = s.extend(&lease, LONG_TTL).await;
+    lost().await?;
+    let record = live_record(&*store, &k, "after an extend whose answer was lost").await?;
+    match answer {
+        Ok(l) if record.token == lease.token && l.deadline == record_deadline(&record) => {}
+        Err(e) if retryable(&e) => {}
+        other => fail(
+            "extend",
+            format!("{other:?} while the store holds {record:?}"),
+        )?,
+    }
+
+    // forget.
+    let k = key("resent-forget")?;
+    let lease = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
+    store.complete(&lease, b"to forget", LONG_TTL).await?;
+    lose().await?;
+    let answer = s.forget(&k).await;
+    lost().await?;
+    let record = store.get(&k).await?;
+    match answer {
+        Ok(true) if record.is_none() => {}
+        Err(e) if retryable(&e) => {}
+        Ok(false) if record.is_none() => fail(
+            "forget of a live record",
+            "false although the record is gone".into(),
+        )?,
+        other => fail(
+            "forget of a live record",
+            format!("{other:?} while the store holds {record:?}"),
+        )?,
+    }
+    Ok(Verdict::Passed)
+}
+
+fn record_deadline(record: &Record) -> SystemTime {
+    match &record.state {
+        RecordState::InFlight { lease_deadline } => *lease_deadline,
+        RecordState::Done {
+            retention_deadline, ..
+        } => *retention_deadline,
+    }
+}

@@ -5,10 +5,12 @@
 use super::*;
 
 /// Rules 4 and 5: a lease whose deadline passed while nobody took over is lost
-/// to its holder (complete, release and extend answer LeaseLost and change
-/// nothing), and its record counts as absent: `get` finds nothing, `forget`
-/// answers false, a claim with another payload is Claimed (a takeover), not
-/// Mismatch. A done record past its retention is absent the same way.
+/// to its holder (complete and extend answer LeaseLost and change nothing;
+/// release answers Ok, as nothing live holds the key, and changes nothing
+/// either), and its record counts as absent: `get` finds nothing, `forget`
+/// answers false, a claim with another payload is Claimed (a takeover that
+/// counts the passed attempt), not Mismatch. A done record past its retention
+/// is absent the same way.
 pub async fn passed_lease_is_lost(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let store = fixture.store();
@@ -42,10 +44,12 @@ pub async fn passed_lease_is_lost(factory: &dyn StoreFactory) -> CheckResult {
         "extend of a lease past its deadline",
         store.extend(&lease, LONG_TTL).await,
     )?;
-    expect_lease_lost(
-        "release of a lease past its deadline",
-        store.release(&lease).await,
-    )?;
+    if let Err(e) = store.release(&lease).await {
+        return Err(Failure::new(format!(
+            "release of a lease past its deadline, nothing live under its key, failed: {e} \
+             (expected Ok: the key is free, as asked)"
+        )));
+    }
     ensure!(
         store.get(&k).await?.is_none(),
         "get shows a record whose lease passed (after a late complete/extend/release)"
@@ -303,9 +307,11 @@ pub async fn retention_counts_from_completion(factory: &dyn StoreFactory) -> Che
 }
 
 /// Rule 4 with no grace: a lease is lost the moment its deadline passes, on the
-/// store's clock. A complete, release or extend sent as soon as the deadline has
-/// surely passed (1 ms after it, plus the measured clock offset's uncertainty:
-/// a few milliseconds) answers LeaseLost and changes nothing. Catches a store
+/// store's clock. A complete or extend sent as soon as the deadline has surely
+/// passed (1 ms after it, plus the measured clock offset's uncertainty: a few
+/// milliseconds) answers LeaseLost and changes nothing; a release answers Ok
+/// and changes nothing (the next claim is a takeover, attempt 2, not a fresh
+/// claim after a removal). Catches a store
 /// that lets the holder finish "just after" its deadline (a grace for clock
 /// skew, a `<=` where `<` belongs, a deadline rounded up), which
 /// [`passed_lease_is_lost`] may miss: it calls tens of milliseconds later.
@@ -331,10 +337,20 @@ pub async fn lease_is_lost_at_its_deadline(factory: &dyn StoreFactory) -> CheckR
             _ => store.extend(&lease, LONG_TTL).await.map(|_| ()),
         };
         let late = clock.at_most_past(lease.deadline, SystemTime::now());
-        expect_lease_lost(
-            &format!("{op} of a lease at most {late:.1} ms past its deadline"),
-            answer,
-        )?;
+        let what = format!("{op} of a lease at most {late:.1} ms past its deadline");
+        if op == "release" {
+            if let Err(e) = answer {
+                return Err(Failure::new(format!("{what} failed: {e}, expected Ok")));
+            }
+            let next = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
+            ensure!(
+                next.attempt == 2,
+                "after a {what}, the next claim is attempt {}: the release removed a record whose lease had passed (expected attempt 2, a takeover)",
+                next.attempt
+            );
+            continue;
+        }
+        expect_lease_lost(&what, answer)?;
         ensure!(
             store.get(&k).await?.is_none(),
             "after a late {op} that answered LeaseLost, get shows the record again"

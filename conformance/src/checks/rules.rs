@@ -166,8 +166,11 @@ pub async fn duplicate_returns_exact_outcome(factory: &dyn StoreFactory) -> Chec
     Ok(Verdict::Passed)
 }
 
-/// Release removes the record; the next claim wins with a new token, attempt 1;
-/// the released lease can no longer complete.
+/// Release removes the record; asked again, it answers Ok (nothing live holds
+/// the key: rule 10); the next claim wins with a new token, attempt 1; the
+/// released lease can no longer complete or release. A complete asked again
+/// with the same outcome answers Ok and changes nothing; with another outcome,
+/// LeaseLost.
 pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let store = fixture.store();
@@ -178,6 +181,11 @@ pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
         store.get(&k).await?.is_none(),
         "get still finds a record after release"
     );
+    if let Err(e) = store.release(&first).await {
+        return Err(Failure::new(format!(
+            "a release asked again, with nothing under the key, failed: {e} (expected Ok, as the first)"
+        )));
+    }
     let second = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
     ensure!(
         second.token != first.token,
@@ -197,6 +205,22 @@ pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
         store.complete(&first, b"x", LONG_TTL).await,
     )?;
     store.complete(&second, b"ok", LONG_TTL).await?;
+    let done = store.get(&k).await?;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    if let Err(e) = store.complete(&second, b"ok", LONG_TTL).await {
+        return Err(Failure::new(format!(
+            "a complete asked again with the same lease and outcome failed: {e} (expected Ok, as the first)"
+        )));
+    }
+    ensure!(
+        store.get(&k).await? == done,
+        "a complete asked again changed the done record: {:?}, was {done:?}",
+        store.get(&k).await?
+    );
+    expect_lease_lost(
+        "a second complete with another outcome",
+        store.complete(&second, b"other", LONG_TTL).await,
+    )?;
     expect_lease_lost("release after complete", store.release(&second).await)?;
     ensure!(
         matches!(

@@ -361,6 +361,29 @@ pub enum AFlaw {
     /// as `?`. `evt_é` stays distinct, but `evt_日本` and `evt_中国`, or two
     /// emoji ids, are one record and the second event is lost as a duplicate.
     IdLatin1Column,
+
+    // =================================================================
+    // Requests asked twice (rule 10): what every network store did before
+    // it recognised its own writes. Each shows only through a driver that
+    // sends a request again after its answer was lost (`Breaker`'s
+    // `lose_next_answer`), or a caller that asks again.
+    // =================================================================
+    /// A claim sent again after its answer was lost meets the record its
+    /// first sending wrote and judges it as another claim's: InFlight about
+    /// its own fresh record (the Redis script and the DynamoDB conditional
+    /// put before they compared the record's token with the one they sent).
+    ResentClaimAnswersInFlight,
+    /// A complete asked again with the same lease and outcome finds the record
+    /// done and answers LeaseLost although its outcome is stored.
+    CompleteAgainIsLeaseLost,
+    /// A release asked again finds nothing under the key and answers
+    /// LeaseLost although the key is free, as asked.
+    ReleaseAgainIsLeaseLost,
+    /// forget is one delete of whatever is under the key: sent again after
+    /// its answer was lost, it finds nothing and answers false although it
+    /// removed a live record (and, had a claim come in between, would have
+    /// removed that newer claim).
+    ForgetUnfenced,
 }
 
 /// Every flaw, in declaration order.
@@ -423,6 +446,10 @@ pub fn all_flaws() -> Vec<AFlaw> {
         OutcomeLimitOffByOne,
         ClaimManyDedupByIdOnly,
         IdLatin1Column,
+        ResentClaimAnswersInFlight,
+        CompleteAgainIsLeaseLost,
+        ReleaseAgainIsLeaseLost,
+        ForgetUnfenced,
     ]
 }
 
@@ -480,6 +507,20 @@ type Rows = HashMap<(String, String), Row>;
 struct Shared {
     rows: Mutex<Rows>,
     broken: AtomicBool,
+    /// The next request is sent twice (its first answer lost), as a driver
+    /// does after a dropped connection.
+    resend: AtomicBool,
+    /// The tokens a request carries: recorded on its first sending, replayed
+    /// on the second, so both carry the same ones.
+    tape: Mutex<Tape>,
+}
+
+#[derive(Debug, Default)]
+enum Tape {
+    #[default]
+    Off,
+    Record(Vec<String>),
+    Replay(std::collections::VecDeque<String>),
 }
 
 /// A small row store, correct unless `flaw` is set. Clones (handles) share rows.
@@ -524,6 +565,66 @@ impl FlawedStore {
     /// where `FailOpenClaim` / `CompleteSwallowsWriteError` answer instead.
     pub fn set_broken(&self, on: bool) {
         self.shared.broken.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes the next operation run twice and answer the second time, as a
+    /// request whose answer was lost and that the driver sent again.
+    pub fn lose_next_answer(&self) {
+        self.shared.resend.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the answer [`lose_next_answer`](Self::lose_next_answer) asked
+    /// for was lost (disarms it either way).
+    pub fn answer_was_lost(&self) -> bool {
+        !self.shared.resend.swap(false, Ordering::SeqCst)
+    }
+
+    fn take_resend(&self) -> bool {
+        self.shared.resend.swap(false, Ordering::SeqCst)
+    }
+
+    fn tape(&self) -> MutexGuard<'_, Tape> {
+        self.shared.tape.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A token a request carries (the same on a second sending).
+    fn request_token(&self) -> String {
+        let mut tape = self.tape();
+        match &mut *tape {
+            Tape::Replay(tokens) => {
+                if let Some(t) = tokens.pop_front() {
+                    return t;
+                }
+                backend::new_token().to_string()
+            }
+            Tape::Record(tokens) => {
+                let t = backend::new_token().to_string();
+                tokens.push(t.clone());
+                t
+            }
+            Tape::Off => backend::new_token().to_string(),
+        }
+    }
+
+    /// Runs `op` twice when a lost answer is armed (the first answer dropped,
+    /// the request sent again with the same tokens), else once.
+    async fn sent<T, F, Fut>(&self, op: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        if !self.take_resend() {
+            return op().await;
+        }
+        *self.tape() = Tape::Record(Vec::new());
+        let _lost = op().await;
+        let recorded = std::mem::take(&mut *self.tape());
+        if let Tape::Record(tokens) = recorded {
+            *self.tape() = Tape::Replay(tokens.into());
+        }
+        let answer = op().await;
+        *self.tape() = Tape::Off;
+        answer
     }
 
     fn has(&self, flaw: AFlaw) -> bool {
@@ -607,7 +708,7 @@ impl FlawedStore {
     }
 
     /// The row a winning claim writes, given the (expired) row it replaces.
-    fn new_row(&self, prev: Option<&Row>, opts: &ClaimOptions, now: i64) -> Row {
+    fn new_row(&self, prev: Option<&Row>, opts: &ClaimOptions, now: i64, token: String) -> Row {
         let until = self.deadline(now, opts.lease_ttl);
         let (mut attempts, mut first_seen) = match prev {
             Some(p) if p.state == IN_FLIGHT || self.has(AFlaw::DoneExpiryCountsAsTakeover) => {
@@ -623,7 +724,7 @@ impl FlawedStore {
         }
         let mut row = Row {
             state: IN_FLIGHT,
-            token: backend::new_token().to_string(),
+            token,
             claim_id: opts.claim_id.as_ref().map(|c| c.as_str().to_string()),
             fingerprint: opts.fingerprint.as_ref().map(|f| f.as_bytes().to_vec()),
             expires_at: until,
@@ -771,11 +872,18 @@ impl FlawedStore {
         key: &Key,
         opts: &ClaimOptions,
         now_sys: SystemTime,
+        token: String,
     ) -> Result<ClaimOutcome> {
         let opts = self.effective_opts(opts);
         let now = to_millis(now_sys);
         let rk = self.row_key(key);
         if let Some(row) = map.get_mut(&rk) {
+            let own = row.token == token && row.state == IN_FLIGHT && row.expires_at > now;
+            if own && !self.has(AFlaw::ResentClaimAnswersInFlight) {
+                // This request's own record, from its first sending.
+                let lease = self.winning_lease(key, row, None, &opts, now_sys)?;
+                return Ok(ClaimOutcome::Claimed(lease));
+            }
             if self.has(AFlaw::ClaimIgnoresLogicalExpiry) || row.expires_at > now {
                 return self.answer_live(row, key, &opts, now);
             }
@@ -794,7 +902,7 @@ impl FlawedStore {
             }
         }
         let prev = map.get(&rk).cloned();
-        let row = self.new_row(prev.as_ref(), &opts, now);
+        let row = self.new_row(prev.as_ref(), &opts, now, token);
         let lease = self.winning_lease(key, &row, prev.as_ref(), &opts, now_sys)?;
         map.insert(rk, row);
         Ok(ClaimOutcome::Claimed(lease))
@@ -807,6 +915,7 @@ impl FlawedStore {
         key: &Key,
         opts: &ClaimOptions,
         now_sys: SystemTime,
+        token: String,
     ) -> Result<ClaimOutcome> {
         let now = to_millis(now_sys);
         let rk = self.row_key(key);
@@ -821,7 +930,7 @@ impl FlawedStore {
         };
         if !racy {
             let mut map = self.lock();
-            return self.claim_locked(&mut map, key, opts, now_sys);
+            return self.claim_locked(&mut map, key, opts, now_sys, token);
         }
         if snapshot.is_some() {
             tokio::time::sleep(ROUND_TRIP).await;
@@ -829,7 +938,7 @@ impl FlawedStore {
             tokio::task::yield_now().await;
         }
         let opts = self.effective_opts(opts);
-        let row = self.new_row(snapshot.as_ref(), &opts, now);
+        let row = self.new_row(snapshot.as_ref(), &opts, now, token);
         let lease = self.winning_lease(key, &row, snapshot.as_ref(), &opts, now_sys)?;
         self.lock().insert(rk, row);
         Ok(ClaimOutcome::Claimed(lease))
@@ -862,9 +971,9 @@ impl FlawedStore {
     }
 }
 
-#[async_trait]
-impl DedupeStore for FlawedStore {
-    async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+/// The operations, each as one sending of its request.
+impl FlawedStore {
+    async fn claim_once(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
         let now_sys = SystemTime::now();
         if self.is_broken() {
@@ -875,14 +984,20 @@ impl DedupeStore for FlawedStore {
             }
             return Err(Self::unavailable());
         }
+        let token = self.request_token();
         if self.has(AFlaw::ClaimCheckThenInsert) || self.has(AFlaw::TakeoverCheckThenWrite) {
-            return self.claim_racy(key, opts, now_sys).await;
+            return self.claim_racy(key, opts, now_sys, token).await;
         }
         let mut map = self.lock();
-        self.claim_locked(&mut map, key, opts, now_sys)
+        self.claim_locked(&mut map, key, opts, now_sys, token)
     }
 
-    async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+    async fn complete_once(
+        &self,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
         if !self.has(AFlaw::CompleteSkipsRetentionCheck) {
             check_ttl("retention", retention)?;
         }
@@ -934,11 +1049,21 @@ impl DedupeStore for FlawedStore {
                 self.mark_done(row, kept, retention, now);
                 Ok(())
             }
+            // Done already by this lease with this outcome: asked again.
+            Some(row)
+                if !self.has(AFlaw::CompleteAgainIsLeaseLost)
+                    && row.token == lease.token.as_str()
+                    && row.state == DONE
+                    && row.expires_at > now
+                    && row.outcome.as_deref() == Some(kept.as_slice()) =>
+            {
+                Ok(())
+            }
             _ => Err(Error::lease_lost(&lease.key)),
         }
     }
 
-    async fn release(&self, lease: &Lease) -> Result<()> {
+    async fn release_once(&self, lease: &Lease) -> Result<()> {
         self.check_broken()?;
         let now = to_millis(SystemTime::now());
         let rk = self.row_key(&lease.key);
@@ -965,11 +1090,16 @@ impl DedupeStore for FlawedStore {
                 map.remove(&rk);
                 Ok(())
             }
+            // Nothing live under the key: free, as asked.
+            Some(row) if row.expires_at <= now && !self.has(AFlaw::ReleaseAgainIsLeaseLost) => {
+                Ok(())
+            }
+            None if !self.has(AFlaw::ReleaseAgainIsLeaseLost) => Ok(()),
             _ => Err(Error::lease_lost(&lease.key)),
         }
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+    async fn extend_once(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
         self.check_broken()?;
         let now_sys = SystemTime::now();
@@ -1029,7 +1159,7 @@ impl DedupeStore for FlawedStore {
         }
     }
 
-    async fn expire(&self) -> Result<u64> {
+    async fn expire_once(&self) -> Result<u64> {
         self.check_broken()?;
         let now = to_millis(SystemTime::now());
         let by_lease = self.has(AFlaw::ExpireJudgesDoneByLease);
@@ -1080,7 +1210,7 @@ impl DedupeStore for FlawedStore {
         Ok((before - map.len()) as u64)
     }
 
-    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+    async fn get_once(&self, key: &Key) -> Result<Option<Record>> {
         self.check_broken()?;
         let now = to_millis(SystemTime::now());
         let rk = self.row_key(key);
@@ -1101,7 +1231,8 @@ impl DedupeStore for FlawedStore {
         Self::decode(key, row).map(Some)
     }
 
-    async fn forget(&self, key: &Key) -> Result<bool> {
+    /// `ForgetUnfenced`'s forget: one delete of whatever is there.
+    async fn forget_once(&self, key: &Key) -> Result<bool> {
         self.check_broken()?;
         let now = to_millis(SystemTime::now());
         let rk = self.row_key(key);
@@ -1112,7 +1243,39 @@ impl DedupeStore for FlawedStore {
         })
     }
 
-    async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+    /// The first request of a fenced forget: the row's token, and whether it
+    /// is live.
+    async fn peek_once(&self, key: &Key) -> Result<Option<(String, bool)>> {
+        self.check_broken()?;
+        let now = to_millis(SystemTime::now());
+        let rk = self.row_key(key);
+        Ok(self.lock().get(&rk).map(|row| {
+            let live = self.has(AFlaw::ForgetCountsExpired) || row.expires_at > now;
+            (row.token.clone(), live)
+        }))
+    }
+
+    /// The second: removes the row while it holds `token`; `false` when
+    /// another row is there now.
+    async fn forget_if_once(&self, key: &Key, token: &str) -> Result<bool> {
+        self.check_broken()?;
+        let rk = self.row_key(key);
+        let mut map = self.lock();
+        match map.get(&rk) {
+            Some(row) if row.token != token => Ok(false),
+            Some(_) => {
+                map.remove(&rk);
+                Ok(true)
+            }
+            None => Ok(true),
+        }
+    }
+
+    async fn claim_many_once(
+        &self,
+        keys: &[Key],
+        opts: &ClaimOptions,
+    ) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         dedupe_core::backend::check_batch(keys)?;
         let now_sys = SystemTime::now();
@@ -1142,7 +1305,13 @@ impl DedupeStore for FlawedStore {
                 if let Some(row) = map.get(&rk) {
                     scratch.insert(rk.clone(), row.clone());
                 }
-                answers.push(self.claim_locked(&mut scratch, key, &batch_opts, now_sys)?);
+                answers.push(self.claim_locked(
+                    &mut scratch,
+                    key,
+                    &batch_opts,
+                    now_sys,
+                    self.request_token(),
+                )?);
                 if let Some(row) = scratch.remove(&rk) {
                     writes.push((rk, row));
                 }
@@ -1162,7 +1331,13 @@ impl DedupeStore for FlawedStore {
                     continue;
                 }
                 first.insert(key.clone(), answers.len());
-                answers.push(self.claim_locked(&mut map, key, &batch_opts, now_sys)?);
+                answers.push(self.claim_locked(
+                    &mut map,
+                    key,
+                    &batch_opts,
+                    now_sys,
+                    self.request_token(),
+                )?);
             }
             return Ok(answers);
         }
@@ -1187,19 +1362,81 @@ impl DedupeStore for FlawedStore {
                     continue;
                 }
                 first.insert(key.id().to_string(), answers.len());
-                answers.push(self.claim_locked(&mut map, key, &batch_opts, now_sys)?);
+                answers.push(self.claim_locked(
+                    &mut map,
+                    key,
+                    &batch_opts,
+                    now_sys,
+                    self.request_token(),
+                )?);
             }
             return Ok(answers);
         }
 
         for key in keys {
-            answers.push(self.claim_locked(&mut map, key, &batch_opts, now_sys)?);
+            answers.push(self.claim_locked(
+                &mut map,
+                key,
+                &batch_opts,
+                now_sys,
+                self.request_token(),
+            )?);
         }
         Ok(answers)
     }
 
-    fn capabilities(&self) -> Capabilities {
+    fn caps(&self) -> Capabilities {
         Capabilities::new()
+    }
+}
+
+#[async_trait]
+impl DedupeStore for FlawedStore {
+    async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+        self.sent(|| self.claim_once(key, opts)).await
+    }
+
+    async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+        self.sent(|| self.complete_once(lease, outcome, retention))
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.sent(|| self.release_once(lease)).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.sent(|| self.extend_once(lease, ttl)).await
+    }
+
+    async fn expire(&self) -> Result<u64> {
+        self.sent(|| self.expire_once()).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        self.sent(|| self.get_once(key)).await
+    }
+
+    async fn forget(&self, key: &Key) -> Result<bool> {
+        if self.has(AFlaw::ForgetUnfenced) {
+            return self.sent(|| self.forget_once(key)).await;
+        }
+        loop {
+            let Some((token, live)) = self.sent(|| self.peek_once(key)).await? else {
+                return Ok(false);
+            };
+            if self.sent(|| self.forget_if_once(key, &token)).await? {
+                return Ok(live);
+            }
+        }
+    }
+
+    async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+        self.sent(|| self.claim_many_once(keys, opts)).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps()
     }
 }
 
@@ -1244,5 +1481,14 @@ impl FaultSwitch for Breaker {
     async fn set_broken(&self, broken: bool) -> Result<(), Error> {
         self.0.set_broken(broken);
         Ok(())
+    }
+
+    async fn lose_next_answer(&self) -> Result<bool, Error> {
+        self.0.lose_next_answer();
+        Ok(true)
+    }
+
+    async fn answer_was_lost(&self) -> Result<bool, Error> {
+        Ok(self.0.answer_was_lost())
     }
 }
