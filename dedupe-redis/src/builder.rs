@@ -28,6 +28,7 @@ pub struct RedisBuilder {
     pub(crate) max_outcome_bytes: usize,
     pub(crate) wait_replicas: Option<(u32, Duration)>,
     pub(crate) root_cert: Option<Vec<u8>>,
+    pub(crate) allow_eviction: bool,
 }
 
 impl std::fmt::Debug for RedisBuilder {
@@ -40,18 +41,26 @@ impl std::fmt::Debug for RedisBuilder {
     }
 }
 
-/// Checks a key prefix: at most 64 bytes of letters, digits and `_ . - : /`
-/// (no spaces, quotes or anything a shell or a `KEYS` pattern would trip on).
+/// Checks a key prefix: 2 to 64 bytes, letters, digits and `_ . - /`, ending in
+/// one `:` and holding no other. A record key is `prefix namespace : id`, and
+/// a namespace never holds `:`, so the first `:` of a record key ends its
+/// prefix: two stores with different prefixes never share a record key
+/// (`a:` and `a:b:` would: namespace `b` under the first is the second's
+/// prefix), and an empty prefix is refused for the same reason. No spaces,
+/// quotes, braces (a Cluster hash tag) or anything a shell or a `SCAN`
+/// pattern would trip on.
 pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
-    let ok = prefix.len() <= 64
-        && prefix
+    let ok = (2..=64).contains(&prefix.len())
+        && prefix.ends_with(':')
+        && prefix[..prefix.len() - 1]
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | ':' | '/'));
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/'));
     if ok {
         Ok(())
     } else {
         Err(Error::config(format!(
-            "redis key prefix {prefix:?} must be at most 64 of [A-Za-z0-9_.:/-]"
+            "redis key prefix {prefix:?} must be 1 to 63 of [A-Za-z0-9_./-] then one ':' \
+             (one colon, at the end, so no two stores' keys can meet)"
         )))
     }
 }
@@ -98,6 +107,15 @@ impl RedisBuilder {
         self
     }
 
+    /// Opens on a server whose `maxmemory-policy` may evict records (anything
+    /// but `noeviction` while `maxmemory` is set), which [`connect`](Self::connect)
+    /// otherwise refuses: an evicted record lets a second claim of its event
+    /// win. For caches shared with other data where the operator accepts that.
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
+        self
+    }
+
     /// Trusts this CA certificate (PEM) for `rediss://` instead of the system's
     /// roots: a private CA, as test servers and some managed services use.
     #[cfg(feature = "tls")]
@@ -107,7 +125,10 @@ impl RedisBuilder {
         self
     }
 
-    /// Connects (or takes the caller's connection) and builds the store.
+    /// Connects (or takes the caller's connection) and builds the store. Refuses
+    /// (a configuration error naming the setting) a server older than Redis 7.0
+    /// and one that may evict records (see [`allow_eviction`](Self::allow_eviction)),
+    /// on every primary of a Cluster.
     pub async fn connect(self) -> Result<RedisStore> {
         check_prefix(&self.prefix)?;
         if self.timeout.is_zero() {
@@ -134,7 +155,12 @@ impl RedisBuilder {
         #[cfg(feature = "tls")]
         crate::install_crypto_provider();
         let timeout = self.timeout;
-        let map = |e| crate::error::map(e, timeout, None);
+        let topology = if on_cluster {
+            crate::error::Topology::Cluster
+        } else {
+            crate::error::Topology::Standalone
+        };
+        let map = |e| crate::error::map(e, timeout, None, topology);
         let link = match self.target {
             Target::Conn(conn) => Link::new(conn, None),
             Target::Url(url) => {
@@ -197,6 +223,8 @@ impl RedisBuilder {
                 Link::new(Conn::Cluster(conn), None)
             }
         };
+        let (_, mut conn) = link.get();
+        crate::server::preflight(&mut conn, self.allow_eviction, map).await?;
         Ok(RedisStore {
             link,
             prefix: self.prefix,

@@ -15,6 +15,7 @@ mod conn;
 mod error;
 mod ops;
 mod scripts;
+mod server;
 mod store;
 
 pub use store::{Durability, RedisBuilder, RedisStore};

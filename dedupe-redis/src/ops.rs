@@ -43,8 +43,15 @@ impl RedisStore {
         format!("{}{}:{}", self.prefix, key.namespace(), key.id())
     }
 
+    pub(crate) fn topology(&self) -> crate::error::Topology {
+        match self.link.get().1 {
+            Conn::Single(_) => crate::error::Topology::Standalone,
+            Conn::Cluster(_) => crate::error::Topology::Cluster,
+        }
+    }
+
     pub(crate) fn err(&self, e: redis::RedisError, key: Option<&Key>) -> Error {
-        crate::error::map(e, self.timeout, key)
+        crate::error::map(e, self.timeout, key, self.topology())
     }
 
     /// Bounds `op` by twice the timeout, so a call never hangs through an outage

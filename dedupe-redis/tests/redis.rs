@@ -305,8 +305,14 @@ async fn values_that_are_not_records_are_corrupt_not_claimable() {
     let cli = |args: &[&str]| redis_cli(server.port, args);
     cli(&["SET", "dedupe:redis:garbage", "not a record"]);
     cli(&["SET", "dedupe:redis:cut", "d1:0:1:-:1:1:3:ab"]);
+    // A live header (deadline far ahead) over a body that does not decode.
+    cli(&[
+        "SET",
+        "dedupe:redis:live-cut",
+        "d1:0:99999999999999:-:1:1:3:ab",
+    ]);
     cli(&["HSET", "dedupe:redis:hash", "state", "0"]);
-    for id in ["garbage", "cut", "hash"] {
+    for id in ["garbage", "cut", "live-cut", "hash"] {
         let k = key(id);
         match store.claim(&k, &opts()).await {
             Err(Error::CorruptRecord { .. }) => {}
@@ -321,24 +327,35 @@ async fn values_that_are_not_records_are_corrupt_not_claimable() {
             "{id}"
         );
     }
-    // A batch meeting one of them claims none of its keys: the batch script
-    // reads every key before it writes any.
-    let batch = [key("before"), key("cut"), key("after")];
-    match store.claim_many(&batch, &opts()).await {
-        Err(Error::CorruptRecord { key, .. }) => assert!(key.ends_with("cut"), "{key}"),
-        other => panic!("a batch with a corrupt record answered {other:?}"),
-    }
-    for k in [&batch[0], &batch[2]] {
-        assert_eq!(store.get(k).await.expect("get"), None, "{k} was claimed");
+    // A batch meeting one of them, expired or live, claims none of its keys:
+    // the batch script reads and decodes every key before it writes any.
+    for corrupt in ["cut", "live-cut"] {
+        let batch = [
+            key(&format!("before-{corrupt}")),
+            key(corrupt),
+            key(&format!("after-{corrupt}")),
+        ];
+        match store.claim_many(&batch, &opts()).await {
+            Err(Error::CorruptRecord { key, .. }) => assert!(key.ends_with(corrupt), "{key}"),
+            other => panic!("a batch with the corrupt record {corrupt} answered {other:?}"),
+        }
+        for k in [&batch[0], &batch[2]] {
+            assert_eq!(store.get(k).await.expect("get"), None, "{k} was claimed");
+        }
     }
     assert_eq!(cli(&["GET", "dedupe:redis:garbage"]), "not a record");
     assert_eq!(cli(&["HGET", "dedupe:redis:hash", "state"]), "0");
 }
 
-/// Prefixes that are not plain are refused before anything connects.
+/// Prefixes that are not plain, and prefixes under which two stores could
+/// share a record key (empty, no closing `:`, a `:` inside: `a:` and `a:b:`
+/// would meet at namespace `b`), are refused before anything connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unsafe_prefixes_are_refused() {
-    for bad in ["a b", "x\"y", "p;DEL *", "tab\t", &"p".repeat(65)] {
+    let long = format!("{}:", "p".repeat(64));
+    for bad in [
+        "a b:", "x\"y:", "p;DEL *:", "tab\t:", &long, "", ":", "dedupe", "a:b:", "{tag}:",
+    ] {
         match RedisStore::builder("redis://127.0.0.1:1")
             .prefix(bad)
             .connect()

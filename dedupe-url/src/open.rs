@@ -181,6 +181,7 @@ impl Opener {
             urls,
             cluster,
             prefix,
+            allow_eviction,
         } = self.url.target()
         else {
             return Err(Error::config("not a redis URL"));
@@ -193,7 +194,11 @@ impl Opener {
         if let Some(prefix) = prefix {
             builder = builder.prefix(prefix);
         }
-        builder.timeout(self.timeout()).connect().await
+        builder
+            .allow_eviction(*allow_eviction)
+            .timeout(self.timeout())
+            .connect()
+            .await
     }
 
     /// A DynamoDB store on an SDK client of its own: static test credentials
@@ -313,7 +318,14 @@ impl Opener {
     pub async fn durability(&self) -> Option<String> {
         match self.url.target() {
             #[cfg(feature = "redis")]
-            Target::Redis { .. } => Some(self.redis().await.ok()?.durability().await.to_string()),
+            Target::Redis { .. } => {
+                let store = self.redis().await.ok()?;
+                let evicted = match store.evicted_keys().await {
+                    Some(n) => format!("evicted_keys {n}"),
+                    None => "evicted_keys unknown".into(),
+                };
+                Some(format!("{}; {evicted}", store.durability().await))
+            }
             _ => None,
         }
     }

@@ -91,6 +91,9 @@ pub enum Target {
         cluster: bool,
         /// `?prefix=` (default `dedupe:`).
         prefix: Option<String>,
+        /// `?allow_eviction=true`: open on a server whose `maxmemory-policy`
+        /// may evict records (refused otherwise).
+        allow_eviction: bool,
     },
     /// `dynamodb://TABLE?region=...&endpoint=http://127.0.0.1:8000`.
     Dynamo {
@@ -200,7 +203,11 @@ impl StoreUrl {
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
                 built("redis", cfg!(feature = "redis"))?;
                 let body = body.ok_or_else(|| malformed("expected redis://host:port"))?;
-                options.only_or_pass(scheme_label(&scheme_lower), &["prefix"], REDIS_PASS)?;
+                options.only_or_pass(
+                    scheme_label(&scheme_lower),
+                    &["prefix", "allow_eviction"],
+                    REDIS_PASS,
+                )?;
                 let cluster = scheme_lower.ends_with("+cluster");
                 let base = scheme_lower.trim_end_matches("+cluster");
                 let passed = options.passed_query();
@@ -232,6 +239,7 @@ impl StoreUrl {
                     urls,
                     cluster,
                     prefix: options.take("prefix"),
+                    allow_eviction: options.take_bool("allow_eviction")?.unwrap_or(false),
                 }
             }
             "dynamodb" => {
@@ -492,6 +500,21 @@ impl Options {
         self.values.remove(key)
     }
 
+    fn take_bool(&mut self, key: &str) -> Result<Option<bool>, UrlError> {
+        let Some(v) = self.values.remove(key) else {
+            return Ok(None);
+        };
+        match v.as_str() {
+            "true" => Ok(Some(true)),
+            "false" => Ok(Some(false)),
+            _ => Err(UrlError::BadValue {
+                option: key.into(),
+                value: v,
+                reason: "must be true or false".into(),
+            }),
+        }
+    }
+
     fn take_number(&mut self, key: &str, min: u32, max: u32) -> Result<Option<u32>, UrlError> {
         let Some(v) = self.values.remove(key) else {
             return Ok(None);
@@ -588,9 +611,20 @@ mod tests {
             &Target::Redis {
                 urls: vec!["redis://a:1".into(), "redis://b:2".into()],
                 cluster: true,
-                prefix: Some("p".into())
+                prefix: Some("p".into()),
+                allow_eviction: false,
             }
         );
+        assert_eq!(
+            parsed("redis://a:1/0?allow_eviction=true").target(),
+            &Target::Redis {
+                urls: vec!["redis://a:1/0".into()],
+                cluster: false,
+                prefix: None,
+                allow_eviction: true,
+            }
+        );
+        assert!(err("redis://a:1/0?allow_eviction=yes").contains("true or false"));
         assert_eq!(
             parsed("dynamodb://events.v1?region=eu-west-1&endpoint=http://127.0.0.1:8000").target(),
             &Target::Dynamo {

@@ -106,6 +106,7 @@ impl RawStore {
                 urls,
                 cluster,
                 prefix,
+                ..
             } => Self::Redis {
                 urls: urls.clone(),
                 cluster: *cluster,
