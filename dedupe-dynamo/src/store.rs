@@ -51,9 +51,11 @@ pub const MAX_TRANSACTION_ITEMS: usize = 100;
 ///   completion to the caller's `TransactWriteItems`, so a business write and
 ///   the record commit together or not at all.
 /// - **Time**: DynamoDB has no server clock in expressions, so the caller's
-///   clock decides deadlines. Single-winner claims never depend on clocks (the
-///   conditional write is atomic whatever the clocks say); what skew changes
-///   is when a lease or a retention counts as passed. A client whose clock
+///   clock decides deadlines. Claims racing at one instant have one winner
+///   whatever the clocks say (the conditional write is atomic); what skew
+///   changes is when a lease or a retention counts as passed, so a takeover
+///   depends on the taker's clock (tolerance: `work + skew < lease`; the skew
+///   is not yet measured, see the README). A client whose clock
 ///   runs `d` ahead of the holder's sees the holder's lease pass `d` early and
 ///   may take it over while the holder still works: the holder's `complete`
 ///   then fails with `LeaseLost` (the token changed), so at most one outcome is
