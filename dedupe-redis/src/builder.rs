@@ -65,6 +65,27 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
     }
 }
 
+/// Checks the settings of [`RedisBuilder::wait_for_replicas`].
+pub(crate) fn check_wait(replicas: u32, wait: Duration, timeout: Duration) -> Result<()> {
+    if replicas == 0 {
+        return Err(Error::config(
+            "wait_for_replicas needs at least 1 replica to wait for",
+        ));
+    }
+    // `WAIT n 0` blocks until n replicas answer, however long that takes.
+    if wait < Duration::from_millis(1) {
+        return Err(Error::config(format!(
+            "the replica wait ({wait:?}) must be at least 1 ms (WAIT with 0 ms waits forever)"
+        )));
+    }
+    if wait >= timeout {
+        return Err(Error::config(format!(
+            "the replica wait ({wait:?}) must be shorter than the timeout ({timeout:?})"
+        )));
+    }
+    Ok(())
+}
+
 impl RedisBuilder {
     /// Prefix of every record key (default `dedupe:`).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -97,11 +118,22 @@ impl RedisBuilder {
         self
     }
 
-    /// After each winning claim, waits (`WAIT`) until `replicas` replicas have
-    /// the write, for at most `timeout`; fewer is a retryable error (the claim
-    /// stands; retry with the same claim id). For deployments where a failover
-    /// must not lose a claim. Standalone servers with replicas only; `timeout`
-    /// must be shorter than the store's [`timeout`](Self::timeout).
+    /// After every write (a claim that wins, a completion, an extension, a
+    /// release, a forget), waits (`WAIT`) until `replicas` replicas have it,
+    /// for at most `timeout`; fewer is a retryable error, and the write stands
+    /// on the primary (a claim: retry with the same claim id; a completion:
+    /// retry `complete` with the same outcome, which answers Ok and waits
+    /// again). For deployments where a failover must not lose an answered
+    /// write: without it, a primary that dies before its replica has a
+    /// completion takes the completion with it, and the event runs again.
+    ///
+    /// Each write and its `WAIT` go in one pipeline on a connection of their
+    /// own (a waiting connection holds every call queued behind it), routed
+    /// to the key's node on a Cluster. `replicas` is at least 1; `timeout` at
+    /// least 1 ms (`WAIT n 0` would wait forever) and shorter than the
+    /// store's [`timeout`](Self::timeout). The store must open its own
+    /// connections (not [`RedisStore::builder_with_manager`] or
+    /// [`RedisStore::builder_with_cluster`]).
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait_replicas = Some((replicas, timeout));
         self
@@ -139,17 +171,13 @@ impl RedisBuilder {
             self.target,
             Target::Cluster(_) | Target::Conn(Conn::Cluster(_))
         );
-        if on_cluster && self.wait_replicas.is_some() {
-            return Err(Error::config(
-                "wait_for_replicas is for standalone servers, not a Cluster",
-            ));
-        }
-        if let Some((_, wait)) = self.wait_replicas {
-            if wait >= self.timeout {
-                return Err(Error::config(format!(
-                    "the replica wait ({wait:?}) must be shorter than the timeout ({:?})",
-                    self.timeout
-                )));
+        if let Some((replicas, wait)) = self.wait_replicas {
+            check_wait(replicas, wait, self.timeout)?;
+            if matches!(self.target, Target::Conn(_)) {
+                return Err(Error::config(
+                    "wait_for_replicas needs a store that opens its own connections \
+                     (RedisStore::builder or cluster_builder), one of them for the waits",
+                ));
             }
         }
         #[cfg(feature = "tls")]
@@ -161,6 +189,7 @@ impl RedisBuilder {
             crate::error::Topology::Standalone
         };
         let map = |e| crate::error::map(e, timeout, None, topology);
+        let mut wait_link = None;
         let link = match self.target {
             Target::Conn(conn) => Link::new(conn, None),
             Target::Url(url) => {
@@ -184,18 +213,26 @@ impl RedisBuilder {
                     .set_max_delay(Duration::from_millis(200))
                     .set_response_timeout(Some(timeout))
                     .set_connection_timeout(Some(timeout));
-                let rebuild = (client.clone(), config.clone());
-                let manager = tokio::time::timeout(
-                    timeout * 2,
-                    ConnectionManager::new_with_config(client, config),
-                )
-                .await
-                .map_err(|_| Error::Timeout {
-                    after: timeout * 2,
-                    source: None,
-                })?
-                .map_err(map)?;
-                Link::new(Conn::Single(manager), Some(rebuild))
+                let open = || async {
+                    let manager = tokio::time::timeout(
+                        timeout * 2,
+                        ConnectionManager::new_with_config(client.clone(), config.clone()),
+                    )
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        after: timeout * 2,
+                        source: None,
+                    })?
+                    .map_err(map)?;
+                    Ok::<_, Error>(Link::new(
+                        Conn::Single(manager),
+                        Some((client.clone(), config.clone())),
+                    ))
+                };
+                if self.wait_replicas.is_some() {
+                    wait_link = Some(open().await?);
+                }
+                open().await?
             }
             Target::Cluster(urls) => {
                 let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
@@ -213,14 +250,20 @@ impl RedisBuilder {
                     .response_timeout(timeout)
                     .build()
                     .map_err(|e| Error::config(format!("redis cluster URLs {urls:?}: {e}")))?;
-                let conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
-                    .await
-                    .map_err(|_| Error::Timeout {
-                        after: timeout * 2,
-                        source: None,
-                    })?
-                    .map_err(map)?;
-                Link::new(Conn::Cluster(conn), None)
+                let open = || async {
+                    let conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
+                        .await
+                        .map_err(|_| Error::Timeout {
+                            after: timeout * 2,
+                            source: None,
+                        })?
+                        .map_err(map)?;
+                    Ok::<_, Error>(Link::new(Conn::Cluster(conn), None))
+                };
+                if self.wait_replicas.is_some() {
+                    wait_link = Some(open().await?);
+                }
+                open().await?
             }
         };
         let (_, mut conn) = link.get();
@@ -233,7 +276,14 @@ impl RedisBuilder {
             caps: Capabilities::new()
                 .with_explicit_expire(false)
                 .with_max_outcome_bytes(self.max_outcome_bytes),
-            wait_replicas: self.wait_replicas,
+            wait: self
+                .wait_replicas
+                .zip(wait_link)
+                .map(|((replicas, timeout), link)| crate::ops::Wait {
+                    replicas,
+                    timeout,
+                    link,
+                }),
         })
     }
 }

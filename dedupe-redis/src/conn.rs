@@ -117,4 +117,11 @@ impl Link {
             Err(e) => tracing::warn!(error = %e, "could not replace a timed-out Redis connection"),
         }
     }
+
+    /// Replaces connection `generation` when `result` is a timeout.
+    pub(crate) fn after<T>(&self, generation: u64, result: &dedupe_core::Result<T>) {
+        if matches!(result, Err(dedupe_core::Error::Timeout { .. })) {
+            self.replace(generation);
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! Where every operation runs: the script invocations, the answers read back
-//! from them, the batch chunks and the replica wait.
+//! from them, the batch chunks and the replica wait that follows a write.
 
 use std::future::Future;
 
@@ -10,8 +10,18 @@ use redis::Value;
 use crate::codec;
 use crate::scripts::SCRIPTS;
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Link};
 use crate::store::RedisStore;
+
+/// With [`RedisBuilder::wait_for_replicas`](crate::RedisBuilder::wait_for_replicas):
+/// how many replicas each write must reach, how long its `WAIT` waits, and
+/// the connection the writes and their waits run on.
+#[derive(Debug, Clone)]
+pub(crate) struct Wait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: std::time::Duration,
+    pub(crate) link: Link,
+}
 
 /// Reads the script answers: an integer, or an array of an integer and bytes.
 pub(crate) fn parts(value: Value) -> Option<(i64, Option<Vec<u8>>)> {
@@ -66,22 +76,14 @@ impl RedisStore {
             }))
     }
 
+    /// Runs a script that only reads (or whose write no failover can undo
+    /// into a second winner) on the store's connection.
     pub(crate) async fn run(
         &self,
         invocation: redis::ScriptInvocation<'_>,
         key: &Key,
     ) -> Result<Value> {
-        self.run_on(self.link.get(), invocation, key).await
-    }
-
-    /// [`run`](Self::run) on a connection the caller took from the link (a
-    /// claim and its `WAIT` must use the same one).
-    pub(crate) async fn run_on(
-        &self,
-        (generation, mut conn): (u64, Conn),
-        invocation: redis::ScriptInvocation<'_>,
-        key: &Key,
-    ) -> Result<Value> {
+        let (generation, mut conn) = self.link.get();
         let result = self
             .bounded(async {
                 invocation
@@ -90,14 +92,76 @@ impl RedisStore {
                     .map_err(|e| self.err(e, Some(key)))
             })
             .await;
-        self.after(generation, &result);
+        self.link.after(generation, &result);
         result
     }
 
-    /// Replaces the connection a timed-out call ran on (see [`Link`]).
-    pub(crate) fn after<T>(&self, generation: u64, result: &Result<T>) {
-        if matches!(result, Err(Error::Timeout { .. })) {
-            self.link.replace(generation);
+    /// Runs a script that writes, and answers its value with how many replicas
+    /// acknowledged the write (`None` without
+    /// [`RedisBuilder::wait_for_replicas`](crate::RedisBuilder::wait_for_replicas)).
+    ///
+    /// With replicas to wait for, the script and a `WAIT` go out in one
+    /// pipeline on the store's waiting connection: the `WAIT` counts the writes
+    /// of its own connection, so it must follow the script on the very
+    /// connection the script ran on (one pipeline cannot be split across a
+    /// reconnect), and on a Cluster the pipeline goes to the node of the
+    /// script's key (a `WAIT` alone would be sent to every primary). The
+    /// server holds a connection while its `WAIT` waits; a connection of its
+    /// own keeps the other calls of the store from queueing behind it.
+    pub(crate) async fn write(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+        key: &Key,
+    ) -> Result<(Value, Option<i64>)> {
+        let Some(wait) = &self.wait else {
+            return Ok((self.run(invocation, key).await?, None));
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation)
+            .cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(duration_millis(wait.timeout));
+        let (generation, mut conn) = wait.link.get();
+        let result = self
+            .bounded(async {
+                let sent = match pipe.query_async::<(Value, i64)>(&mut conn).await {
+                    // The server does not have the script yet (a restart, a
+                    // failover, a new node): load it, then send the pipeline again.
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        match invocation.load_async(&mut conn).await {
+                            Ok(_) => pipe.query_async(&mut conn).await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    sent => sent,
+                };
+                sent.map(|(value, acked)| (value, Some(acked)))
+                    .map_err(|e| self.err(e, Some(key)))
+            })
+            .await;
+        wait.link.after(generation, &result);
+        result
+    }
+
+    /// Ok when a write reached the replicas it had to (or none were asked
+    /// for); else a retryable error: the write stands on the primary, where a
+    /// failover may still lose it. `advice` says how to retry.
+    pub(crate) fn replicated(&self, acked: Option<i64>, what: &str, advice: &str) -> Result<()> {
+        match (acked, &self.wait) {
+            (Some(acked), Some(wait)) if acked < i64::from(wait.replicas) => {
+                Err(Error::unavailable(
+                    format!(
+                        "the {what} reached {acked} of {} replicas within {:?}; it stands on \
+                         the primary, where a failover may lose it: {advice}",
+                        wait.replicas, wait.timeout
+                    ),
+                    None,
+                ))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -152,30 +216,32 @@ impl RedisStore {
         }
     }
 
-    /// One claim, without waiting for replicas (the caller does, once).
-    pub(crate) async fn claim_one(
-        &self,
-        link: (u64, Conn),
-        key: &Key,
-        opts: &ClaimOptions,
-    ) -> Result<ClaimOutcome> {
+    /// What a claim that won tells its caller when the replicas did not all
+    /// acknowledge it in time.
+    const CLAIM_RETRY: &'static str = "retry with the same claim id to be handed the lease";
+
+    /// One claim. A claim that won (or was handed its lease again) waits for
+    /// the replicas asked for.
+    pub(crate) async fn claim_one(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         let invocation = self.claim_invocation(&SCRIPTS.claim, &[key], opts);
-        let answer = self.run_on(link, invocation, key).await?;
+        let (answer, acked) = self.write(invocation, key).await?;
         let (code, value) = parts(answer).ok_or_else(|| Self::unexpected(key, "claim"))?;
         let value = value.ok_or_else(|| Self::unexpected(key, "claim"))?;
-        Self::claim_answer(key, code, &value, opts)
+        let outcome = Self::claim_answer(key, code, &value, opts)?;
+        if outcome.lease().is_some() {
+            self.replicated(acked, "claim", Self::CLAIM_RETRY)?;
+        }
+        Ok(outcome)
     }
 
     /// Distinct keys one batch script call claims at most: a call holds the
     /// single-threaded server for its whole run (a few µs a key).
     pub(crate) const CLAIM_CHUNK: usize = 128;
 
-    /// Claims distinct keys of one server in one script call, without waiting
-    /// for replicas. A record among them that does not decode fails the call
-    /// with nothing claimed.
+    /// Claims distinct keys of one server in one script call. A record among
+    /// them that does not decode fails the call with nothing claimed.
     pub(crate) async fn claim_chunk(
         &self,
-        link: (u64, Conn),
         keys: &[&Key],
         opts: &ClaimOptions,
     ) -> Result<Vec<ClaimOutcome>> {
@@ -183,7 +249,7 @@ impl RedisStore {
             return Ok(Vec::new());
         };
         let invocation = self.claim_invocation(&SCRIPTS.claim_many, keys, opts);
-        let answer = self.run_on(link, invocation, first).await?;
+        let (answer, acked) = self.write(invocation, first).await?;
         let Value::Array(items) = answer else {
             return Err(Self::unexpected(first, "claim_many"));
         };
@@ -200,7 +266,8 @@ impl RedisStore {
         if items.len() != keys.len() * 2 {
             return Err(Self::unexpected(last, "claim_many"));
         }
-        keys.iter()
+        let outcomes = keys
+            .iter()
             .zip(items.chunks_exact(2))
             .map(|(key, pair)| match pair {
                 [Value::Int(code), Value::BulkString(value)] => {
@@ -208,49 +275,10 @@ impl RedisStore {
                 }
                 _ => Err(Self::unexpected(key, "claim_many")),
             })
-            .collect()
-    }
-
-    /// With [`RedisBuilder::wait_for_replicas`], waits until the replicas have
-    /// every write made so far on this store's connection. `WAIT` holds the
-    /// multiplexed connection while it waits: calls of the same store queue
-    /// behind it for at most the wait's timeout. `link` is the connection the
-    /// claims ran on: `WAIT` counts the writes of its own connection, so on a
-    /// connection swapped in since it would return at once.
-    pub(crate) async fn wait_for_replicas(
-        &self,
-        link: (u64, Conn),
-        answers: &[ClaimOutcome],
-    ) -> Result<()> {
-        let Some((replicas, timeout)) = self.wait_replicas else {
-            return Ok(());
-        };
-        // A re-entrant Claimed (a retry after a failed wait) waits again.
-        if !answers.iter().any(|a| a.lease().is_some()) {
-            return Ok(());
+            .collect::<Result<Vec<_>>>()?;
+        if outcomes.iter().any(|o| o.lease().is_some()) {
+            self.replicated(acked, "batch claim", Self::CLAIM_RETRY)?;
         }
-        let (generation, mut conn) = link;
-        let acked = self
-            .bounded(async {
-                redis::cmd("WAIT")
-                    .arg(replicas)
-                    .arg(duration_millis(timeout))
-                    .query_async::<i64>(&mut conn)
-                    .await
-                    .map_err(|e| self.err(e, None))
-            })
-            .await;
-        self.after(generation, &acked);
-        let acked = acked?;
-        if acked < i64::from(replicas) {
-            return Err(Error::unavailable(
-                format!(
-                    "the claim reached {acked} of {replicas} replicas in {timeout:?}; it stands \
-                     on the primary: retry with the same claim id"
-                ),
-                None,
-            ));
-        }
-        Ok(())
+        Ok(outcomes)
     }
 }

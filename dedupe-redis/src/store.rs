@@ -93,7 +93,7 @@ pub struct RedisStore {
     pub(crate) timeout: Duration,
     pub(crate) grace_ms: i64,
     pub(crate) caps: Capabilities,
-    pub(crate) wait_replicas: Option<(u32, Duration)>,
+    pub(crate) wait: Option<crate::ops::Wait>,
 }
 
 impl RedisStore {
@@ -212,11 +212,7 @@ impl RedisStore {
 impl DedupeStore for RedisStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
-        let link = self.link.get();
-        let answer = self.claim_one(link.clone(), key, opts).await?;
-        self.wait_for_replicas(link, std::slice::from_ref(&answer))
-            .await?;
-        Ok(answer)
+        self.claim_one(key, opts).await
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
@@ -227,8 +223,13 @@ impl DedupeStore for RedisStore {
             .arg(lease.token.as_str())
             .arg(duration_millis(retention))
             .arg(outcome);
-        match parts(self.run(invocation, &lease.key).await?) {
-            Some((1, _)) => Ok(()),
+        let (answer, acked) = self.write(invocation, &lease.key).await?;
+        match parts(answer) {
+            Some((1, _)) => self.replicated(
+                acked,
+                "completion",
+                "retry complete with the same outcome (it answers Ok and waits again)",
+            ),
             Some((0, _)) => Err(Error::lease_lost(&lease.key)),
             Some((-1, _)) => Err(Error::corrupt(&lease.key, "not a dedupe record")),
             _ => Err(Self::unexpected(&lease.key, "complete")),
@@ -238,8 +239,9 @@ impl DedupeStore for RedisStore {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let mut invocation = SCRIPTS.release.key(self.record_key(&lease.key));
         invocation.arg(lease.token.as_str());
-        match parts(self.run(invocation, &lease.key).await?) {
-            Some((1, _)) => Ok(()),
+        let (answer, acked) = self.write(invocation, &lease.key).await?;
+        match parts(answer) {
+            Some((1, _)) => self.replicated(acked, "release", "retry the release"),
             Some((0, _)) => Err(Error::lease_lost(&lease.key)),
             Some((-1, _)) => Err(Error::corrupt(&lease.key, "not a dedupe record")),
             _ => Err(Self::unexpected(&lease.key, "release")),
@@ -253,12 +255,18 @@ impl DedupeStore for RedisStore {
             .arg(lease.token.as_str())
             .arg(duration_millis(ttl))
             .arg(self.grace_ms);
-        match parts(self.run(invocation, &lease.key).await?) {
+        let (answer, acked) = self.write(invocation, &lease.key).await?;
+        match parts(answer) {
             Some((1, Some(deadline))) => {
                 let ms = std::str::from_utf8(&deadline)
                     .ok()
                     .and_then(|t| t.parse::<i64>().ok())
                     .ok_or_else(|| Self::unexpected(&lease.key, "extend"))?;
+                self.replicated(
+                    acked,
+                    "extension",
+                    "hold to the lease's earlier deadline, or extend again",
+                )?;
                 Ok(Lease {
                     deadline: from_millis(ms),
                     ..lease.clone()
@@ -316,8 +324,12 @@ impl DedupeStore for RedisStore {
             };
             let mut invocation = SCRIPTS.forget.key(self.record_key(key));
             invocation.arg(token);
-            match parts(self.run(invocation, key).await?) {
-                Some((1, _)) => return Ok(live),
+            let (answer, acked) = self.write(invocation, key).await?;
+            match parts(answer) {
+                Some((1, _)) => {
+                    self.replicated(acked, "forget", "retry the forget")?;
+                    return Ok(live);
+                }
                 // A newer record took its place: look again.
                 Some((0, _)) => continue,
                 Some((-1, _)) => return Err(corrupt()),
@@ -351,15 +363,11 @@ impl DedupeStore for RedisStore {
             return Ok(Vec::new());
         }
         let batch = BatchKeys::new(keys);
-        let link = self.link.get();
-        let answers = if matches!(link.1, Conn::Cluster(_)) {
+        let answers = if self.is_cluster() {
             // Keys of a batch fall in many slots, each on its node: one script
             // call per key, sent together.
             futures_util::future::try_join_all(
-                batch
-                    .distinct()
-                    .iter()
-                    .map(|key| self.claim_one(link.clone(), key, opts)),
+                batch.distinct().iter().map(|key| self.claim_one(key, opts)),
             )
             .await?
         } else {
@@ -367,12 +375,11 @@ impl DedupeStore for RedisStore {
                 batch
                     .distinct()
                     .chunks(Self::CLAIM_CHUNK)
-                    .map(|chunk| self.claim_chunk(link.clone(), chunk, opts)),
+                    .map(|chunk| self.claim_chunk(chunk, opts)),
             )
             .await?;
             chunks.into_iter().flatten().collect()
         };
-        self.wait_for_replicas(link, &answers).await?;
         batch.answers(answers, opts)
     }
 

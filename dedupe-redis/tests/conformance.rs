@@ -1,9 +1,12 @@
-//! The Redis store runs the whole conformance suite twice:
+//! The Redis store runs the whole conformance suite three times:
 //! - on a standalone server, a test per check (each test is a process under
 //!   nextest, with a server of its own);
 //! - on a three-master Cluster, every check in one test on one cluster: a
 //!   cluster takes two seconds or more to start (a fresh master waits before it
-//!   says the cluster is up), which a cluster per check paid 35 times.
+//!   says the cluster is up), which a cluster per check paid 35 times;
+//! - on a primary with one replica, every store waiting for it after each
+//!   write (`wait_for_replicas`: every write goes out in a pipeline with its
+//!   `WAIT`, on a connection of its own), every check in one test.
 //!
 //! Every fixture gets a key prefix of its own; every racing handle a connection
 //! of its own.
@@ -22,32 +25,83 @@ use tokio::sync::OnceCell;
 enum Place {
     Single(String),
     Cluster(Vec<String>),
+    /// A primary with a replica: every store waits for it after each write.
+    Replicated(String),
 }
 
 impl Place {
     async fn open(&self, prefix: &str, timeout: Duration) -> Result<RedisStore, Error> {
+        self.open_at(None, prefix, timeout).await
+    }
+
+    /// Opens on `via` (a proxy's URL) instead of the place's own address.
+    async fn open_at(
+        &self,
+        via: Option<String>,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<RedisStore, Error> {
         let builder = match self {
-            Place::Single(url) => RedisStore::builder(url.clone()),
+            Place::Single(url) => RedisStore::builder(via.unwrap_or_else(|| url.clone())),
             Place::Cluster(urls) => RedisStore::cluster_builder(urls.clone()),
+            Place::Replicated(url) => RedisStore::builder(via.unwrap_or_else(|| url.clone()))
+                .wait_for_replicas(1, timeout / 2),
         };
         builder.prefix(prefix).timeout(timeout).connect().await
+    }
+
+    fn url(&self) -> Option<&str> {
+        match self {
+            Place::Single(url) | Place::Replicated(url) => Some(url),
+            Place::Cluster(_) => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Single,
+    Cluster,
+    Replicated,
+}
+
+/// A private primary and its replica, synced.
+struct Pair {
+    primary: support::RedisServer,
+    _replica: support::RedisServer,
+}
+
+impl Pair {
+    fn start() -> Self {
+        let primary = support::RedisServer::start();
+        let replica = support::RedisServer::start_with(support::RedisOptions {
+            replica_of: Some(primary.port),
+            ..support::RedisOptions::default()
+        });
+        support::wait_for_replicas(primary.port, 1);
+        Self {
+            primary,
+            _replica: replica,
+        }
     }
 }
 
 /// Owns the servers for one test: they are stopped when the factory drops at the
 /// end of the test (a `static` would never drop, and leak a server per process).
 struct RedisFactory {
-    cluster: bool,
+    mode: Mode,
     single: OnceCell<(Option<support::RedisServer>, String)>,
     clusters: OnceCell<(Option<support::RedisCluster>, Vec<String>)>,
+    pair: OnceCell<Pair>,
 }
 
 impl RedisFactory {
-    fn new(cluster: bool) -> Self {
+    fn new(mode: Mode) -> Self {
         Self {
-            cluster,
+            mode,
             single: OnceCell::new(),
             clusters: OnceCell::new(),
+            pair: OnceCell::new(),
         }
     }
 }
@@ -61,7 +115,17 @@ struct RedisFixture {
 #[async_trait]
 impl StoreFactory for RedisFactory {
     async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
-        let place = if self.cluster {
+        let place = if self.mode == Mode::Replicated {
+            let pair = self
+                .pair
+                .get_or_init(|| async {
+                    tokio::task::spawn_blocking(Pair::start)
+                        .await
+                        .expect("primary and replica")
+                })
+                .await;
+            Place::Replicated(pair.primary.url())
+        } else if self.mode == Mode::Cluster {
             let (_, urls) = self
                 .clusters
                 .get_or_init(|| async {
@@ -111,18 +175,14 @@ impl Fixture for RedisFixture {
     /// learns the nodes' real addresses from the cluster and would go around a
     /// proxy, so the Cluster suite reports this check as skipped.)
     async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
-        let Place::Single(url) = &self.place else {
+        let Some(url) = self.place.url() else {
             return Ok(None);
         };
         let (proxy, via) = dedupe_testkit::proxied(url)
             .await
             .map_err(|e| Error::unavailable("proxy", Some(Box::new(e))))?;
         let timeout = Duration::from_millis(500);
-        let store = RedisStore::builder(via)
-            .prefix(&self.prefix)
-            .timeout(timeout)
-            .connect()
-            .await?;
+        let store = self.place.open_at(Some(via), &self.prefix, timeout).await?;
         Ok(Some(FaultyHandle {
             store: Arc::new(store),
             switch: Box::new(dedupe_testkit::ProxyFault(proxy)),
@@ -132,7 +192,7 @@ impl Fixture for RedisFixture {
 }
 
 mod standalone {
-    dedupe_conformance::suite!(super::RedisFactory::new(false));
+    dedupe_conformance::suite!(super::RedisFactory::new(super::Mode::Single));
 }
 
 /// The whole suite on one Cluster. It skips three checks, as the standalone
@@ -142,7 +202,7 @@ mod standalone {
 /// see `faulty_handle`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_passes_the_whole_suite() {
-    let report = run_all(&RedisFactory::new(true)).await;
+    let report = run_all(&RedisFactory::new(Mode::Cluster)).await;
     println!("{report}");
     assert!(report.all_passed(), "{report}");
     let mut skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
@@ -156,4 +216,16 @@ async fn cluster_passes_the_whole_suite() {
         ],
         "{report}"
     );
+}
+
+/// The whole suite on a primary with one replica, every store waiting for it
+/// after each write: the pipelined path of every operation, the faults through
+/// a proxy in front of the primary included. Skips `expire()` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicated_with_waits_passes_the_whole_suite() {
+    let report = run_all(&RedisFactory::new(Mode::Replicated)).await;
+    println!("{report}");
+    assert!(report.all_passed(), "{report}");
+    let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
+    assert_eq!(skipped, ["expire_removes_exactly_expired"], "{report}");
 }

@@ -124,6 +124,27 @@ async fn cluster_spreads_keys_and_survives_a_reshard() {
             "{k} lost in the reshard"
         );
     }
+
+    // `wait_for_replicas` on a Cluster: each write and its WAIT go to the
+    // key's node in one pipeline. These primaries have no replicas, so every
+    // write that wins answers a retryable error naming the shortfall (a
+    // write without its WAIT would not), and still stands.
+    let waiting = RedisStore::cluster_builder(urls.clone())
+        .wait_for_replicas(1, Duration::from_millis(50))
+        .connect()
+        .await
+        .expect("connect with waits");
+    for i in 0..6 {
+        let k = key(&format!("waited-{i}"));
+        match waiting.claim(&k, &opts()).await {
+            Err(e) => assert!(
+                e.is_retryable() && e.to_string().contains("0 of 1 replicas"),
+                "{e}"
+            ),
+            Ok(answer) => panic!("{k} answered {answer:?} with no replica to reach"),
+        }
+        assert!(a.get(&k).await.expect("get").is_some(), "{k} did not stand");
+    }
 }
 
 async fn futures_claims(store: &RedisStore, keys: &[Key]) -> Vec<ClaimOutcome> {
@@ -370,7 +391,8 @@ async fn unsafe_prefixes_are_refused() {
 /// `wait_for_replicas`: with one replica attached, a claim waits until the
 /// replica has it (and the replica holds the record); asking for two replicas
 /// where there is one answers a retryable error, and the claim still stands
-/// for a retry with the same claim id.
+/// for a retry with the same claim id. Settings that would wait forever or
+/// never are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_can_wait_for_replicas() {
     let primary = RedisServer::start();
@@ -409,6 +431,105 @@ async fn claims_can_wait_for_replicas() {
     }
     let stored = two.get(&key("under-replicated")).await.expect("get");
     assert!(stored.is_some(), "the claim did not stand on the primary");
+
+    for (replicas, wait) in [
+        (0, Duration::from_millis(100)),
+        (1, Duration::ZERO),
+        (1, Duration::from_micros(999)),
+        (1, Duration::from_secs(2)),
+    ] {
+        match RedisStore::builder(primary.url())
+            .wait_for_replicas(replicas, wait)
+            .connect()
+            .await
+        {
+            Err(Error::InvalidConfig { .. }) => {}
+            other => panic!("wait_for_replicas({replicas}, {wait:?}) answered {other:?}"),
+        }
+    }
+}
+
+/// A failover after a completion: the primary is killed once its replica
+/// stopped hearing from it (the replication link black-holed by a proxy),
+/// and the replica is promoted. A completion answered Ok with
+/// `wait_for_replicas` had reached the replica before it was answered, and
+/// survives; with the replica unreachable, a waiting store answers the
+/// completion with a retryable error instead of Ok. A store without waits
+/// answers Ok to a completion that only the dead primary had: after the
+/// failover the record is in flight again and the event would run twice, the
+/// loss the README states for stores without `wait_for_replicas`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn completions_answered_with_waits_survive_a_failover() {
+    use dedupe_core::{RecordState, RecordStateKind};
+    use dedupe_testkit::proxy::TcpProxy;
+
+    fn outcome(state: &RecordState) -> Option<&[u8]> {
+        match state {
+            RecordState::Done { outcome, .. } => Some(outcome),
+            RecordState::InFlight { .. } => None,
+        }
+    }
+
+    let mut primary = RedisServer::start();
+    let link = TcpProxy::start(format!("127.0.0.1:{}", primary.port).parse().expect("addr"))
+        .await
+        .expect("proxy");
+    let replica = RedisServer::start_with(RedisOptions {
+        replica_of: Some(link.addr().port()),
+        ..RedisOptions::default()
+    });
+    let port = primary.port;
+    tokio::task::spawn_blocking(move || dedupe_testkit::redis::wait_for_replicas(port, 1))
+        .await
+        .expect("replica");
+    let waiting = RedisStore::builder(primary.url())
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let plain = store(&primary.url(), Duration::from_secs(2)).await;
+    let lease = |answer: ClaimOutcome| answer.lease().cloned().expect("claimed");
+    let day = Duration::from_secs(86_400);
+
+    let replicated = lease(waiting.claim(&key("a"), &opts()).await.expect("claim a"));
+    waiting
+        .complete(&replicated, b"done a", day)
+        .await
+        .expect("complete a");
+    let unwaited = lease(waiting.claim(&key("b"), &opts()).await.expect("claim b"));
+    let refused = lease(waiting.claim(&key("c"), &opts()).await.expect("claim c"));
+
+    link.blackhole();
+    plain
+        .complete(&unwaited, b"done b", day)
+        .await
+        .expect("a store without waits answers Ok");
+    match waiting.complete(&refused, b"done c", day).await {
+        Err(e) => assert!(
+            e.is_retryable() && e.to_string().contains("0 of 1 replicas"),
+            "{e}"
+        ),
+        Ok(()) => panic!("a completion no replica had was answered Ok"),
+    }
+    // Both completions are on the primary, and only there.
+    for (k, outcome_bytes) in [("b", b"done b"), ("c", b"done c")] {
+        let record = plain.get(&key(k)).await.expect("get").expect("record");
+        assert_eq!(outcome(&record.state), Some(&outcome_bytes[..]), "{k}");
+    }
+
+    primary.kill();
+    assert_eq!(redis_cli(replica.port, &["REPLICAOF", "NO", "ONE"]), "OK");
+    let promoted = store(&replica.url(), Duration::from_secs(2)).await;
+    let a = promoted.get(&key("a")).await.expect("get a").expect("a");
+    assert_eq!(outcome(&a.state), Some(&b"done a"[..]), "{a:?}");
+    for k in ["b", "c"] {
+        let record = promoted.get(&key(k)).await.expect("get").expect("record");
+        assert_eq!(
+            record.state.kind(),
+            RecordStateKind::InFlight,
+            "{k}: {record:?}"
+        );
+    }
 }
 
 /// The server's count of changes since the last save (`INFO persistence`).

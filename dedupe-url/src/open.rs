@@ -182,6 +182,7 @@ impl Opener {
             cluster,
             prefix,
             allow_eviction,
+            wait_replicas,
         } = self.url.target()
         else {
             return Err(Error::config("not a redis URL"));
@@ -193,6 +194,9 @@ impl Opener {
         };
         if let Some(prefix) = prefix {
             builder = builder.prefix(prefix);
+        }
+        if let Some((replicas, wait)) = wait_replicas {
+            builder = builder.wait_for_replicas(*replicas, *wait);
         }
         builder
             .allow_eviction(*allow_eviction)

@@ -94,6 +94,9 @@ pub enum Target {
         /// `?allow_eviction=true`: open on a server whose `maxmemory-policy`
         /// may evict records (refused otherwise).
         allow_eviction: bool,
+        /// `?wait_replicas=N&wait_timeout=DURATION` (default 500ms): every
+        /// write waits until N replicas have it (`WAIT`).
+        wait_replicas: Option<(u32, Duration)>,
     },
     /// `dynamodb://TABLE?region=...&endpoint=http://127.0.0.1:8000`.
     Dynamo {
@@ -205,7 +208,7 @@ impl StoreUrl {
                 let body = body.ok_or_else(|| malformed("expected redis://host:port"))?;
                 options.only_or_pass(
                     scheme_label(&scheme_lower),
-                    &["prefix", "allow_eviction"],
+                    &["prefix", "allow_eviction", "wait_replicas", "wait_timeout"],
                     REDIS_PASS,
                 )?;
                 let cluster = scheme_lower.ends_with("+cluster");
@@ -240,6 +243,16 @@ impl StoreUrl {
                     cluster,
                     prefix: options.take("prefix"),
                     allow_eviction: options.take_bool("allow_eviction")?.unwrap_or(false),
+                    wait_replicas: match (
+                        options.take_number("wait_replicas", 1, 64)?,
+                        options.duration("wait_timeout")?,
+                    ) {
+                        (Some(n), wait) => Some((n, wait.unwrap_or(Duration::from_millis(500)))),
+                        (None, None) => None,
+                        (None, Some(_)) => {
+                            return Err(malformed("wait_timeout needs wait_replicas"))
+                        }
+                    },
                 }
             }
             "dynamodb" => {
@@ -613,6 +626,7 @@ mod tests {
                 cluster: true,
                 prefix: Some("p".into()),
                 allow_eviction: false,
+                wait_replicas: None,
             }
         );
         assert_eq!(
@@ -622,9 +636,26 @@ mod tests {
                 cluster: false,
                 prefix: None,
                 allow_eviction: true,
+                wait_replicas: None,
             }
         );
         assert!(err("redis://a:1/0?allow_eviction=yes").contains("true or false"));
+        assert_eq!(
+            parsed("redis://a:1/0?wait_replicas=2&wait_timeout=250ms").target(),
+            &Target::Redis {
+                urls: vec!["redis://a:1/0".into()],
+                cluster: false,
+                prefix: None,
+                allow_eviction: false,
+                wait_replicas: Some((2, Duration::from_millis(250))),
+            }
+        );
+        assert!(matches!(
+            parsed("redis://a:1/0?wait_replicas=1").target(),
+            Target::Redis { wait_replicas: Some((1, w)), .. } if *w == Duration::from_millis(500)
+        ));
+        assert!(err("redis://a:1/0?wait_replicas=0").contains("from 1 to 64"));
+        assert!(err("redis://a:1/0?wait_timeout=1s").contains("needs wait_replicas"));
         assert_eq!(
             parsed("dynamodb://events.v1?region=eu-west-1&endpoint=http://127.0.0.1:8000").target(),
             &Target::Dynamo {
