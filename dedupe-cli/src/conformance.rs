@@ -93,7 +93,8 @@ pub async fn conformance(args: ConformanceArgs) -> Result<bool, Error> {
         )));
     }
     let factory = CliFactory {
-        url: crate::store_url(&store)?,
+        // The checks' leases are milliseconds long.
+        url: crate::store_url(&store)?.with_short_leases(),
         scale: scale.into(),
         created: Mutex::new(Vec::new()),
     };

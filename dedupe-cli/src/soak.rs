@@ -84,7 +84,8 @@ fn sample() -> (u64, usize) {
 }
 
 pub async fn soak(args: SoakArgs) -> Result<bool, Error> {
-    let store_url = crate::store_url(&args.store)?;
+    // Soak leases are 200 ms to 1 s long.
+    let store_url = crate::store_url(&args.store)?.with_short_leases();
     let url = if args.fresh {
         store_url.in_namespace(&crate::fresh_namespace())
     } else {

@@ -87,6 +87,25 @@ pub enum Error {
         reason: String,
     },
 
+    /// This process's clock is off from the database's clock by more than the
+    /// store tolerates, as measured (never guessed) from the database's own
+    /// answers. Nothing was written. Retrying helps once the clock is put right
+    /// (NTP); a store whose deadlines are judged by the caller's clock refuses
+    /// rather than take over a lease early or hand out one that ends early.
+    #[error(
+        "clock skew: this process's clock is {} the database's by at least {at_least:?}, over \
+         the {tolerated:?} this store tolerates; nothing was written (fix the clock: NTP)",
+        if *ahead { "ahead of" } else { "behind" }
+    )]
+    ClockSkew {
+        /// How far off the clock is at the least, by the measurement.
+        at_least: Duration,
+        /// Whether this process's clock is ahead of the database's (else behind).
+        ahead: bool,
+        /// The largest skew the store lets claims through with.
+        tolerated: Duration,
+    },
+
     /// Any other failure of the backend.
     #[error("backend error: {message}")]
     Backend {
@@ -110,7 +129,7 @@ impl Error {
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Unavailable { .. } | Error::Timeout { .. } => true,
+            Error::Unavailable { .. } | Error::Timeout { .. } | Error::ClockSkew { .. } => true,
             Error::Backend { retryable, .. } => *retryable,
             Error::InvalidKey(_)
             | Error::InvalidConfig { .. }

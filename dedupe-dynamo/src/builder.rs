@@ -1,39 +1,16 @@
 //! The store's settings, and building it from them.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::Client;
-use dedupe_core::backend::{self, check_identifier, check_ttl, duration_millis, to_millis};
+use dedupe_core::backend::{check_identifier, check_ttl, duration_millis};
 use dedupe_core::{Capabilities, Error, Result};
 
+use crate::clock::{Clock, DateReader, ServiceClock};
 use crate::codec::AttributeNames;
 use crate::expressions::*;
 use crate::store::{DynamoStore, Inner, MAX_ITEM_OUTCOME_BYTES};
-
-/// The clock that decides deadlines.
-#[derive(Clone, Default)]
-pub(crate) struct Clock(Option<Arc<dyn Fn() -> SystemTime + Send + Sync>>);
-
-impl Clock {
-    pub(crate) fn now_ms(&self) -> i64 {
-        match &self.0 {
-            Some(clock) => to_millis(clock()),
-            None => backend::now_millis(),
-        }
-    }
-}
-
-impl fmt::Debug for Clock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Clock(custom)"
-        } else {
-            "Clock(system)"
-        })
-    }
-}
 
 /// Settings of a [`DynamoStore`]; start with [`DynamoStore::builder`].
 #[derive(Debug, Clone)]
@@ -46,6 +23,9 @@ pub struct DynamoBuilder {
     pub(crate) fan_out: usize,
     pub(crate) expire_rate: u32,
     pub(crate) clock: Clock,
+    pub(crate) max_clock_skew: Duration,
+    pub(crate) min_lease: Option<Duration>,
+    pub(crate) allow_global_table: bool,
 }
 
 impl DynamoBuilder {
@@ -93,7 +73,39 @@ impl DynamoBuilder {
     /// has no server time in expressions, so every client's clock takes part;
     /// see [`DynamoStore`] on skew.
     pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
-        self.clock = Clock(Some(Arc::new(clock)));
+        self.clock = Clock::custom(clock);
+        self
+    }
+
+    /// The largest skew between this process's clock and DynamoDB's that
+    /// claims, extensions and `expire()` go through with (default 1 s). The
+    /// store measures the skew from the `Date` of every response; past this,
+    /// those calls fail with a retryable [`Error::ClockSkew`] and write
+    /// nothing. The measurement has one-second resolution, so a skew up to
+    /// this plus about a second (and the round trip) can go unseen.
+    pub fn max_clock_skew(mut self, tolerated: Duration) -> Self {
+        self.max_clock_skew = tolerated;
+        self
+    }
+
+    /// The shortest lease a claim or an extension may ask for (default
+    /// 4 × (max_clock_skew + 1 s): 8 s). Two stores whose clocks pass the guard
+    /// may still be `2 × (max_clock_skew + 1 s)` apart, and a lease taken over
+    /// by the faster one ends that much early for its holder: the default
+    /// leaves the holder at least half its lease. Lower it only where the
+    /// clocks are known to be closer (one machine, an emulator, tests).
+    pub fn min_lease(mut self, min: Duration) -> Self {
+        self.min_lease = Some(min);
+        self
+    }
+
+    /// Claims on a global table whose replicas are eventually consistent
+    /// (multi-region, `MultiRegionConsistency` not `STRONG`), which the store
+    /// otherwise refuses at its first claim: conditional writes are atomic in
+    /// one region only, so two regions can each hand out a claim of the same
+    /// key. For a deployment that writes to one region only.
+    pub fn allow_global_table(mut self, allow: bool) -> Self {
+        self.allow_global_table = allow;
         self
     }
 
@@ -125,13 +137,25 @@ impl DynamoBuilder {
             .timeout_config()
             .and_then(|t| t.operation_timeout().or(t.operation_attempt_timeout()))
             .unwrap_or_default();
+        let min_lease = self
+            .min_lease
+            .unwrap_or((self.max_clock_skew + Duration::from_secs(1)).saturating_mul(4));
+        // The caller's client, with one interceptor more that reads the
+        // `Date` of every response.
+        let service_clock = Arc::new(ServiceClock::new());
+        let client = Client::from_conf(
+            config
+                .to_builder()
+                .interceptor(DateReader(Arc::clone(&service_clock)))
+                .build(),
+        );
         let request_names = REQUESTS
             .iter()
             .map(|exprs| (exprs.to_vec(), self.names.used_in(exprs)))
             .collect();
         Ok(DynamoStore {
             inner: Arc::new(Inner {
-                client: self.client,
+                client,
                 table: self.table,
                 names: self.names,
                 timeout,
@@ -140,6 +164,11 @@ impl DynamoBuilder {
                 fan_out: self.fan_out.max(1),
                 expire_rate: self.expire_rate.max(1),
                 clock: self.clock,
+                service_clock,
+                max_clock_skew: self.max_clock_skew,
+                min_lease,
+                allow_global_table: self.allow_global_table,
+                table_checked: std::sync::OnceLock::new(),
                 request_names,
             }),
         })

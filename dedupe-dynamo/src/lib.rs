@@ -6,6 +6,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
+mod clock;
 mod codec;
 mod error;
 mod expressions;

@@ -314,6 +314,7 @@ impl DynamoStore {
         items: &[TransactWriteItem],
     ) -> Result<ClaimOutcome> {
         opts.validate()?;
+        self.clock_guard(key, Some(opts.lease_ttl)).await?;
         self.claim_loop(key, opts, items).await
     }
 

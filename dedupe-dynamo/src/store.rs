@@ -19,8 +19,8 @@ use dedupe_core::{
 };
 use futures_util::{StreamExt, TryStreamExt};
 
-use crate::builder::Clock;
 pub use crate::builder::DynamoBuilder;
+use crate::clock::{judge, Clock, Offset, ServiceClock};
 use crate::codec::{decode, n, partition_key, s, AttributeNames, Item};
 use crate::error::{is_condition_failure, map_err};
 use crate::expressions::*;
@@ -53,15 +53,19 @@ pub const MAX_TRANSACTION_ITEMS: usize = 100;
 /// - **Time**: DynamoDB has no server clock in expressions, so the caller's
 ///   clock decides deadlines. Claims racing at one instant have one winner
 ///   whatever the clocks say (the conditional write is atomic); what skew
-///   changes is when a lease or a retention counts as passed, so a takeover
-///   depends on the taker's clock (tolerance: `work + skew < lease`; the skew
-///   is not yet measured, see the README). A client whose clock
-///   runs `d` ahead of the holder's sees the holder's lease pass `d` early and
-///   may take it over while the holder still works: the holder's `complete`
-///   then fails with `LeaseLost` (the token changed), so at most one outcome is
-///   ever stored, but both ran for up to `d`. Keep skew far below the lease
-///   (NTP keeps it to milliseconds; a lease is seconds to minutes). Retention
-///   (hours to days) shifts by the completer's skew, which does not matter.
+///   changes is when a lease counts as passed, so a takeover depends on the
+///   taker's clock: one `d` ahead of the holder's takes it over `d` early
+///   (`work + skew < lease`). The store measures its clock against DynamoDB's
+///   from every response's `Date` header and refuses claims, extensions and
+///   `expire()` with [`Error::ClockSkew`] when it is surely off by more than
+///   [`max_clock_skew`](DynamoBuilder::max_clock_skew) (default 1 s; the
+///   measurement's one-second resolution lets up to about a second more
+///   through), and leases under [`min_lease`](DynamoBuilder::min_lease)
+///   (default 8 s). Retention (hours to days) shifts by the completer's skew,
+///   which does not matter.
+/// - **Global tables**: refused at the first claim when their replicas are
+///   eventually consistent (two regions could each win a claim), unless
+///   [`allow_global_table`](DynamoBuilder::allow_global_table).
 /// - **Expiry** is logical in every condition and read; the TTL attribute
 ///   lets DynamoDB reclaim items eventually (its sweeper may run days late).
 ///   `expire()` scans and deletes what has passed, each delete conditioned on
@@ -84,6 +88,14 @@ pub(crate) struct Inner {
     pub(crate) fan_out: usize,
     pub(crate) expire_rate: u32,
     pub(crate) clock: Clock,
+    /// DynamoDB's clock, as the responses' `Date` headers show it.
+    pub(crate) service_clock: Arc<ServiceClock>,
+    pub(crate) max_clock_skew: Duration,
+    pub(crate) min_lease: Duration,
+    pub(crate) allow_global_table: bool,
+    /// The table's check, once (`DescribeTable`): why claims are refused on
+    /// it, if they are.
+    pub(crate) table_checked: std::sync::OnceLock<Option<String>>,
     /// `ExpressionAttributeNames` of each of [`REQUESTS`].
     pub(crate) request_names: HashMap<Vec<&'static str>, HashMap<String, String>>,
 }
@@ -117,7 +129,104 @@ impl DynamoStore {
             fan_out: 16,
             expire_rate: 500,
             clock: Clock::default(),
+            max_clock_skew: Self::DEFAULT_MAX_CLOCK_SKEW,
+            min_lease: None,
+            allow_global_table: false,
         }
+    }
+
+    /// Default of [`DynamoBuilder::max_clock_skew`].
+    pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
+
+    /// The shortest lease a claim or extension may ask for
+    /// ([`DynamoBuilder::min_lease`]).
+    pub fn min_lease(&self) -> Duration {
+        self.inner.min_lease
+    }
+
+    /// How far this process's clock is from DynamoDB's, as last measured:
+    /// (DynamoDB's clock minus this store's clock) lies in the range, in
+    /// milliseconds; `None` before the first response, after five minutes
+    /// without one, or when the service sends no `Date` header.
+    pub fn clock_offset_ms(&self) -> Option<std::ops::Range<i64>> {
+        match self.inner.service_clock.offset(self.now_ms()) {
+            Offset::Within { lo, hi } => Some(lo..hi),
+            Offset::Unmeasured | Offset::Unmeasurable => None,
+        }
+    }
+
+    /// Before a call that sets or judges a deadline by this process's clock
+    /// (claims, extensions, `expire()`): refuses a lease under the minimum,
+    /// checks the table once (global tables), measures the clock against
+    /// DynamoDB's when no fresh reading is at hand (one strongly consistent
+    /// read of `probe`, which writes nothing), and refuses with
+    /// [`Error::ClockSkew`] when the clock is surely off by more than the
+    /// tolerance.
+    pub(crate) async fn clock_guard(&self, probe: &Key, lease: Option<Duration>) -> Result<()> {
+        if let Some(lease) = lease {
+            if lease < self.inner.min_lease {
+                return Err(Error::config(format!(
+                    "a lease of {lease:?} is under this store's minimum of {:?} (4 x (max clock \
+                     skew {:?} + 1 s of Date resolution)): clocks that far apart could take it \
+                     over while its holder works; lower DynamoBuilder::min_lease only where \
+                     the clocks are known to be closer",
+                    self.inner.min_lease, self.inner.max_clock_skew
+                )));
+            }
+        }
+        self.check_table().await?;
+        if self.inner.service_clock.offset(self.now_ms()) == Offset::Unmeasured {
+            self.read(probe).await?;
+        }
+        match self.inner.service_clock.offset(self.now_ms()) {
+            Offset::Unmeasurable | Offset::Unmeasured => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(
+                        table = %self.inner.table,
+                        "the service sends no Date header: this process's clock cannot be \
+                         checked against it (DynamoDB itself always sends one)"
+                    );
+                });
+                Ok(())
+            }
+            offset => judge(offset, self.inner.max_clock_skew),
+        }
+    }
+
+    /// Checks the table once: an eventually consistent global table is
+    /// refused unless allowed. Without `dynamodb:DescribeTable` the check is
+    /// skipped, with a warning.
+    async fn check_table(&self) -> Result<()> {
+        // Set by the first check that gets an answer. Until then every caller
+        // asks for itself: a queue behind one check would hold each caller
+        // for every failed check before it during an outage.
+        if let Some(refusal) = self.inner.table_checked.get() {
+            return refusal.clone().map_or(Ok(()), |r| Err(Error::config(r)));
+        }
+        let described = self
+            .inner
+            .client
+            .describe_table()
+            .table_name(&self.inner.table)
+            .send()
+            .await;
+        let refusal = match described {
+            Ok(out) => out
+                .table()
+                .and_then(|table| global_table_refusal(table, self.inner.allow_global_table)),
+            Err(e) if e.code() == Some("AccessDeniedException") => {
+                tracing::warn!(
+                    table = %self.inner.table,
+                    "DescribeTable refused: whether the table is an eventually consistent \
+                     global table was not checked"
+                );
+                None
+            }
+            Err(e) => return Err(self.fail(e)),
+        };
+        let refusal = self.inner.table_checked.get_or_init(|| refusal);
+        refusal.clone().map_or(Ok(()), |r| Err(Error::config(r)))
     }
 
     /// The table name.
@@ -253,6 +362,7 @@ impl DynamoStore {
 impl DedupeStore for DynamoStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
+        self.clock_guard(key, Some(opts.lease_ttl)).await?;
         self.claim_loop(key, opts, &[]).await
     }
 
@@ -301,6 +411,7 @@ impl DedupeStore for DynamoStore {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
+        self.clock_guard(&lease.key, Some(ttl)).await?;
         let now = self.now_ms();
         let until = now.saturating_add(duration_millis(ttl));
         let mut values = self.held_values(lease, now);
@@ -336,6 +447,8 @@ impl DedupeStore for DynamoStore {
     /// (a record claimed again meanwhile is left alone), at most
     /// `expire_rate` deletes a second.
     async fn expire(&self) -> Result<u64> {
+        self.clock_guard(&Key::new("dedupe", "expire")?, None)
+            .await?;
         let names = &self.inner.names;
         let started = Instant::now();
         let mut issued: u64 = 0;
@@ -451,6 +564,7 @@ impl DedupeStore for DynamoStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        self.clock_guard(&keys[0], Some(opts.lease_ttl)).await?;
         let batch = BatchKeys::new(keys);
         let distinct: Vec<Key> = batch.distinct().iter().map(|k| (*k).clone()).collect();
         let answers: Vec<ClaimOutcome> = futures_util::stream::iter(distinct)
@@ -466,9 +580,69 @@ impl DedupeStore for DynamoStore {
     }
 }
 
+/// Why claims are refused on `table`, if they are: a global table whose
+/// replicas are not strongly consistent, unless `allowed`.
+fn global_table_refusal(
+    table: &aws_sdk_dynamodb::types::TableDescription,
+    allowed: bool,
+) -> Option<String> {
+    use aws_sdk_dynamodb::types::MultiRegionConsistency;
+    let regions: Vec<&str> = table
+        .replicas()
+        .iter()
+        .filter_map(|r| r.region_name())
+        .collect();
+    let strong = table.multi_region_consistency() == Some(&MultiRegionConsistency::Strong);
+    (!regions.is_empty() && !strong && !allowed).then(|| {
+        format!(
+            "table {} is a global table replicated to {} with eventually consistent replicas: a \
+             conditional write is atomic in one region only, so two regions can each win a \
+             claim of one key; use multi-region strong consistency, or write to one region \
+             only and open with allow_global_table(true)",
+            table.table_name().unwrap_or("?"),
+            regions.join(", ")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eventually_consistent_global_tables_are_refused_unless_allowed() {
+        use aws_sdk_dynamodb::types::{
+            MultiRegionConsistency, ReplicaDescription, TableDescription,
+        };
+        let plain = TableDescription::builder().table_name("t").build();
+        assert_eq!(global_table_refusal(&plain, false), None);
+        let global = TableDescription::builder()
+            .table_name("t")
+            .replicas(
+                ReplicaDescription::builder()
+                    .region_name("eu-west-1")
+                    .build(),
+            )
+            .replicas(
+                ReplicaDescription::builder()
+                    .region_name("us-east-1")
+                    .build(),
+            )
+            .build();
+        let refusal = global_table_refusal(&global, false).expect("refused");
+        assert!(refusal.contains("eu-west-1, us-east-1"), "{refusal}");
+        assert_eq!(global_table_refusal(&global, true), None);
+        let strong = TableDescription::builder()
+            .table_name("t")
+            .replicas(
+                ReplicaDescription::builder()
+                    .region_name("eu-west-1")
+                    .build(),
+            )
+            .multi_region_consistency(MultiRegionConsistency::Strong)
+            .build();
+        assert_eq!(global_table_refusal(&strong, false), None);
+    }
 
     #[test]
     fn every_request_has_its_names_worked_out_once() {

@@ -37,8 +37,10 @@ struct DynamoFixture {
 }
 
 fn store_on(endpoint: &str, table: &str, timeout: Duration) -> Result<DynamoStore, Error> {
+    // The suite's leases are milliseconds long; the clock guard stays on.
     DynamoStore::builder(client_for_endpoint(endpoint, REGION, timeout))
         .table(table)
+        .min_lease(dedupe_core::MIN_TTL)
         .build()
 }
 

@@ -56,6 +56,7 @@ impl Setup {
     fn store_on(endpoint: &str, table: &str) -> DynamoStore {
         DynamoStore::builder(client_for_endpoint(endpoint, REGION, TIMEOUT))
             .table(table)
+            .min_lease(dedupe_core::MIN_TTL)
             .build()
             .expect("store")
     }
@@ -69,6 +70,7 @@ impl Setup {
         DynamoStore::builder(self.client())
             .table(&self.table)
             .clock(move || SystemTime::now() + ahead)
+            .min_lease(dedupe_core::MIN_TTL)
             .build()
             .expect("store")
     }
@@ -114,7 +116,9 @@ async fn child_racer() {
     run_race_child(handles).await;
 }
 
-/// DynamoDB has no server clock in expressions: a client whose clock runs
+/// DynamoDB has no server clock in expressions. Where the service sends no
+/// `Date` header (DynamoDB Local), the store cannot measure its clock against
+/// the service's, and the guard lets every claim through: a client whose clock runs
 /// ahead of the holder's by more than the lease sees the lease passed and
 /// takes it over. The conditional write still lets exactly one of them store
 /// an outcome: the holder's complete fails with LeaseLost. A skew below the
@@ -205,6 +209,106 @@ async fn clock_skew_moves_deadlines_never_the_single_winner() {
             .expect("claim"),
         ClaimOutcome::InFlight { .. }
     ));
+}
+
+/// Two stores on moto (which sends a `Date` with every response), one with a
+/// clock 90 s behind, a 60 s lease: without the guard both would be Claimed
+/// (the slow one's lease has passed on the true clock the moment it is
+/// written, so the on-time store takes it over at once). The slow store is
+/// refused with a retryable `ClockSkew` that names how far off it is, and
+/// writes nothing; so is a store 90 s ahead, which would take a live lease
+/// over; its extensions and `expire()` too. A store 500 ms ahead is within
+/// the tolerance and sees the live claim. The default minimum lease refuses a
+/// lease too short for the tolerance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_far_from_the_services_is_refused() {
+    let setup = Setup::start(Emulator::Moto).await;
+    let on_time = &setup.store;
+    let behind = |by: Duration| {
+        DynamoStore::builder(setup.client())
+            .table(&setup.table)
+            .clock(move || SystemTime::now() - by)
+            .build()
+            .expect("store")
+    };
+    let slow = behind(Duration::from_secs(90));
+    let fast = setup.skewed(Duration::from_secs(90));
+    let lease = opts(Duration::from_secs(60));
+    let skew_of = |result: Result<ClaimOutcome, Error>, ahead: bool| match result {
+        Err(e @ Error::ClockSkew { .. }) => {
+            assert!(e.is_retryable(), "{e}");
+            let Error::ClockSkew {
+                at_least,
+                ahead: seen_ahead,
+                tolerated,
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!(seen_ahead, ahead);
+            assert_eq!(tolerated, DynamoStore::DEFAULT_MAX_CLOCK_SKEW);
+            assert!(at_least >= Duration::from_secs(88), "{at_least:?}");
+        }
+        other => panic!("a clock 90 s off answered {other:?}"),
+    };
+
+    let k = key("slow-clock");
+    skew_of(slow.claim(&k, &lease).await, false);
+    assert!(on_time.get(&k).await.expect("get").is_none(), "written");
+    let won = on_time.claim(&k, &lease).await.expect("claim");
+    assert!(
+        matches!(won, ClaimOutcome::Claimed(ref l) if l.attempt == 1),
+        "{won:?}"
+    );
+    let held = won.lease().cloned().expect("claimed");
+
+    skew_of(fast.claim(&k, &lease).await, true);
+    skew_of(
+        fast.claim_many(&[key("fast-batch")], &lease)
+            .await
+            .map(|mut a| a.remove(0)),
+        true,
+    );
+    match fast.extend(&held, Duration::from_secs(60)).await {
+        Err(Error::ClockSkew { ahead: true, .. }) => {}
+        other => panic!("an extension with a clock 90 s ahead answered {other:?}"),
+    }
+    match fast.expire().await {
+        Err(Error::ClockSkew { ahead: true, .. }) => {}
+        other => panic!("expire() with a clock 90 s ahead answered {other:?}"),
+    }
+    let still = on_time.get(&k).await.expect("get").expect("record");
+    assert_eq!(still.token, held.token, "the live lease was touched");
+    assert!(
+        slow.clock_offset_ms().is_some_and(|r| r.start >= 88_000),
+        "{:?}",
+        slow.clock_offset_ms()
+    );
+
+    let near = setup.skewed(Duration::from_millis(500));
+    assert!(matches!(
+        near.claim(&k, &lease).await.expect("claim"),
+        ClaimOutcome::InFlight { attempt: 1, .. }
+    ));
+
+    let defaults = DynamoStore::builder(setup.client())
+        .table(&setup.table)
+        .build()
+        .expect("store");
+    assert_eq!(defaults.min_lease(), Duration::from_secs(8));
+    match defaults
+        .claim(&key("short"), &opts(Duration::from_secs(2)))
+        .await
+    {
+        Err(Error::InvalidConfig { reason }) => assert!(reason.contains("minimum"), "{reason}"),
+        other => panic!("a 2 s lease answered {other:?}"),
+    }
+    assert!(defaults
+        .claim(&key("long enough"), &opts(Duration::from_secs(8)))
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
 }
 
 fn order(table: &str, id: &str) -> TransactWriteItem {
@@ -594,6 +698,7 @@ fn fault_bound(timeout: Duration) -> Duration {
 async fn fault_store(endpoint: &str, timeout: Duration) -> Arc<dyn DedupeStore> {
     let store = DynamoStore::builder(client_for_endpoint(endpoint, REGION, timeout))
         .table(unique_table("faults"))
+        .min_lease(dedupe_core::MIN_TTL)
         .build()
         .expect("store");
     store.create_table_if_missing().await.expect("table");

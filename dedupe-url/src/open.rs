@@ -211,12 +211,26 @@ impl Opener {
     #[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
     pub async fn dynamo(&self) -> Result<dedupe_dynamo::DynamoStore, Error> {
         let client = self.dynamo_client().await?;
-        let Target::Dynamo { table, .. } = self.url.target() else {
+        let Target::Dynamo {
+            table,
+            max_clock_skew,
+            min_lease,
+            allow_global_table,
+            ..
+        } = self.url.target()
+        else {
             return Err(Error::config("not a dynamodb URL"));
         };
-        dedupe_dynamo::DynamoStore::builder(client)
+        let mut builder = dedupe_dynamo::DynamoStore::builder(client)
             .table(table)
-            .build()
+            .allow_global_table(*allow_global_table);
+        if let Some(skew) = max_clock_skew {
+            builder = builder.max_clock_skew(*skew);
+        }
+        if let Some(min) = min_lease {
+            builder = builder.min_lease(*min);
+        }
+        builder.build()
     }
 
     /// The SDK client a DynamoDB handle uses.

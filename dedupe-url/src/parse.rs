@@ -106,6 +106,14 @@ pub enum Target {
         region: Option<String>,
         /// `?endpoint=`: an emulator or a compatible service.
         endpoint: Option<String>,
+        /// `?max_clock_skew=` (default 1s): the skew from the service's clock
+        /// claims go through with.
+        max_clock_skew: Option<Duration>,
+        /// `?min_lease=` (default 4 x (max_clock_skew + 1 s)).
+        min_lease: Option<Duration>,
+        /// `?allow_global_table=true`: claim on an eventually consistent
+        /// global table (refused otherwise).
+        allow_global_table: bool,
     },
 }
 
@@ -258,7 +266,16 @@ impl StoreUrl {
             "dynamodb" => {
                 built("dynamodb", cfg!(feature = "dynamodb"))?;
                 let body = body.ok_or_else(|| malformed("expected dynamodb://TABLE"))?;
-                options.only("dynamodb", &["region", "endpoint"])?;
+                options.only(
+                    "dynamodb",
+                    &[
+                        "region",
+                        "endpoint",
+                        "max_clock_skew",
+                        "min_lease",
+                        "allow_global_table",
+                    ],
+                )?;
                 let table = match body.trim_end_matches('/') {
                     "" => "dedupe_records".to_string(),
                     t if t.contains('/') => {
@@ -291,6 +308,9 @@ impl StoreUrl {
                     table,
                     region: options.take("region"),
                     endpoint,
+                    max_clock_skew: options.duration("max_clock_skew")?,
+                    min_lease: options.duration("min_lease")?,
+                    allow_global_table: options.take_bool("allow_global_table")?.unwrap_or(false),
                 }
             }
             _ => {
@@ -351,6 +371,18 @@ impl StoreUrl {
             Target::Postgres { schema, .. } => *schema = Some(name.to_string()),
             Target::Redis { prefix, .. } => *prefix = Some(format!("{name}:")),
             Target::Dynamo { table, .. } => *table = name.to_string(),
+        }
+        url
+    }
+
+    /// The same URL for a run whose leases are milliseconds long (the
+    /// conformance suite, a soak): a DynamoDB URL without `min_lease` gets
+    /// the shortest lease there is, with the clock guard still on. Other
+    /// stores have no minimum lease.
+    pub fn with_short_leases(&self) -> Self {
+        let mut url = self.clone();
+        if let Target::Dynamo { min_lease, .. } = &mut url.target {
+            min_lease.get_or_insert(dedupe_core::MIN_TTL);
         }
         url
     }
@@ -661,7 +693,22 @@ mod tests {
             &Target::Dynamo {
                 table: "events.v1".into(),
                 region: Some("eu-west-1".into()),
-                endpoint: Some("http://127.0.0.1:8000".into())
+                endpoint: Some("http://127.0.0.1:8000".into()),
+                max_clock_skew: None,
+                min_lease: None,
+                allow_global_table: false,
+            }
+        );
+        assert_eq!(
+            parsed("dynamodb://t12?max_clock_skew=500ms&min_lease=5s&allow_global_table=true")
+                .target(),
+            &Target::Dynamo {
+                table: "t12".into(),
+                region: None,
+                endpoint: None,
+                max_clock_skew: Some(Duration::from_millis(500)),
+                min_lease: Some(Duration::from_secs(5)),
+                allow_global_table: true,
             }
         );
     }
