@@ -29,6 +29,8 @@ pub struct RedisBuilder {
     pub(crate) wait_replicas: Option<(u32, Duration)>,
     pub(crate) root_cert: Option<Vec<u8>>,
     pub(crate) allow_eviction: bool,
+    pub(crate) address_map:
+        Option<std::collections::HashMap<redis::cluster::NodeAddress, redis::cluster::NodeAddress>>,
 }
 
 impl std::fmt::Debug for RedisBuilder {
@@ -148,6 +150,19 @@ impl RedisBuilder {
         self
     }
 
+    /// On a Cluster, connects to each node the cluster announces at the
+    /// address this map gives for it instead (nodes behind NAT or in
+    /// containers, which announce addresses clients cannot reach; a TLS
+    /// certificate issued for a name, not the announced IP). Redirects still
+    /// name the announced addresses.
+    pub fn cluster_address_map(
+        mut self,
+        map: std::collections::HashMap<redis::cluster::NodeAddress, redis::cluster::NodeAddress>,
+    ) -> Self {
+        self.address_map = Some(map);
+        self
+    }
+
     /// Trusts this CA certificate (PEM) for `rediss://` instead of the system's
     /// roots: a private CA, as test servers and some managed services use.
     #[cfg(feature = "tls")]
@@ -195,17 +210,23 @@ impl RedisBuilder {
             Target::Url(url) => {
                 let bad_url =
                     |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
+                use redis::IntoConnectionInfo;
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(bad_url)?
+                    .set_tcp_settings(crate::conn::tcp_settings(timeout));
                 let client = match self.root_cert {
                     #[cfg(feature = "tls")]
                     Some(pem) => redis::Client::build_with_tls(
-                        url.as_str(),
+                        info,
                         redis::TlsCertificates {
                             client_tls: None,
                             root_cert: Some(pem),
                         },
                     )
                     .map_err(bad_url)?,
-                    _ => redis::Client::open(url.as_str()).map_err(bad_url)?,
+                    _ => redis::Client::open(info).map_err(bad_url)?,
                 };
                 let config = ConnectionManagerConfig::new()
                     .set_number_of_retries(2)
@@ -226,7 +247,7 @@ impl RedisBuilder {
                     .map_err(map)?;
                     Ok::<_, Error>(Link::new(
                         Conn::Single(manager),
-                        Some((client.clone(), config.clone())),
+                        Some(crate::conn::Rebuild::Single(client.clone(), config.clone())),
                     ))
                 };
                 if self.wait_replicas.is_some() {
@@ -244,7 +265,12 @@ impl RedisBuilder {
                     }),
                     None => builder,
                 };
+                let builder = match self.address_map {
+                    Some(map) => builder.node_address_map(map),
+                    None => builder,
+                };
                 let client = builder
+                    .tcp_settings(crate::conn::tcp_settings(timeout))
                     .retries(2)
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
@@ -258,7 +284,10 @@ impl RedisBuilder {
                             source: None,
                         })?
                         .map_err(map)?;
-                    Ok::<_, Error>(Link::new(Conn::Cluster(conn), None))
+                    Ok::<_, Error>(Link::new(
+                        Conn::Cluster(conn),
+                        Some(crate::conn::Rebuild::Cluster(client.clone())),
+                    ))
                 };
                 if self.wait_replicas.is_some() {
                     wait_link = Some(open().await?);

@@ -117,6 +117,7 @@ impl RedisStore {
             wait_replicas: None,
             root_cert: None,
             allow_eviction: false,
+            address_map: None,
         }
     }
 

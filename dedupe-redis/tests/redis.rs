@@ -147,6 +147,67 @@ async fn cluster_spreads_keys_and_survives_a_reshard() {
     }
 }
 
+/// A frozen Cluster primary (`SIGSTOP`: its connections stay open and
+/// nothing answers) whose slots fail over to its replica. Calls for its keys
+/// time out at first; each timeout makes the store open a new Cluster
+/// connection in the background, which reads the slot map afresh; within a
+/// bound the same store claims on the promoted replica. (Without the
+/// rebuild, redis-rs retries the frozen node's connection on every call for
+/// as long as the socket lives.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_cluster_primary_is_left_for_its_promoted_replica() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start_with_replicas)
+        .await
+        .expect("cluster");
+    let store = RedisStore::cluster_builder(cluster.urls())
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    let k = key("frozen");
+    let record = "dedupe:redis:frozen";
+    let first = cluster.nodes[0].port;
+    let frozen = cluster.master_of(record, first).expect("a master");
+    let healthy = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|p| *p != frozen && cluster.master_of(record, *p) == Some(frozen))
+        .expect("another node");
+    assert!(store.get(&k).await.expect("get").is_none());
+
+    cluster.node(frozen).expect("node").pause();
+    let paused = Instant::now();
+    let promoted = loop {
+        match cluster.master_of(record, healthy) {
+            Some(port) if port != frozen => break port,
+            _ => {
+                assert!(
+                    paused.elapsed() < Duration::from_secs(30),
+                    "the replica was never promoted"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let failed_over = Instant::now();
+    let answer = loop {
+        match store.claim(&k, &opts()).await {
+            Ok(answer) => break answer,
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(
+                    failed_over.elapsed() < Duration::from_secs(15),
+                    "still failing {:?} after the failover to port {promoted}: {e}",
+                    failed_over.elapsed()
+                );
+            }
+        }
+    };
+    assert!(answer.lease().is_some(), "{answer:?}");
+    cluster.node(frozen).expect("node").resume();
+}
+
 async fn futures_claims(store: &RedisStore, keys: &[Key]) -> Vec<ClaimOutcome> {
     let mut answers = Vec::with_capacity(keys.len());
     for k in keys {
@@ -683,6 +744,38 @@ async fn blackholed_and_stalled_connections_time_out_and_recover() {
     let store: Arc<dyn DedupeStore> = Arc::new(store(&via, timeout).await);
     let run = FaultRun::start(Arc::clone(&store)).await;
     dedupe_testkit::faults::blackhole_then_stall(&proxy, Duration::from_millis(2500)).await;
+    let verdict = run.finish().await;
+    verdict.assert_sound(fault_bound(timeout));
+    verdict.assert_nothing_lost(store).await;
+}
+
+/// One Cluster node's connections black-holed, then stalled (every node
+/// reached through a proxy of its own), under a load of racing claims,
+/// completions and releases on keys of every node: calls for that node's
+/// slots fail with retryable errors within the bound (the store replaces the
+/// Cluster connection after a timeout, so no reply that comes late is read as
+/// another call's), the others go on, and the history checker finds the
+/// whole run sound, with nothing acknowledged lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blackholed_cluster_node_times_out_and_recovers() {
+    use dedupe_testkit::faults::FaultRun;
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster");
+    let (map, initial, proxies) = dedupe_testkit::redis::proxy_every_node(&cluster.urls())
+        .await
+        .expect("proxies");
+    let timeout = Duration::from_millis(800);
+    let store: Arc<dyn DedupeStore> = Arc::new(
+        RedisStore::cluster_builder(initial)
+            .cluster_address_map(map)
+            .timeout(timeout)
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let run = FaultRun::start(Arc::clone(&store)).await;
+    dedupe_testkit::faults::blackhole_then_stall(&proxies[1], Duration::from_millis(2500)).await;
     let verdict = run.finish().await;
     verdict.assert_sound(fault_bound(timeout));
     verdict.assert_nothing_lost(store).await;

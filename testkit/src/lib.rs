@@ -19,7 +19,7 @@ pub use postgres::{server as postgres_server, unique_schema, PgCluster};
 
 #[doc(hidden)]
 pub use dedupe_conformance as __conformance;
-pub use proxy::{proxied, reroute, ProxyFault, TcpProxy};
+pub use proxy::{proxied, reroute, ProxiesFault, ProxyFault, TcpProxy};
 
 /// Polls `f` every 20 ms until it answers true, for at most `limit`; answers
 /// whether it did. For waiting on an observable condition, never on time alone.

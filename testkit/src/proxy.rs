@@ -256,3 +256,39 @@ impl dedupe_conformance::FaultSwitch for ProxyFault {
         Ok(lost)
     }
 }
+
+/// The fault switch over several proxies, one per server of a store (a
+/// Cluster's nodes): broken cuts them all, healed forwards again through
+/// all; a lost answer is armed on every one, so whichever node the next
+/// call reaches loses its answer, and all are disarmed after.
+#[derive(Debug)]
+pub struct ProxiesFault(pub Vec<TcpProxy>);
+
+#[async_trait::async_trait]
+impl dedupe_conformance::FaultSwitch for ProxiesFault {
+    async fn set_broken(&self, broken: bool) -> Result<(), dedupe_core::Error> {
+        for proxy in &self.0 {
+            if broken {
+                proxy.cut();
+            } else {
+                proxy.heal();
+            }
+        }
+        Ok(())
+    }
+
+    async fn lose_next_answer(&self) -> Result<bool, dedupe_core::Error> {
+        for proxy in &self.0 {
+            proxy.lose_next_answer();
+        }
+        Ok(true)
+    }
+
+    async fn answer_was_lost(&self) -> Result<bool, dedupe_core::Error> {
+        let lost = self.0.iter().any(|p| !p.answer_pending_loss());
+        for proxy in &self.0 {
+            proxy.heal();
+        }
+        Ok(lost)
+    }
+}

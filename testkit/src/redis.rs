@@ -208,6 +208,11 @@ impl RedisServer {
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "2000",
+                    // A replica takes over a failed master however long it
+                    // last heard from it (an idle master pings every 10 s,
+                    // which the default factor would hold against it).
+                    "--cluster-replica-validity-factor",
+                    "0",
                 ]
                 .iter()
                 .map(|s| s.to_string()),
@@ -401,19 +406,30 @@ fn ping(port: u16) -> bool {
     command(port, "PING").is_some_and(|r| r == "+PONG")
 }
 
-/// A three-master Redis Cluster (no replicas) on loopback, created with
-/// `redis-cli --cluster create` and ready: every node says `cluster_state:ok`
-/// with all 16384 slots assigned.
+/// A three-master Redis Cluster on loopback (without replicas, or with one
+/// each), created with `redis-cli --cluster create` and ready: every node
+/// says `cluster_state:ok` with all 16384 slots assigned.
 #[derive(Debug)]
 pub struct RedisCluster {
-    /// The masters.
+    /// The nodes: the three masters first, then their replicas if any.
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
     /// Starts three masters and creates the cluster.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_nodes(0)
+    }
+
+    /// Starts three masters with one replica each (six nodes) and creates
+    /// the cluster: a master that fails is replaced by its replica after the
+    /// node timeout (2 s).
+    pub fn start_with_replicas() -> Self {
+        Self::start_nodes(1)
+    }
+
+    fn start_nodes(replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with(RedisOptions {
                     cluster: true,
@@ -423,7 +439,11 @@ impl RedisCluster {
             .collect();
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        args.extend([
+            "--cluster-replicas".to_string(),
+            replicas.to_string(),
+            "--cluster-yes".to_string(),
+        ]);
         let out = Command::new("redis-cli")
             .args(&args)
             .output()
@@ -448,7 +468,7 @@ impl RedisCluster {
                 command(n.port, "CLUSTER INFO").is_some_and(|info| {
                     info.contains("cluster_state:ok")
                         && info.contains("cluster_slots_assigned:16384")
-                        && info.contains("cluster_known_nodes:3")
+                        && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
                 })
             });
             if ready {
@@ -459,9 +479,41 @@ impl RedisCluster {
         panic!("the Redis Cluster did not become ready in 30 s");
     }
 
-    /// The masters' URLs.
+    /// The nodes' URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node with this port.
+    pub fn node(&self, port: u16) -> Option<&RedisServer> {
+        self.nodes.iter().find(|n| n.port == port)
+    }
+
+    /// The port of the master serving `key`'s slot, as the node on `ask`
+    /// sees it (`CLUSTER KEYSLOT`, `CLUSTER NODES`; a master flagged `fail`
+    /// serves nothing).
+    pub fn master_of(&self, key: &str, ask: u16) -> Option<u16> {
+        let slot: u32 = command(ask, &format!("CLUSTER KEYSLOT {key}"))?
+            .trim_start_matches(':')
+            .parse()
+            .ok()?;
+        let nodes = command(ask, "CLUSTER NODES")?;
+        nodes.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.contains("master") || flags.contains("fail") {
+                return None;
+            }
+            let serves = fields.iter().skip(8).any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                matches!((lo.parse::<u32>(), hi.parse::<u32>()), (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot))
+            });
+            if !serves {
+                return None;
+            }
+            let addr = fields.get(1)?.split('@').next()?;
+            addr.rsplit(':').next()?.parse().ok()
+        })
     }
 
     /// Moves `slots` slots from the first master to the second with `redis-cli
@@ -541,4 +593,40 @@ pub fn cluster() -> (Option<RedisCluster>, Vec<String>) {
 /// A key prefix no other fixture, test or run uses.
 pub fn unique_prefix(label: &str) -> String {
     format!("{}:", crate::unique_schema(label))
+}
+
+/// A proxy in front of every Cluster node of `urls` (`redis://host:port`):
+/// the address map a Cluster client needs to reach each node through its
+/// proxy (announced address to proxy address), the proxies' URLs to start
+/// from, and the proxies.
+#[allow(clippy::type_complexity)]
+pub async fn proxy_every_node(
+    urls: &[String],
+) -> std::io::Result<(
+    std::collections::HashMap<redis::cluster::NodeAddress, redis::cluster::NodeAddress>,
+    Vec<String>,
+    Vec<crate::TcpProxy>,
+)> {
+    use redis::cluster::NodeAddress;
+    let port = |u: &str| {
+        u.rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
+    };
+    let mut map = std::collections::HashMap::new();
+    let mut initial = Vec::new();
+    let mut proxies = Vec::new();
+    for url in urls {
+        let (proxy, via) = crate::proxied(url).await?;
+        let (Some(real), Some(through)) = (port(url), port(&via)) else {
+            return Err(std::io::Error::other(format!("no port in {url} / {via}")));
+        };
+        map.insert(
+            NodeAddress::new("127.0.0.1", real),
+            NodeAddress::new("127.0.0.1", through),
+        );
+        initial.push(via);
+        proxies.push(proxy);
+    }
+    Ok((map, initial, proxies))
 }
