@@ -26,6 +26,7 @@ pub struct DynamoBuilder {
     pub(crate) max_clock_skew: Duration,
     pub(crate) min_lease: Option<Duration>,
     pub(crate) allow_global_table: bool,
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl DynamoBuilder {
@@ -74,6 +75,16 @@ impl DynamoBuilder {
     /// see [`DynamoStore`] on skew.
     pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
         self.clock = Clock::custom(clock);
+        self
+    }
+
+    /// Bound on each operation as a whole (a claim may need several
+    /// requests), whatever the client's own timeouts: past it, a retryable
+    /// [`Error::Timeout`]. Default: the client's operation timeout, else its
+    /// attempt timeout, else 5 s. `expire()` is not bounded (it scans at
+    /// `expire_rate`); each of its requests is, by the client.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 
@@ -133,10 +144,17 @@ impl DynamoBuilder {
             )));
         }
         let config = self.client.config();
-        let timeout = config
-            .timeout_config()
-            .and_then(|t| t.operation_timeout().or(t.operation_attempt_timeout()))
-            .unwrap_or_default();
+        let timeout = self
+            .timeout
+            .or_else(|| {
+                config
+                    .timeout_config()
+                    .and_then(|t| t.operation_timeout().or(t.operation_attempt_timeout()))
+            })
+            .unwrap_or(DynamoStore::DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(Error::config("timeout must be above zero"));
+        }
         let min_lease = self
             .min_lease
             .unwrap_or((self.max_clock_skew + Duration::from_secs(1)).saturating_mul(4));

@@ -15,6 +15,9 @@ const RETRYABLE_CODES: &[&str] = &[
     "ServiceUnavailable",
     "TransactionConflictException",
     "TransactionInProgressException",
+    // A global table's replica took a conflicting write to the same item
+    // in another region at the same time (multi-region strong consistency).
+    "ReplicatedWriteConflictException",
     // A transaction's cancellation reason for throttling.
     "ThrottlingError",
 ];
@@ -128,6 +131,16 @@ mod tests {
             400,
         );
         assert!(limited.is_retryable(), "{limited}");
+    }
+
+    #[test]
+    fn a_replicated_write_conflict_is_retryable() {
+        let conflict = mapped(
+            PutItemError::generic(code("ReplicatedWriteConflictException")),
+            400,
+        );
+        assert!(conflict.is_retryable(), "{conflict}");
+        assert!(retryable_code("ReplicatedWriteConflict"));
     }
 
     #[test]

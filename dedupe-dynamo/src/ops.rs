@@ -7,7 +7,8 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
+    AttributeValue, ConditionCheck, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    Update,
 };
 use dedupe_core::backend::{
     self, check_ttl, duration_millis, from_millis, to_millis, StoredRecord,
@@ -145,7 +146,22 @@ impl DynamoStore {
                 return backend::won_claim(record);
             }
             if deadline_of(&record) > from_millis(self.now_ms()) {
-                return Ok(backend::losing_claim(record, opts));
+                let answer = backend::losing_claim(record, opts);
+                if let (ClaimOutcome::Claimed(lease), false) = (&answer, extra.is_empty()) {
+                    // The record is held under this call's claim id: an
+                    // earlier call's claim, whose answer was lost or timed
+                    // out. This call's items were not written with it: write
+                    // them now, under a check that the record still holds
+                    // that very lease, or look again.
+                    match self.transact(extra, self.held_check(lease)?).await? {
+                        Transacted::Committed => return Ok(answer),
+                        Transacted::OursFailed(_) | Transacted::Conflict => {
+                            replacing = None;
+                            continue;
+                        }
+                    }
+                }
+                return Ok(answer);
             }
             replacing = Some(record);
         }
@@ -280,8 +296,14 @@ impl DynamoStore {
     /// Claims `key` in one DynamoDB transaction with the caller's `items` (at
     /// most 99): when the answer is `Claimed`, the items were written with the
     /// in-flight record; any other answer (`Duplicate`, `InFlight`,
-    /// `Mismatch`) or error means none of them was. An item of the caller's
-    /// whose own condition fails cancels the whole transaction: a
+    /// `Mismatch`) means none of them was. An error other than a timeout
+    /// means none was; after a timeout the transaction may have committed:
+    /// retry with the same claim id. A retry handed the lease of its claim id
+    /// (re-entrant `Claimed`) writes its items then, in a transaction with a
+    /// check that the record still holds that lease, so `Claimed` always means
+    /// this call's items are written (write items that may be written twice:
+    /// a `Put` of the same item, or a condition that allows it). An item of the
+    /// caller's whose own condition fails cancels the whole transaction: a
     /// non-retryable error naming the item.
     ///
     /// ```no_run
@@ -314,8 +336,11 @@ impl DynamoStore {
         items: &[TransactWriteItem],
     ) -> Result<ClaimOutcome> {
         opts.validate()?;
-        self.clock_guard(key, Some(opts.lease_ttl)).await?;
-        self.claim_loop(key, opts, items).await
+        self.bounded(async {
+            self.clock_guard(key, Some(opts.lease_ttl)).await?;
+            self.claim_loop(key, opts, items).await
+        })
+        .await
     }
 
     /// Completes `lease` in one DynamoDB transaction with the caller's `items`
@@ -345,9 +370,9 @@ impl DynamoStore {
             .build()
             .map_err(|e| Error::config(e.to_string()))?;
         let ours = TransactWriteItem::builder().update(update).build();
-        match self.transact(items, ours).await? {
+        match self.bounded(self.transact(items, ours)).await? {
             Transacted::Committed => Ok(()),
-            Transacted::OursFailed(_) => self.completed_already(lease, outcome).await,
+            Transacted::OursFailed(_) => self.bounded(self.completed_already(lease, outcome)).await,
             Transacted::Conflict => Err(Error::backend(
                 "another transaction held the record; retry",
                 true,
@@ -372,6 +397,21 @@ impl DynamoStore {
             (":oc".to_string(), outcome_value(outcome)),
             (":exp".to_string(), n(Self::ttl_seconds(until))),
         ])
+    }
+
+    /// A transaction's check that the record still holds `lease` (its token,
+    /// in flight, its deadline ahead).
+    pub(crate) fn held_check(&self, lease: &Lease) -> Result<TransactWriteItem> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.inner.table)
+            .key(&self.inner.names.partition_key, partition_key(&lease.key))
+            .condition_expression(HELD)
+            .set_expression_attribute_names(self.names(&[HELD]))
+            .set_expression_attribute_values(Some(self.held_values(lease, self.now_ms())))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()
+            .map_err(|e| Error::config(e.to_string()))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
     }
 
     pub(crate) fn held_values(&self, lease: &Lease, now: i64) -> HashMap<String, AttributeValue> {

@@ -17,7 +17,7 @@ use dedupe_core::{
     Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
     DEFAULT_MAX_OUTCOME_BYTES,
 };
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 
 pub use crate::builder::DynamoBuilder;
 use crate::clock::{judge, Clock, Offset, ServiceClock};
@@ -132,8 +132,29 @@ impl DynamoStore {
             max_clock_skew: Self::DEFAULT_MAX_CLOCK_SKEW,
             min_lease: None,
             allow_global_table: false,
+            timeout: None,
         }
     }
+
+    /// Bounds `op` by the store's timeout ([`DynamoBuilder::timeout`]),
+    /// whatever the client's own settings: a call that needs several
+    /// requests (a claim that reads, then takes over) is bounded as a whole.
+    pub(crate) async fn bounded<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let bound = self.inner.timeout;
+        tokio::time::timeout(bound, op)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                after: bound,
+                source: None,
+            }))
+    }
+
+    /// Default of [`DynamoBuilder::timeout`] when the client sets no
+    /// operation timeout.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
     /// Default of [`DynamoBuilder::max_clock_skew`].
     pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
@@ -361,85 +382,99 @@ impl DynamoStore {
 #[async_trait]
 impl DedupeStore for DynamoStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
-        opts.validate()?;
-        self.clock_guard(key, Some(opts.lease_ttl)).await?;
-        self.claim_loop(key, opts, &[]).await
+        self.bounded(async {
+            opts.validate()?;
+            self.clock_guard(key, Some(opts.lease_ttl)).await?;
+            self.claim_loop(key, opts, &[]).await
+        })
+        .await
     }
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
-        check_ttl("retention", retention)?;
-        self.inner.caps.check_outcome(outcome)?;
-        let now = self.now_ms();
-        let until = now.saturating_add(duration_millis(retention));
-        let done = self
-            .inner
-            .client
-            .update_item()
-            .table_name(&self.inner.table)
-            .key(&self.inner.names.partition_key, partition_key(&lease.key))
-            .update_expression(COMPLETE)
-            .condition_expression(HELD)
-            .set_expression_attribute_names(self.names(&[COMPLETE, HELD]))
-            .set_expression_attribute_values(Some(self.complete_values(lease, outcome, now, until)))
-            .send()
-            .await;
-        match done {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failure(&e) => self.completed_already(lease, outcome).await,
-            Err(e) => Err(self.fail(e)),
-        }
+        self.bounded(async {
+            check_ttl("retention", retention)?;
+            self.inner.caps.check_outcome(outcome)?;
+            let now = self.now_ms();
+            let until = now.saturating_add(duration_millis(retention));
+            let done = self
+                .inner
+                .client
+                .update_item()
+                .table_name(&self.inner.table)
+                .key(&self.inner.names.partition_key, partition_key(&lease.key))
+                .update_expression(COMPLETE)
+                .condition_expression(HELD)
+                .set_expression_attribute_names(self.names(&[COMPLETE, HELD]))
+                .set_expression_attribute_values(Some(
+                    self.complete_values(lease, outcome, now, until),
+                ))
+                .send()
+                .await;
+            match done {
+                Ok(_) => Ok(()),
+                Err(e) if is_condition_failure(&e) => self.completed_already(lease, outcome).await,
+                Err(e) => Err(self.fail(e)),
+            }
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let done = self
-            .inner
-            .client
-            .delete_item()
-            .table_name(&self.inner.table)
-            .key(&self.inner.names.partition_key, partition_key(&lease.key))
-            .condition_expression(HELD)
-            .set_expression_attribute_names(self.names(&[HELD]))
-            .set_expression_attribute_values(Some(self.held_values(lease, self.now_ms())))
-            .send()
-            .await;
-        match done {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failure(&e) => self.released_already(lease).await,
-            Err(e) => Err(self.fail(e)),
-        }
+        self.bounded(async {
+            let done = self
+                .inner
+                .client
+                .delete_item()
+                .table_name(&self.inner.table)
+                .key(&self.inner.names.partition_key, partition_key(&lease.key))
+                .condition_expression(HELD)
+                .set_expression_attribute_names(self.names(&[HELD]))
+                .set_expression_attribute_values(Some(self.held_values(lease, self.now_ms())))
+                .send()
+                .await;
+            match done {
+                Ok(_) => Ok(()),
+                Err(e) if is_condition_failure(&e) => self.released_already(lease).await,
+                Err(e) => Err(self.fail(e)),
+            }
+        })
+        .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        check_ttl("lease ttl", ttl)?;
-        self.clock_guard(&lease.key, Some(ttl)).await?;
-        let now = self.now_ms();
-        let until = now.saturating_add(duration_millis(ttl));
-        let mut values = self.held_values(lease, now);
-        values.insert(":until".to_string(), n(until));
-        values.insert(
-            ":exp".to_string(),
-            n(Self::ttl_seconds(until.saturating_add(self.inner.grace_ms))),
-        );
-        let done = self
-            .inner
-            .client
-            .update_item()
-            .table_name(&self.inner.table)
-            .key(&self.inner.names.partition_key, partition_key(&lease.key))
-            .update_expression(EXTEND)
-            .condition_expression(HELD)
-            .set_expression_attribute_names(self.names(&[EXTEND, HELD]))
-            .set_expression_attribute_values(Some(values))
-            .send()
-            .await;
-        match done {
-            Ok(_) => Ok(Lease {
-                deadline: from_millis(until),
-                ..lease.clone()
-            }),
-            Err(e) if is_condition_failure(&e) => Err(Error::lease_lost(&lease.key)),
-            Err(e) => Err(self.fail(e)),
-        }
+        self.bounded(async {
+            check_ttl("lease ttl", ttl)?;
+            self.clock_guard(&lease.key, Some(ttl)).await?;
+            let now = self.now_ms();
+            let until = now.saturating_add(duration_millis(ttl));
+            let mut values = self.held_values(lease, now);
+            values.insert(":until".to_string(), n(until));
+            values.insert(
+                ":exp".to_string(),
+                n(Self::ttl_seconds(until.saturating_add(self.inner.grace_ms))),
+            );
+            let done = self
+                .inner
+                .client
+                .update_item()
+                .table_name(&self.inner.table)
+                .key(&self.inner.names.partition_key, partition_key(&lease.key))
+                .update_expression(EXTEND)
+                .condition_expression(HELD)
+                .set_expression_attribute_names(self.names(&[EXTEND, HELD]))
+                .set_expression_attribute_values(Some(values))
+                .send()
+                .await;
+            match done {
+                Ok(_) => Ok(Lease {
+                    deadline: from_millis(until),
+                    ..lease.clone()
+                }),
+                Err(e) if is_condition_failure(&e) => Err(Error::lease_lost(&lease.key)),
+                Err(e) => Err(self.fail(e)),
+            }
+        })
+        .await
     }
 
     /// Scans for items past their deadline, 100 at a time, and deletes each
@@ -510,11 +545,14 @@ impl DedupeStore for DynamoStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        let Some(item) = self.read(key).await? else {
-            return Ok(None);
-        };
-        let record = decode(&self.inner.names, key, &item)?;
-        Ok((deadline_of(&record) > from_millis(self.now_ms())).then_some(record))
+        self.bounded(async {
+            let Some(item) = self.read(key).await? else {
+                return Ok(None);
+            };
+            let record = decode(&self.inner.names, key, &item)?;
+            Ok((deadline_of(&record) > from_millis(self.now_ms())).then_some(record))
+        })
+        .await
     }
 
     /// Reads the record, then deletes it on condition that it still holds the
@@ -522,57 +560,92 @@ impl DedupeStore for DynamoStore {
     /// item finds it gone and answers as the first did; a claim made since is
     /// never removed (the condition fails on its token; it is read again).
     async fn forget(&self, key: &Key) -> Result<bool> {
-        for _ in 0..CLAIM_ROUNDS {
-            let Some(item) = self.read(key).await? else {
-                return Ok(false);
-            };
-            let record = decode(&self.inner.names, key, &item)?;
-            let live = deadline_of(&record) > from_millis(self.now_ms());
-            let gone = self
-                .inner
-                .client
-                .delete_item()
-                .table_name(&self.inner.table)
-                .key(&self.inner.names.partition_key, partition_key(key))
-                .condition_expression(FENCED)
-                .set_expression_attribute_names(self.names(&[FENCED]))
-                .expression_attribute_values(":tk", s(record.token.as_str()))
-                .send()
-                .await;
-            match gone {
-                Ok(_) => return Ok(live),
-                Err(e) if is_condition_failure(&e) => match self.read(key).await? {
-                    // Removed already: by this very request, sent twice.
-                    None => return Ok(live),
-                    Some(_) => continue,
-                },
-                Err(e) => return Err(self.fail(e)),
+        self.bounded(async {
+            for _ in 0..CLAIM_ROUNDS {
+                let Some(item) = self.read(key).await? else {
+                    return Ok(false);
+                };
+                let record = decode(&self.inner.names, key, &item)?;
+                let live = deadline_of(&record) > from_millis(self.now_ms());
+                let gone = self
+                    .inner
+                    .client
+                    .delete_item()
+                    .table_name(&self.inner.table)
+                    .key(&self.inner.names.partition_key, partition_key(key))
+                    .condition_expression(FENCED)
+                    .set_expression_attribute_names(self.names(&[FENCED]))
+                    .expression_attribute_values(":tk", s(record.token.as_str()))
+                    .send()
+                    .await;
+                match gone {
+                    Ok(_) => return Ok(live),
+                    Err(e) if is_condition_failure(&e) => match self.read(key).await? {
+                        // Removed already: by this very request, sent twice.
+                        None => return Ok(live),
+                        Some(_) => continue,
+                    },
+                    Err(e) => return Err(self.fail(e)),
+                }
             }
-        }
-        Err(Error::backend(
-            "the record kept changing under forget; retry",
-            true,
-            None,
-        ))
+            Err(Error::backend(
+                "the record kept changing under forget; retry",
+                true,
+                None,
+            ))
+        })
+        .await
     }
 
     /// DynamoDB has no conditional batch write: the claims run concurrently,
-    /// `fan_out` at a time, with the same answers as claim-by-claim.
+    /// `fan_out` at a time, with the same answers as claim-by-claim, each
+    /// bounded by the store's timeout. Every claim runs to its end; if any
+    /// failed, the claims the batch won are given back (released, so no
+    /// record sits in flight with no holder) and the first error is returned.
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         opts.validate()?;
         dedupe_core::backend::check_batch(keys)?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        self.clock_guard(&keys[0], Some(opts.lease_ttl)).await?;
+        self.bounded(self.clock_guard(&keys[0], Some(opts.lease_ttl)))
+            .await?;
         let batch = BatchKeys::new(keys);
         let distinct: Vec<Key> = batch.distinct().iter().map(|k| (*k).clone()).collect();
-        let answers: Vec<ClaimOutcome> = futures_util::stream::iter(distinct)
-            .map(|key: Key| async move { self.claim_loop(&key, opts, &[]).await })
+        let results: Vec<Result<ClaimOutcome>> = futures_util::stream::iter(distinct)
+            .map(|key: Key| async move { self.bounded(self.claim_loop(&key, opts, &[])).await })
             .buffered(self.inner.fan_out)
-            .try_collect()
-            .await?;
-        batch.answers(answers, opts)
+            .collect()
+            .await;
+        if results.iter().all(Result::is_ok) {
+            let answers = results.into_iter().collect::<Result<Vec<_>>>()?;
+            return batch.answers(answers, opts);
+        }
+        let mut first_error = None;
+        let mut won = Vec::new();
+        for result in results {
+            match result {
+                Ok(answer) => won.extend(answer.lease().cloned()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let given_back = futures_util::stream::iter(won)
+            .map(|lease| async move { (self.release(&lease).await, lease) })
+            .buffer_unordered(self.inner.fan_out)
+            .collect::<Vec<_>>()
+            .await;
+        for (released, lease) in given_back {
+            if let Err(e) = released {
+                tracing::warn!(
+                    key = %lease.key,
+                    error = %e,
+                    "a claim of a failed batch could not be given back; it stands until its lease passes"
+                );
+            }
+        }
+        Err(first_error.unwrap_or_else(|| Error::backend("the batch failed", true, None)))
     }
 
     fn capabilities(&self) -> Capabilities {

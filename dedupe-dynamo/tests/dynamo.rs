@@ -426,6 +426,40 @@ async fn transactions_commit_with_the_callers_items(emulator: Emulator) {
     assert!(refused.to_string().contains("your item 0"), "{refused}");
     assert!(store.get(&fresh).await.expect("get").is_none());
 
+    // A retry with the claim id of a claim that committed (its answer lost
+    // or timed out): handed the same lease, and its own items are written
+    // then, under a check that the record still holds that lease.
+    let retried = key("txn-retried");
+    let with_id =
+        opts(Duration::from_secs(60)).with_claim_id(ClaimId::new("delivery-7").expect("id"));
+    let first = store
+        .claim_with(&retried, &with_id, &[order(&orders_table, "r1")])
+        .await
+        .expect("claim_with")
+        .lease()
+        .cloned()
+        .expect("claimed");
+    let again = store
+        .claim_with(&retried, &with_id, &[order(&orders_table, "r2")])
+        .await
+        .expect("claim_with again");
+    assert_eq!(again.lease(), Some(&first), "{again:?}");
+    assert!(
+        exists(&client, &orders_table, "order:r2").await,
+        "{emulator:?}: Claimed, but the retry's items were not written"
+    );
+    // Once the lease is completed, a retry is a Duplicate and writes nothing.
+    store
+        .complete(&first, b"r", Duration::from_secs(600))
+        .await
+        .expect("complete");
+    let late = store
+        .claim_with(&retried, &with_id, &[order(&orders_table, "r3")])
+        .await
+        .expect("claim_with late");
+    assert!(matches!(late, ClaimOutcome::Duplicate { .. }), "{late:?}");
+    assert!(!exists(&client, &orders_table, "order:r3").await);
+
     // Too many items: refused before any request.
     let many: Vec<TransactWriteItem> = (0..MAX_TRANSACTION_ITEMS)
         .map(|i| order(&orders_table, &format!("many-{i}")))
@@ -620,6 +654,27 @@ async fn items_that_are_not_records_are_corrupt() {
             .cloned();
         assert_eq!(after.as_ref(), Some(&item), "{id}: the item was changed");
     }
+
+    // A batch with one of them among fresh keys: the batch fails with the
+    // corrupt record's error, and the claims it won are given back (no
+    // record is left in flight with no holder).
+    let fresh: Vec<Key> = (0..6).map(|i| key(&format!("batch-fresh-{i}"))).collect();
+    let mut batch = fresh.clone();
+    batch.insert(3, key("unknown-state"));
+    let answered = setup
+        .store
+        .claim_many(&batch, &opts(Duration::from_secs(60)))
+        .await;
+    assert!(
+        matches!(answered, Err(Error::CorruptRecord { .. })),
+        "the batch answered {answered:?}"
+    );
+    for k in &fresh {
+        assert!(
+            setup.store.get(k).await.expect("get").is_none(),
+            "{k}: a claim of the failed batch was left in flight"
+        );
+    }
 }
 
 /// What each emulator does with a failed condition and `ALL_OLD`: moto
@@ -792,4 +847,50 @@ dedupe_testkit::crash_tests! {
         let table = std::env::var("DEDUPE_CHILD_DYNAMO_TABLE").expect("child job");
         Arc::new(Setup::store_on(&endpoint, &table)) as Arc<dyn DedupeStore>
     },
+}
+
+/// A client with no timeouts at all (the SDK sets none by default) through a
+/// black-holed connection: every call is still bounded by the store's own
+/// timeout, as a whole, and fails with a retryable `Timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_bounds_calls_whatever_the_client() {
+    use dedupe_dynamo::aws_sdk_dynamodb::config::timeout::TimeoutConfig;
+    let setup = Setup::start(Emulator::DynamoDbLocal).await;
+    let (proxy, via) = dedupe_testkit::proxied(&setup.endpoint)
+        .await
+        .expect("proxy");
+    let unbounded = client_for_endpoint(&via, REGION, TIMEOUT)
+        .config()
+        .to_builder()
+        .timeout_config(TimeoutConfig::disabled())
+        .build();
+    let bound = Duration::from_millis(600);
+    let store = DynamoStore::builder(Client::from_conf(unbounded))
+        .table(&setup.table)
+        .timeout(bound)
+        .min_lease(dedupe_core::MIN_TTL)
+        .build()
+        .expect("store");
+    let k = key("bounded");
+    assert!(store.get(&k).await.expect("get").is_none());
+    proxy.blackhole();
+    let started = std::time::Instant::now();
+    let claimed = store.claim(&k, &opts(Duration::from_secs(60))).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(claimed, Err(Error::Timeout { after, .. }) if after == bound),
+        "{claimed:?}"
+    );
+    assert!(took < bound + Duration::from_millis(400), "took {took:?}");
+    let started = std::time::Instant::now();
+    let batch = store
+        .claim_many(&[key("b1"), key("b2")], &opts(Duration::from_secs(60)))
+        .await;
+    assert!(matches!(batch, Err(Error::Timeout { .. })), "{batch:?}");
+    assert!(
+        started.elapsed() < bound * 3,
+        "took {:?}",
+        started.elapsed()
+    );
+    proxy.heal();
 }
