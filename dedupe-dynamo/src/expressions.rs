@@ -16,6 +16,9 @@ pub(crate) const TAKEOVER: &str = "#tk = :tk AND #dl = :dl";
 /// Every holder's write: this token, in flight, deadline ahead of `:now`.
 pub(crate) const HELD: &str = "#tk = :tk AND #st = :zero AND #dl > :now";
 
+/// A completion asked again: the record is done, by this token.
+pub(crate) const DONE_BY: &str = "#tk = :tk AND #st = :one";
+
 /// `forget`'s delete: the record is still the one read.
 pub(crate) const FENCED: &str = "#tk = :tk";
 
@@ -30,7 +33,7 @@ pub(crate) const UNCHANGED: &str = "#tk = :tk AND #dl = :dl AND #dl <= :now";
 
 /// Every set of expressions one request carries: their attribute names are
 /// worked out once, when the store is built, not on every request.
-pub(crate) const REQUESTS: [&[&str]; 8] = [
+pub(crate) const REQUESTS: [&[&str]; 9] = [
     &[FRESH],
     &[TAKEOVER],
     &[COMPLETE, HELD],
@@ -39,4 +42,5 @@ pub(crate) const REQUESTS: [&[&str]; 8] = [
     &[SCAN, PROJECTION],
     &[UNCHANGED],
     &[FENCED],
+    &[DONE_BY],
 ];

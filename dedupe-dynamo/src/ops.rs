@@ -344,7 +344,10 @@ impl DynamoStore {
     }
 
     /// Completes `lease` in one DynamoDB transaction with the caller's `items`
-    /// (at most 99): both land, or neither. `LeaseLost` when the lease has
+    /// (at most 99): both land, or neither. Asked again after it committed
+    /// (its answer lost or timed out) with the same lease and outcome, it
+    /// answers Ok once this call's items are written too, in a transaction
+    /// with a check that the record is still done by this lease. `LeaseLost` when the lease has
     /// passed or was taken over (nothing written); an item of the caller's
     /// whose own condition fails cancels everything, as in
     /// [`claim_with`](Self::claim_with).
@@ -370,15 +373,46 @@ impl DynamoStore {
             .build()
             .map_err(|e| Error::config(e.to_string()))?;
         let ours = TransactWriteItem::builder().update(update).build();
-        match self.bounded(self.transact(items, ours)).await? {
-            Transacted::Committed => Ok(()),
-            Transacted::OursFailed(_) => self.bounded(self.completed_already(lease, outcome)).await,
-            Transacted::Conflict => Err(Error::backend(
-                "another transaction held the record; retry",
-                true,
-                None,
-            )),
-        }
+        self.bounded(async {
+            match self.transact(items, ours).await? {
+                Transacted::Committed => Ok(()),
+                Transacted::OursFailed(_) => {
+                    self.completed_already(lease, outcome).await?;
+                    if items.is_empty() {
+                        return Ok(());
+                    }
+                    // Completed already by this lease with this outcome (an
+                    // earlier call whose answer was lost or timed out); this
+                    // call's items were not written with it: write them now,
+                    // under a check that the record is still done by it.
+                    let check = ConditionCheck::builder()
+                        .table_name(&self.inner.table)
+                        .key(&self.inner.names.partition_key, partition_key(&lease.key))
+                        .condition_expression(DONE_BY)
+                        .set_expression_attribute_names(self.names(&[DONE_BY]))
+                        .expression_attribute_values(":tk", s(lease.token.as_str()))
+                        .expression_attribute_values(":one", n(StoredRecord::DONE))
+                        .build()
+                        .map_err(|e| Error::config(e.to_string()))?;
+                    let ours = TransactWriteItem::builder().condition_check(check).build();
+                    match self.transact(items, ours).await? {
+                        Transacted::Committed => Ok(()),
+                        Transacted::OursFailed(_) => Err(Error::lease_lost(&lease.key)),
+                        Transacted::Conflict => Err(Error::backend(
+                            "another transaction held the record; retry",
+                            true,
+                            None,
+                        )),
+                    }
+                }
+                Transacted::Conflict => Err(Error::backend(
+                    "another transaction held the record; retry",
+                    true,
+                    None,
+                )),
+            }
+        })
+        .await
     }
 
     pub(crate) fn complete_values(

@@ -448,11 +448,31 @@ async fn transactions_commit_with_the_callers_items(emulator: Emulator) {
         exists(&client, &orders_table, "order:r2").await,
         "{emulator:?}: Claimed, but the retry's items were not written"
     );
-    // Once the lease is completed, a retry is a Duplicate and writes nothing.
+    // Completed with a ledger row; asked again (the first answer lost) with
+    // another row: Ok once that row is written too.
     store
-        .complete(&first, b"r", Duration::from_secs(600))
+        .complete_with(
+            &first,
+            b"r",
+            Duration::from_secs(600),
+            &[order(&orders_table, "c1")],
+        )
         .await
-        .expect("complete");
+        .expect("complete_with");
+    store
+        .complete_with(
+            &first,
+            b"r",
+            Duration::from_secs(600),
+            &[order(&orders_table, "c2")],
+        )
+        .await
+        .expect("complete_with again");
+    assert!(
+        exists(&client, &orders_table, "order:c2").await,
+        "{emulator:?}: Ok, but the second completion's items were not written"
+    );
+    // Once the lease is completed, a retry is a Duplicate and writes nothing.
     let late = store
         .claim_with(&retried, &with_id, &[order(&orders_table, "r3")])
         .await
