@@ -145,6 +145,31 @@ async fn cluster_spreads_keys_and_survives_a_reshard() {
         }
         assert!(a.get(&k).await.expect("get").is_some(), "{k} did not stand");
     }
+
+    // One primary that may evict: the store refuses to open, naming it and
+    // its policy (every primary is asked).
+    let evicting = cluster.nodes[2].port;
+    for (name, value) in [("maxmemory", "64mb"), ("maxmemory-policy", "allkeys-lru")] {
+        assert_eq!(redis_cli(evicting, &["CONFIG", "SET", name, value]), "OK");
+    }
+    match RedisStore::cluster_builder(urls.clone()).connect().await {
+        Err(Error::InvalidConfig { reason }) => assert!(
+            reason.contains("allkeys-lru") && reason.contains(&evicting.to_string()),
+            "{reason}"
+        ),
+        other => panic!("a Cluster with an evicting primary answered {other:?}"),
+    }
+    assert_eq!(
+        redis_cli(
+            evicting,
+            &["CONFIG", "SET", "maxmemory-policy", "noeviction"]
+        ),
+        "OK"
+    );
+    RedisStore::cluster_builder(urls.clone())
+        .connect()
+        .await
+        .expect("noeviction everywhere opens");
 }
 
 /// A frozen Cluster primary (`SIGSTOP`: its connections stay open and
@@ -808,4 +833,71 @@ dedupe_testkit::crash_tests! {
         let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
         Arc::new(store(&url, Duration::from_secs(5)).await) as Arc<dyn DedupeStore>
     },
+}
+
+/// A full `noeviction` server (the setting the store requires): a claim that
+/// would write is refused by the server with `OOM`, and the store answers a
+/// retryable error, writing nothing; a duplicate, which writes nothing, is
+/// still answered; once memory is freed, claims win again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_noeviction_server_answers_retryable_errors() {
+    let server = RedisServer::start();
+    let store = store(&server.url(), Duration::from_secs(2)).await;
+    let done = store
+        .claim(&key("before"), &opts())
+        .await
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("claimed");
+    store
+        .complete(&done, b"kept", Duration::from_secs(600))
+        .await
+        .expect("complete");
+    let used: u64 = redis_cli(server.port, &["INFO", "memory"])
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory");
+    // A limit just under what the server already uses: every write is refused.
+    assert_eq!(
+        redis_cli(
+            server.port,
+            &["CONFIG", "SET", "maxmemory", &(used / 2).to_string()]
+        ),
+        "OK"
+    );
+    assert_eq!(
+        redis_cli(
+            server.port,
+            &["CONFIG", "SET", "maxmemory-policy", "noeviction"]
+        ),
+        "OK"
+    );
+    let k = key("while-full");
+    match store.claim(&k, &opts()).await {
+        Err(e) => assert!(e.is_retryable() && e.to_string().contains("OOM"), "{e}"),
+        Ok(answer) => panic!("a full server answered {answer:?}"),
+    }
+    assert!(
+        matches!(
+            store.claim(&key("before"), &opts()).await.expect("claim"),
+            ClaimOutcome::Duplicate { .. }
+        ),
+        "a duplicate needs no memory"
+    );
+    assert_eq!(
+        redis_cli(server.port, &["CONFIG", "SET", "maxmemory", "0"]),
+        "OK"
+    );
+    assert!(
+        store.get(&k).await.expect("get").is_none(),
+        "written while full"
+    );
+    assert!(store
+        .claim(&k, &opts())
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
 }
