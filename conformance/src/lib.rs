@@ -89,6 +89,7 @@ macro_rules! __with_check_names {
             stale_holders_race_takeovers,
             batches_race_batches,
             expire_races_takeovers,
+            forget_races_claims,
             lease_rules_across_handles,
             deadline_edge_races,
             near_identical_keys_race,

@@ -703,6 +703,65 @@ const EXPECTED_INDEPENDENT: &[(AFlaw, &[&str])] = &[
         AFlaw::ForgetUnfenced,
         &["resent_requests_answer_as_the_first"],
     ),
+    // The third adversary's: the first eleven here passed the whole suite
+    // before the checks named beside them were sharpened or added.
+    (
+        AFlaw::CompleteAgainRetentionFromCompletedAt,
+        &["release_then_reclaim"],
+    ),
+    (AFlaw::CompleteAgainIgnoresExpiry, &["retention_expiry"]),
+    (
+        AFlaw::CompleteAgainComparesPrefix64,
+        &["release_then_reclaim"],
+    ),
+    (AFlaw::ForgetReadThenDelete, &["forget_races_claims"]),
+    (AFlaw::ReleaseTombstone, &["release_then_reclaim"]),
+    (AFlaw::ForgetTombstone, &["forget_removes_any_state"]),
+    (
+        AFlaw::ResentClaimAttemptOne,
+        &["resent_requests_answer_as_the_first"],
+    ),
+    (
+        AFlaw::ResentClaimFreshDeadline,
+        &["resent_requests_answer_as_the_first"],
+    ),
+    (
+        AFlaw::TokenPinnedAfterResend,
+        &["resent_requests_answer_as_the_first"],
+    ),
+    (
+        AFlaw::ExtendInclusiveDeadline,
+        &["lease_is_lost_at_its_deadline"],
+    ),
+    (
+        AFlaw::CompleteInclusiveDeadline,
+        &["lease_is_lost_at_its_deadline"],
+    ),
+    (
+        AFlaw::CompleteAgainOtherOutcomeOk,
+        &["duplicate_returns_exact_outcome", "release_then_reclaim"],
+    ),
+    (AFlaw::CompleteAgainRewritesTimes, &["release_then_reclaim"]),
+    (
+        AFlaw::CompleteAgainComparesLength,
+        &["release_then_reclaim"],
+    ),
+    (
+        AFlaw::CompleteOkForOtherTokenSameOutcome,
+        &["matches_reference_store"],
+    ),
+    (
+        AFlaw::ReleaseExpiredDeletes,
+        &["passed_lease_is_lost", "lease_is_lost_at_its_deadline"],
+    ),
+    (AFlaw::ReleaseDoneOk, &["release_then_reclaim"]),
+    (AFlaw::ReleaseOtherDoneOk, &["matches_reference_store"]),
+    (AFlaw::FenceByTokenAndDeadline, &["matches_reference_store"]),
+    (
+        AFlaw::ExtendGrace100ms,
+        &["stale_holder_is_fenced", "lease_is_lost_at_its_deadline"],
+    ),
+    (AFlaw::AuthorizeByClaimId, &["matches_reference_store"]),
 ];
 
 async fn assert_independent_rejected(flaw: AFlaw) {
@@ -800,6 +859,27 @@ independent_flaw_tests!(
     rejects_a_complete_asked_again_answering_lease_lost => CompleteAgainIsLeaseLost,
     rejects_a_release_asked_again_answering_lease_lost => ReleaseAgainIsLeaseLost,
     rejects_an_unfenced_forget => ForgetUnfenced,
+    rejects_complete_again_retention_from_completed_at => CompleteAgainRetentionFromCompletedAt,
+    rejects_complete_again_ignoring_expiry => CompleteAgainIgnoresExpiry,
+    rejects_complete_again_comparing_a_prefix => CompleteAgainComparesPrefix64,
+    rejects_forget_read_then_delete => ForgetReadThenDelete,
+    rejects_release_leaving_a_tombstone => ReleaseTombstone,
+    rejects_forget_leaving_a_tombstone => ForgetTombstone,
+    rejects_resent_claim_answering_attempt_one => ResentClaimAttemptOne,
+    rejects_resent_claim_answering_a_fresh_deadline => ResentClaimFreshDeadline,
+    rejects_token_pinned_after_a_resend => TokenPinnedAfterResend,
+    rejects_extend_inclusive_deadline => ExtendInclusiveDeadline,
+    rejects_complete_inclusive_deadline => CompleteInclusiveDeadline,
+    rejects_complete_again_with_another_outcome_ok => CompleteAgainOtherOutcomeOk,
+    rejects_complete_again_rewriting_times => CompleteAgainRewritesTimes,
+    rejects_complete_again_comparing_lengths => CompleteAgainComparesLength,
+    rejects_complete_ok_for_another_token => CompleteOkForOtherTokenSameOutcome,
+    rejects_release_deleting_an_expired_record => ReleaseExpiredDeletes,
+    rejects_release_of_done_ok => ReleaseDoneOk,
+    rejects_release_of_another_done_ok => ReleaseOtherDoneOk,
+    rejects_fencing_by_token_and_deadline => FenceByTokenAndDeadline,
+    rejects_extend_with_grace => ExtendGrace100ms,
+    rejects_authorizing_by_claim_id => AuthorizeByClaimId,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

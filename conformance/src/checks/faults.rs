@@ -206,27 +206,62 @@ pub async fn resent_requests_answer_as_the_first(factory: &dyn StoreFactory) -> 
     };
     let retryable = |e: &Error| e.is_retryable();
 
-    // Claims of fresh keys, one at a time and in a batch.
-    for round in 0..3 {
+    // Claims of fresh keys (three rounds), then a takeover of a record whose
+    // lease passed; one at a time, then in a batch. A claim that answers
+    // Claimed hands out exactly the stored lease (token, deadline, attempt),
+    // and the key is then held: a second claim through the same handle is
+    // not Claimed.
+    for round in 0..4 {
         let k = key(&format!("resent-claim-{round}"))?;
+        let takeover = round == 3;
+        if takeover {
+            let old = must_claim(&*store, &k, &opts(Duration::from_millis(50))).await?;
+            wait_past(old.deadline).await?;
+        }
+        let what = if takeover {
+            "a takeover of a passed lease"
+        } else {
+            "a claim of a fresh key"
+        };
         lose().await?;
         let answer = s.claim(&k, &opts(LONG_TTL)).await;
         lost().await?;
         let record = store.get(&k).await?;
+        let won = matches!(&answer, Ok(ClaimOutcome::Claimed(_)));
         match (answer, &record) {
-            (Ok(ClaimOutcome::Claimed(l)), Some(r)) if r.token == l.token => {}
+            (Ok(ClaimOutcome::Claimed(l)), Some(r))
+                if r.token == l.token
+                    && l.deadline == record_deadline(r)
+                    && l.attempt == r.attempts
+                    && l.attempt == if takeover { 2 } else { 1 } => {}
+            (Ok(ClaimOutcome::Claimed(l)), Some(r)) if r.token == l.token => fail(
+                what,
+                format!(
+                    "Claimed with a lease that is not the stored one: deadline {:?}, attempt {} \
+                     (the record: {:?}, attempt {})",
+                    l.deadline,
+                    l.attempt,
+                    record_deadline(r),
+                    r.attempts
+                ),
+            )?,
             (Err(e), _) if retryable(&e) => {}
             (Ok(ClaimOutcome::InFlight { .. }), Some(r)) => fail(
-                "a claim of a fresh key",
+                what,
                 format!(
                     "InFlight about the record it wrote itself (token {}): its own write judged as another claim's",
                     r.token
                 ),
             )?,
-            (other, r) => fail(
-                "a claim of a fresh key",
-                format!("{other:?} while the store holds {r:?}"),
-            )?,
+            (other, r) => fail(what, format!("{other:?} while the store holds {r:?}"))?,
+        }
+        if won {
+            let again = s.claim(&k, &opts(LONG_TTL)).await?;
+            ensure!(
+                !matches!(again, ClaimOutcome::Claimed(_)),
+                "after {what} whose answer was lost, a second claim of the held key through \
+                 the same handle answered {again:?}: two winners"
+            );
         }
     }
     let batch = [key("resent-batch-a")?, key("resent-batch-b")?];

@@ -356,6 +356,34 @@ pub async fn lease_is_lost_at_its_deadline(factory: &dyn StoreFactory) -> CheckR
             "after a late {op} that answered LeaseLost, get shows the record again"
         );
     }
+    // At the deadline's own millisecond: once get finds the record absent, a
+    // holder's call made right after must find its lease passed too (a
+    // deadline judged `>=` by one operation and `>` by another lets a holder
+    // act on a record that get already called gone).
+    for round in 0..20 {
+        for op in ["extend", "complete"] {
+            let k = key(&format!("edge-{op}-{round}"))?;
+            let lease = must_claim(&*store, &k, &opts(Duration::from_millis(15))).await?;
+            while let Ok(left) = lease.deadline.duration_since(SystemTime::now()) {
+                if left > Duration::from_millis(2) {
+                    tokio::time::sleep(left - Duration::from_millis(2)).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+            }
+            if store.get(&k).await?.is_some() {
+                continue;
+            }
+            let answer = match op {
+                "extend" => store.extend(&lease, LONG_TTL).await.map(|_| ()),
+                _ => store.complete(&lease, b"edge", LONG_TTL).await,
+            };
+            expect_lease_lost(
+                &format!("{op} of a lease right after get found its record gone (at its deadline)"),
+                answer,
+            )?;
+        }
+    }
     Ok(Verdict::Passed)
 }
 

@@ -551,3 +551,50 @@ pub async fn expire_races_takeovers(factory: &dyn StoreFactory) -> CheckResult {
     }
     Ok(Verdict::Passed)
 }
+
+/// `forget` racing claims of the same keys on another handle (rule 10: a
+/// forget removes the record it read, never a newer one). Every key starts
+/// with an in-flight record whose lease has passed; then, key by key, one
+/// handle forgets it while another claims it, the claim sent 0 to 3 ms after
+/// the forget (so that it lands inside a forget made of a read and a delete
+/// on some keys). Wherever the claim answered Claimed and the forget answered
+/// `false` (it found nothing live, so it ran before the claim, or read the
+/// old record), the claim's record must still be there: a forget that reads
+/// the old record and then deletes whatever is under the key removes the
+/// new claim, and a third claim wins while the second still works. Three
+/// rounds of 32 keys.
+pub async fn forget_races_claims(factory: &dyn StoreFactory) -> CheckResult {
+    const KEYS: usize = 32;
+    let fixture = factory.create().await?;
+    let store = fixture.store();
+    let forgetter = fixture.open_handle().await?;
+    let claimer = fixture.open_handle().await?;
+    for round in 0..3 {
+        let keys: Vec<Key> = (0..KEYS)
+            .map(|i| key(&format!("forget-race-{round}-{i}")))
+            .collect::<Result<_, _>>()?;
+        wait_past(claim_and_let_pass(&*store, &keys, false).await?).await?;
+        for (i, k) in keys.iter().enumerate() {
+            let delay = Duration::from_millis((i % 4) as u64);
+            let (forgot, claimed) = tokio::join!(forgetter.forget(k), async {
+                tokio::time::sleep(delay).await;
+                claimer.claim(k, &opts(LONG_TTL)).await
+            });
+            let (forgot, claimed) = (forgot?, claimed?);
+            let ClaimOutcome::Claimed(lease) = claimed else {
+                continue;
+            };
+            if forgot {
+                continue;
+            }
+            let record = store.get(k).await?;
+            ensure!(
+                record.as_ref().is_some_and(|r| r.token == lease.token),
+                "{k}: a claim answered Claimed and a forget racing it answered false (it \
+                 found nothing live), yet the claim's record is gone ({record:?}): the forget \
+                 removed a record newer than the one it read"
+            );
+        }
+    }
+    Ok(Verdict::Passed)
+}

@@ -176,6 +176,12 @@ pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
     let store = fixture.store();
     let k = key("released")?;
     let first = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
+    let first_seen = match store.get(&k).await? {
+        Some(record) => record.first_seen,
+        None => return Err(Failure::new("get finds no record of a fresh claim")),
+    };
+    // The clocks that stamp first_seen count milliseconds: let one pass.
+    tokio::time::sleep(Duration::from_millis(5)).await;
     store.release(&first).await?;
     ensure!(
         store.get(&k).await?.is_none(),
@@ -196,6 +202,19 @@ pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
         "the claim after a release reports attempt {}, expected 1",
         second.attempt
     );
+    match store.get(&k).await? {
+        Some(record) => ensure!(
+            record.first_seen > first_seen,
+            "the claim after a release kept the released record's first_seen \
+             ({:?}, was {first_seen:?}): the release did not remove the record",
+            record.first_seen
+        ),
+        None => {
+            return Err(Failure::new(
+                "get finds no record of the claim after a release",
+            ))
+        }
+    }
     expect_lease_lost(
         "release of an already released lease",
         store.release(&first).await,
@@ -204,10 +223,14 @@ pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
         "complete with a released lease",
         store.complete(&first, b"x", LONG_TTL).await,
     )?;
-    store.complete(&second, b"ok", LONG_TTL).await?;
+    // An outcome long enough that another one can share all but its last byte.
+    let outcome: Vec<u8> = (0..200u8).collect();
+    store.complete(&second, &outcome, LONG_TTL).await?;
     let done = store.get(&k).await?;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    if let Err(e) = store.complete(&second, b"ok", LONG_TTL).await {
+    // Asked again with another retention: Ok, and nothing changes (neither
+    // the completion time nor the retention).
+    if let Err(e) = store.complete(&second, &outcome, LONG_TTL / 2).await {
         return Err(Failure::new(format!(
             "a complete asked again with the same lease and outcome failed: {e} (expected Ok, as the first)"
         )));
@@ -217,6 +240,14 @@ pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
         "a complete asked again changed the done record: {:?}, was {done:?}",
         store.get(&k).await?
     );
+    let mut nearly = outcome.clone();
+    if let Some(last) = nearly.last_mut() {
+        *last ^= 1;
+    }
+    expect_lease_lost(
+        "a second complete with an outcome differing in its last byte",
+        store.complete(&second, &nearly, LONG_TTL).await,
+    )?;
     expect_lease_lost(
         "a second complete with another outcome",
         store.complete(&second, b"other", LONG_TTL).await,
@@ -387,6 +418,16 @@ pub async fn retention_expiry(factory: &dyn StoreFactory) -> CheckResult {
     ensure!(
         store.get(&k).await?.is_none(),
         "get shows a done record past its retention"
+    );
+    // Its completion asked again once the record is gone: nothing live holds
+    // this outcome any more, so it is no longer the same complete.
+    expect_lease_lost(
+        "a complete asked again past the record's retention",
+        store.complete(&lease, b"v1", SHORT_TTL).await,
+    )?;
+    ensure!(
+        store.get(&k).await?.is_none(),
+        "a complete asked again past the retention brought the record back"
     );
     let again = must_claim(&*store, &k, &opts(LONG_TTL)).await?;
     ensure!(
@@ -891,10 +932,30 @@ pub async fn forget_removes_any_state(factory: &dyn StoreFactory) -> CheckResult
     must_claim(&*store, &flying, &opts(LONG_TTL)).await?;
     let lease = must_claim(&*store, &done, &opts(LONG_TTL)).await?;
     store.complete(&lease, b"x", LONG_TTL).await?;
+    let flying_seen = match store.get(&flying).await? {
+        Some(record) => record.first_seen,
+        None => return Err(Failure::new("get finds no record of a fresh claim")),
+    };
+    tokio::time::sleep(Duration::from_millis(5)).await;
     ensure!(
         store.forget(&flying).await?,
         "forget of an in-flight record answered false"
     );
+    let reclaimed = must_claim(&*store, &flying, &opts(LONG_TTL)).await?;
+    match store.get(&flying).await? {
+        Some(record) => ensure!(
+            reclaimed.attempt == 1 && record.first_seen > flying_seen,
+            "the claim after a forget is attempt {} with first_seen {:?} (was {flying_seen:?}): \
+             the forget did not remove the record",
+            reclaimed.attempt,
+            record.first_seen
+        ),
+        None => {
+            return Err(Failure::new(
+                "get finds no record of the claim after a forget",
+            ))
+        }
+    }
     ensure!(
         store.forget(&done).await?,
         "forget of a done record answered false"

@@ -384,6 +384,67 @@ pub enum AFlaw {
     /// removed a live record (and, had a claim come in between, would have
     /// removed that newer claim).
     ForgetUnfenced,
+
+    // The third adversary's (rule 10, release, complete, forget, fencing,
+    // expiry), written against the suite as it stood after rule 10.
+    /// complete asked again by the same lease on its live done record answers
+    /// Ok whatever the outcome (nothing changes).
+    CompleteAgainOtherOutcomeOk,
+    /// complete asked again with the same outcome rewrites completed_at and
+    /// the retention deadline (now + retention).
+    CompleteAgainRewritesTimes,
+    /// complete asked again with the same outcome re-derives the retention
+    /// deadline as `completed_at + retention` (the retention of the request
+    /// asked again): unchanged when the retention is the same, moved when not.
+    CompleteAgainRetentionFromCompletedAt,
+    /// complete asked again answers Ok for a done record of this token with
+    /// this outcome even once its retention passed (record expired).
+    CompleteAgainIgnoresExpiry,
+    /// complete asked again compares only the first 64 bytes of the outcomes.
+    CompleteAgainComparesPrefix64,
+    /// complete asked again compares only the lengths of the outcomes.
+    CompleteAgainComparesLength,
+    /// complete answers Ok for a live done record holding the same outcome,
+    /// whatever its token (a taken-over lease whose bytes happen to match).
+    CompleteOkForOtherTokenSameOutcome,
+    /// release of a record whose lease passed (nothing live) deletes it.
+    ReleaseExpiredDeletes,
+    /// release of a live done record answers Ok (removes nothing).
+    ReleaseDoneOk,
+    /// release of a live done record of ANOTHER lease answers Ok (removes
+    /// nothing); of its own done record, LeaseLost.
+    ReleaseOtherDoneOk,
+    /// complete and release fence by (token, deadline): a copy of the lease
+    /// taken before an extend answers LeaseLost though the lease holds.
+    FenceByTokenAndDeadline,
+    /// A claim sent again that meets its own live record answers Claimed with
+    /// attempt 1 (the script assumes its own record is a fresh insert).
+    ResentClaimAttemptOne,
+    /// A claim sent again that meets its own live record answers Claimed with
+    /// deadline now + lease_ttl computed at the resend, not the stored one.
+    ResentClaimFreshDeadline,
+    /// After a request was sent again, every later request of the fixture's
+    /// handles carries the replayed token (the driver pins its retry token).
+    TokenPinnedAfterResend,
+    /// forget reads the record (token, live) and then deletes whatever is
+    /// under the key, not "the record with the token it read".
+    ForgetReadThenDelete,
+    /// extend accepts a lease up to 100 ms past its deadline (nobody took over).
+    ExtendGrace100ms,
+    /// release of its own live record does not delete it but leaves a
+    /// tombstone (expired, attempts 0) that expire() removes without counting:
+    /// the next claim is attempt 1 but keeps the released record's first_seen.
+    ReleaseTombstone,
+    /// forget leaves the same tombstone instead of removing the record.
+    ForgetTombstone,
+    /// complete, release and extend accept a lease whose claim id is the
+    /// record's claim id (both set), whatever the token.
+    AuthorizeByClaimId,
+    /// extend judges its deadline with `>=` (the lease still holds in the
+    /// very millisecond of its deadline, when a claim already takes over).
+    ExtendInclusiveDeadline,
+    /// complete judges its deadline with `>=`, likewise.
+    CompleteInclusiveDeadline,
 }
 
 /// Every flaw, in declaration order.
@@ -450,6 +511,27 @@ pub fn all_flaws() -> Vec<AFlaw> {
         CompleteAgainIsLeaseLost,
         ReleaseAgainIsLeaseLost,
         ForgetUnfenced,
+        CompleteAgainOtherOutcomeOk,
+        CompleteAgainRewritesTimes,
+        CompleteAgainRetentionFromCompletedAt,
+        CompleteAgainIgnoresExpiry,
+        CompleteAgainComparesPrefix64,
+        CompleteAgainComparesLength,
+        CompleteOkForOtherTokenSameOutcome,
+        ReleaseExpiredDeletes,
+        ReleaseDoneOk,
+        ReleaseOtherDoneOk,
+        FenceByTokenAndDeadline,
+        ResentClaimAttemptOne,
+        ResentClaimFreshDeadline,
+        TokenPinnedAfterResend,
+        ForgetReadThenDelete,
+        ExtendGrace100ms,
+        ReleaseTombstone,
+        ForgetTombstone,
+        AuthorizeByClaimId,
+        ExtendInclusiveDeadline,
+        CompleteInclusiveDeadline,
     ]
 }
 
@@ -489,6 +571,8 @@ struct Row {
     lease_until: i64,
     /// The TTL of the last claim or extend (only `GetSlidesExpiry` uses it).
     lease_ttl_ms: i64,
+    /// Left by `ReleaseTombstone` / `ForgetTombstone` instead of a removal.
+    tombstone: bool,
 }
 
 impl Row {
@@ -513,7 +597,15 @@ struct Shared {
     /// The tokens a request carries: recorded on its first sending, replayed
     /// on the second, so both carry the same ones.
     tape: Mutex<Tape>,
+    /// `TokenPinnedAfterResend`: the token the driver pinned.
+    pinned: Mutex<Option<String>>,
 }
+
+/// The round trip between forget's read and its delete.
+pub const FORGET_ROUND_TRIP: Duration = Duration::from_millis(5);
+
+/// How long the simulated driver waits before sending a request again.
+const RESEND_BACKOFF: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Default)]
 enum Tape {
@@ -589,21 +681,37 @@ impl FlawedStore {
 
     /// A token a request carries (the same on a second sending).
     fn request_token(&self) -> String {
+        let pinned = self
+            .shared
+            .pinned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let fresh = || {
+            pinned
+                .clone()
+                .unwrap_or_else(|| backend::new_token().to_string())
+        };
         let mut tape = self.tape();
-        match &mut *tape {
+        let t = match &mut *tape {
             Tape::Replay(tokens) => {
                 if let Some(t) = tokens.pop_front() {
-                    return t;
+                    t
+                } else {
+                    fresh()
                 }
-                backend::new_token().to_string()
             }
             Tape::Record(tokens) => {
-                let t = backend::new_token().to_string();
+                let t = fresh();
                 tokens.push(t.clone());
                 t
             }
-            Tape::Off => backend::new_token().to_string(),
+            Tape::Off => fresh(),
+        };
+        if matches!(&*tape, Tape::Replay(_)) && self.has(AFlaw::TokenPinnedAfterResend) {
+            *self.shared.pinned.lock().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
         }
+        t
     }
 
     /// Runs `op` twice when a lost answer is armed (the first answer dropped,
@@ -622,6 +730,7 @@ impl FlawedStore {
         if let Tape::Record(tokens) = recorded {
             *self.tape() = Tape::Replay(tokens.into());
         }
+        tokio::time::sleep(RESEND_BACKOFF).await;
         let answer = op().await;
         *self.tape() = Tape::Off;
         answer
@@ -629,6 +738,27 @@ impl FlawedStore {
 
     fn has(&self, flaw: AFlaw) -> bool {
         self.flaw == Some(flaw)
+    }
+
+    /// `Row::holds`, with the fencing flaws of the third adversary.
+    fn row_holds(
+        &self,
+        row: &Row,
+        lease: &Lease,
+        now: i64,
+        check_state: bool,
+        check_deadline: bool,
+    ) -> bool {
+        let by_claim_id = self.has(AFlaw::AuthorizeByClaimId)
+            && lease.claim_id.is_some()
+            && lease.claim_id.as_ref().map(ClaimId::as_str) == row.claim_id.as_deref();
+        let mut l = lease.clone();
+        if by_claim_id {
+            l.token = stored_token(row.token.clone());
+        }
+        row.holds(&l, now, check_state, check_deadline)
+            && (!self.has(AFlaw::FenceByTokenAndDeadline)
+                || row.expires_at == to_millis(lease.deadline))
     }
 
     fn is_broken(&self) -> bool {
@@ -734,6 +864,7 @@ impl FlawedStore {
             first_seen,
             lease_until: until,
             lease_ttl_ms: duration_millis(opts.lease_ttl),
+            tombstone: false,
         };
         if let Some(p) = prev {
             if self.has(AFlaw::TakeoverKeepsClaimId) && row.claim_id.is_none() {
@@ -881,7 +1012,13 @@ impl FlawedStore {
             let own = row.token == token && row.state == IN_FLIGHT && row.expires_at > now;
             if own && !self.has(AFlaw::ResentClaimAnswersInFlight) {
                 // This request's own record, from its first sending.
-                let lease = self.winning_lease(key, row, None, &opts, now_sys)?;
+                let mut lease = self.winning_lease(key, row, None, &opts, now_sys)?;
+                if self.has(AFlaw::ResentClaimAttemptOne) {
+                    lease.attempt = 1;
+                }
+                if self.has(AFlaw::ResentClaimFreshDeadline) {
+                    lease.deadline = from_millis(self.deadline(now, opts.lease_ttl));
+                }
                 return Ok(ClaimOutcome::Claimed(lease));
             }
             if self.has(AFlaw::ClaimIgnoresLogicalExpiry) || row.expires_at > now {
@@ -955,6 +1092,23 @@ impl FlawedStore {
         }
     }
 
+    /// Whether a complete asked again carries the stored outcome.
+    fn same_outcome(&self, stored: Option<&[u8]>, given: &[u8]) -> bool {
+        let Some(stored) = stored else {
+            return false;
+        };
+        if self.has(AFlaw::CompleteAgainOtherOutcomeOk) {
+            return true;
+        }
+        if self.has(AFlaw::CompleteAgainComparesLength) {
+            return stored.len() == given.len();
+        }
+        if self.has(AFlaw::CompleteAgainComparesPrefix64) {
+            return stored[..stored.len().min(64)] == given[..given.len().min(64)];
+        }
+        stored == given
+    }
+
     fn mark_done(&self, row: &mut Row, outcome: Vec<u8>, retention: Duration, now: i64) {
         row.state = DONE;
         row.completed_at = Some(now);
@@ -1026,12 +1180,18 @@ impl FlawedStore {
         };
         let check_state = !self.has(AFlaw::CompleteTwiceOverwrites);
         let check_deadline = !self.has(AFlaw::CompleteIgnoresDeadline);
+        // `CompleteInclusiveDeadline`: the deadline is judged with `>=`.
+        let now_judged = if self.has(AFlaw::CompleteInclusiveDeadline) {
+            now - 1
+        } else {
+            now
+        };
         if self.has(AFlaw::CompleteCheckThenWrite) {
             let snapshot: Option<Row> = {
                 let map = self.lock();
                 let found = map
                     .get(&rk)
-                    .filter(|row| row.holds(lease, now, check_state, check_deadline))
+                    .filter(|row| self.row_holds(row, lease, now, check_state, check_deadline))
                     .cloned();
                 found
             };
@@ -1045,18 +1205,27 @@ impl FlawedStore {
         }
         let mut map = self.lock();
         match map.get_mut(&rk) {
-            Some(row) if row.holds(lease, now, check_state, check_deadline) => {
+            Some(row) if self.row_holds(row, lease, now_judged, check_state, check_deadline) => {
                 self.mark_done(row, kept, retention, now);
                 Ok(())
             }
             // Done already by this lease with this outcome: asked again.
             Some(row)
                 if !self.has(AFlaw::CompleteAgainIsLeaseLost)
-                    && row.token == lease.token.as_str()
+                    && (row.token == lease.token.as_str()
+                        || self.has(AFlaw::CompleteOkForOtherTokenSameOutcome))
                     && row.state == DONE
-                    && row.expires_at > now
-                    && row.outcome.as_deref() == Some(kept.as_slice()) =>
+                    && (row.expires_at > now || self.has(AFlaw::CompleteAgainIgnoresExpiry))
+                    && self.same_outcome(row.outcome.as_deref(), &kept) =>
             {
+                if self.has(AFlaw::CompleteAgainRewritesTimes) {
+                    self.mark_done(row, kept, retention, now);
+                }
+                if self.has(AFlaw::CompleteAgainRetentionFromCompletedAt) {
+                    if let Some(at) = row.completed_at {
+                        row.expires_at = at.saturating_add(duration_millis(retention));
+                    }
+                }
                 Ok(())
             }
             _ => Err(Error::lease_lost(&lease.key)),
@@ -1072,9 +1241,9 @@ impl FlawedStore {
         if self.has(AFlaw::ReleaseCheckThenDelete) {
             let held = {
                 let map = self.lock();
-                let found = map
-                    .get(&rk)
-                    .is_some_and(|row| row.holds(lease, now, check_state, check_deadline));
+                let found = map.get(&rk).is_some_and(|row| {
+                    self.row_holds(row, lease, now, check_state, check_deadline)
+                });
                 found
             };
             if !held {
@@ -1085,13 +1254,30 @@ impl FlawedStore {
             return Ok(());
         }
         let mut map = self.lock();
-        match map.get(&rk) {
-            Some(row) if row.holds(lease, now, check_state, check_deadline) => {
-                map.remove(&rk);
+        match map.get_mut(&rk) {
+            Some(row) if self.row_holds(row, lease, now, check_state, check_deadline) => {
+                if self.has(AFlaw::ReleaseTombstone) {
+                    row.expires_at = now;
+                    row.attempts = 0;
+                    row.tombstone = true;
+                } else {
+                    map.remove(&rk);
+                }
                 Ok(())
             }
             // Nothing live under the key: free, as asked.
             Some(row) if row.expires_at <= now && !self.has(AFlaw::ReleaseAgainIsLeaseLost) => {
+                if self.has(AFlaw::ReleaseExpiredDeletes) {
+                    map.remove(&rk);
+                }
+                Ok(())
+            }
+            Some(row) if row.state == DONE && self.has(AFlaw::ReleaseDoneOk) => Ok(()),
+            Some(row)
+                if row.state == DONE
+                    && row.token != lease.token.as_str()
+                    && self.has(AFlaw::ReleaseOtherDoneOk) =>
+            {
                 Ok(())
             }
             None if !self.has(AFlaw::ReleaseAgainIsLeaseLost) => Ok(()),
@@ -1107,6 +1293,14 @@ impl FlawedStore {
         let rk = self.row_key(&lease.key);
         let check_state = !self.has(AFlaw::ExtendShortensDone);
         let check_deadline = !self.has(AFlaw::ExtendIgnoresDeadline);
+        // `ExtendGrace100ms`: the deadline is judged 100 ms late.
+        let now_judged = if self.has(AFlaw::ExtendGrace100ms) {
+            now - 100
+        } else if self.has(AFlaw::ExtendInclusiveDeadline) {
+            now - 1
+        } else {
+            now
+        };
         if self.has(AFlaw::ExtendCheckThenWrite) {
             // Read the row, check the token here, write the whole row back one
             // round trip later without a condition.
@@ -1114,7 +1308,7 @@ impl FlawedStore {
                 let map = self.lock();
                 let found = map
                     .get(&rk)
-                    .filter(|row| row.holds(lease, now, check_state, check_deadline))
+                    .filter(|row| self.row_holds(row, lease, now, check_state, check_deadline))
                     .cloned();
                 found
             };
@@ -1134,7 +1328,7 @@ impl FlawedStore {
         }
         let mut map = self.lock();
         match map.get_mut(&rk) {
-            Some(row) if row.holds(lease, now, check_state, check_deadline) => {
+            Some(row) if self.row_holds(row, lease, now_judged, check_state, check_deadline) => {
                 let until = if self.has(AFlaw::ExtendFromOldDeadline) {
                     row.expires_at.saturating_add(duration_millis(ttl))
                 } else if self.has(AFlaw::ExtendNeverShortens) {
@@ -1200,14 +1394,19 @@ impl FlawedStore {
         }
         let mut map = self.lock();
         let before = map.len();
+        let mut tombstones = 0;
         map.retain(|_, row| {
-            if by_lease {
+            let keep = if by_lease {
                 row.lease_until > now
             } else {
                 row.expires_at > now
+            };
+            if !keep && row.tombstone {
+                tombstones += 1;
             }
+            keep
         });
-        Ok((before - map.len()) as u64)
+        Ok((before - map.len() - tombstones) as u64)
     }
 
     async fn get_once(&self, key: &Key) -> Result<Option<Record>> {
@@ -1261,8 +1460,17 @@ impl FlawedStore {
         self.check_broken()?;
         let rk = self.row_key(key);
         let mut map = self.lock();
-        match map.get(&rk) {
-            Some(row) if row.token != token => Ok(false),
+        match map.get_mut(&rk) {
+            Some(row) if row.token != token && !self.has(AFlaw::ForgetReadThenDelete) => Ok(false),
+            Some(row) if self.has(AFlaw::ForgetTombstone) => {
+                row.expires_at = to_millis(SystemTime::now());
+                row.attempts = 0;
+                row.state = IN_FLIGHT;
+                row.completed_at = None;
+                row.outcome = None;
+                row.tombstone = true;
+                Ok(true)
+            }
             Some(_) => {
                 map.remove(&rk);
                 Ok(true)
@@ -1425,6 +1633,8 @@ impl DedupeStore for FlawedStore {
             let Some((token, live)) = self.sent(|| self.peek_once(key)).await? else {
                 return Ok(false);
             };
+            // Two requests: a round trip between the read and the delete.
+            tokio::time::sleep(FORGET_ROUND_TRIP).await;
             if self.sent(|| self.forget_if_once(key, &token)).await? {
                 return Ok(live);
             }
