@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedupe_core::{DedupeStore, Error, MemoryStore};
+use dedupe_core::{DedupeStore, Error, Inbox, MemoryStore};
 
 /// Makes a new, empty store for each check, so checks never see each other's
 /// records (a fresh temp file, database, schema, key prefix or table).
@@ -100,6 +100,19 @@ pub trait Fixture: Send + Sync {
     async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
         Ok(None)
     }
+
+    /// The store's inbox, on the same records as [`store`](Self::store), when
+    /// it offers one. The default, `None`, reports the inbox checks as
+    /// skipped.
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        None
+    }
+
+    /// A further handle onto the same inbox with its own connection (or
+    /// pool), for the racing inbox checks. The default is [`inbox`](Self::inbox).
+    async fn open_inbox(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        Ok(self.inbox())
+    }
 }
 
 /// Breaks and heals the way between a [`FaultyHandle`]'s store and its records.
@@ -168,6 +181,10 @@ impl Fixture for MemoryFixture {
 
     async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
         Ok(Arc::new(self.0.clone()))
+    }
+
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        Some(Arc::new(self.0.clone()))
     }
 }
 

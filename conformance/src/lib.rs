@@ -98,6 +98,12 @@ macro_rules! __with_check_names {
             claim_many_matches_reference_claims,
             cancelled_calls_leave_a_sound_store,
             matches_reference_store,
+            inbox_accepts_once,
+            inbox_one_taker_race,
+            inbox_fences_stale_workers,
+            inbox_failures_and_replay,
+            inbox_items_never_expire,
+            inbox_list_and_counts,
         }
     };
 }

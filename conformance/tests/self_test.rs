@@ -28,8 +28,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use dedupe_conformance::{checks::CHECKS, run_all, run_check, run_selected, Fixture, StoreFactory};
 use dedupe_core::{
-    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, MemoryStore, Record,
-    RecordState, Result,
+    Accepted, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, InboxCounts,
+    Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, MemoryStore, Record, RecordState, Result,
+    Retry, Taken,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +87,37 @@ enum Flaw {
     /// `passed_lease_is_lost`, which calls 30 ms late; the check that names it
     /// calls a few ms late, so 100 ms keeps it caught on a loaded machine.
     CompletionGrace,
+    // Inbox flaws (the inbox checks run only for these).
+    /// `accept` reads, waits, then writes: racing accepts each store an item.
+    AcceptCheckThenInsert,
+    /// `accept` of a key holding a pending item overwrites its payload.
+    AcceptOverwritesPending,
+    /// `take` hands out due items without leasing them: every taker gets them.
+    TakeWithoutLeasing,
+    /// A takeover of an item whose worker's lease passed answers attempt 1.
+    TakeoverAttemptNotCounted,
+    /// `replay` of a dead item accepts it afresh: attempts and error lost.
+    ReplayStartsOver,
+    /// `expire()` removes items held past their lease.
+    ExpireRemovesItems,
+    /// `list` starts a page at its cursor, not after it: the boundary item
+    /// shows on two pages.
+    ListCursorInclusive,
+}
+
+impl Flaw {
+    fn is_inbox(self) -> bool {
+        matches!(
+            self,
+            Flaw::AcceptCheckThenInsert
+                | Flaw::AcceptOverwritesPending
+                | Flaw::TakeWithoutLeasing
+                | Flaw::TakeoverAttemptNotCounted
+                | Flaw::ReplayStartsOver
+                | Flaw::ExpireRemovesItems
+                | Flaw::ListCursorInclusive
+        )
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -286,6 +318,21 @@ impl DedupeStore for Broken {
             }
             return Ok(removed);
         }
+        if self.flaw == Flaw::ExpireRemovesItems {
+            // Items held past their lease count as expired records.
+            let page = self
+                .inner
+                .list(&ItemQuery {
+                    limit: dedupe_core::inbox::MAX_PAGE,
+                    ..ItemQuery::new("inbox").status(ItemStatus::Running)
+                })
+                .await?;
+            for item in page.items {
+                if item.due_at <= SystemTime::now() {
+                    self.inner.forget(&item.key).await?;
+                }
+            }
+        }
         let removed = self.inner.expire().await?;
         let keys: Vec<Key> = self.physical().iter().cloned().collect();
         for k in keys {
@@ -374,6 +421,109 @@ impl Fixture for BrokenFixture {
 
     async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
         Ok(Arc::new(self.0.clone()))
+    }
+
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        self.0
+            .flaw
+            .is_inbox()
+            .then(|| Arc::new(self.0.clone()) as Arc<dyn Inbox>)
+    }
+}
+
+#[async_trait]
+impl Inbox for Broken {
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        match self.flaw {
+            Flaw::AcceptCheckThenInsert => {
+                if self.inner.get(key).await?.is_none() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    self.inner.forget(key).await?;
+                }
+                self.inner.accept(key, payload).await
+            }
+            Flaw::AcceptOverwritesPending => {
+                if self
+                    .inner
+                    .item(key)
+                    .await?
+                    .is_some_and(|i| i.status == ItemStatus::Pending)
+                {
+                    self.inner.forget(key).await?;
+                }
+                self.inner.accept(key, payload).await
+            }
+            _ => self.inner.accept(key, payload).await,
+        }
+    }
+
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        let taken = self.inner.take(namespace, max, lease).await?;
+        match self.flaw {
+            Flaw::TakeWithoutLeasing => {
+                // Hands them out, then lets them go again at once.
+                for t in &taken {
+                    self.inner.release(&t.lease).await?;
+                }
+                Ok(taken)
+            }
+            Flaw::TakeoverAttemptNotCounted => Ok(taken
+                .into_iter()
+                .map(|t| {
+                    let mut lease = t.lease.clone();
+                    lease.attempt = 1;
+                    Taken::new(lease, t.payload.clone(), t.last_error.clone())
+                })
+                .collect()),
+            _ => Ok(taken),
+        }
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+        self.inner.fail(lease, error, retry).await
+    }
+
+    async fn item(&self, key: &Key) -> Result<Option<Item>> {
+        self.inner.item(key).await
+    }
+
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        if self.flaw == Flaw::ListCursorInclusive {
+            if let Some(after) = &query.after {
+                // Starts at the cursor: one id back.
+                let mut page = self
+                    .inner
+                    .list(&ItemQuery {
+                        after: None,
+                        limit: dedupe_core::inbox::MAX_PAGE,
+                        ..query.clone()
+                    })
+                    .await?;
+                page.items.retain(|i| i.key.id() >= after.as_str());
+                let next = (page.items.len() > query.limit)
+                    .then(|| page.items[query.limit - 1].key.id().to_string());
+                page.items.truncate(query.limit);
+                return Ok(ItemPage::new(page.items, next));
+            }
+        }
+        self.inner.list(query).await
+    }
+
+    async fn replay(&self, key: &Key) -> Result<bool> {
+        if self.flaw == Flaw::ReplayStartsOver {
+            if let Some(item) = self.inner.item(key).await? {
+                if item.status == ItemStatus::Dead {
+                    self.inner.forget(key).await?;
+                    self.inner.accept(key, &item.payload).await?;
+                    return Ok(true);
+                }
+            }
+        }
+        self.inner.replay(key).await
+    }
+
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+        self.inner.counts(namespace).await
     }
 }
 
@@ -467,6 +617,19 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         &["single_winner_takeover_race"],
     ),
     (Flaw::CompletionGrace, &["lease_is_lost_at_its_deadline"]),
+    (Flaw::AcceptCheckThenInsert, &["inbox_accepts_once"]),
+    (Flaw::AcceptOverwritesPending, &["inbox_accepts_once"]),
+    (
+        Flaw::TakeWithoutLeasing,
+        &["inbox_one_taker_race", "inbox_fences_stale_workers"],
+    ),
+    (
+        Flaw::TakeoverAttemptNotCounted,
+        &["inbox_fences_stale_workers"],
+    ),
+    (Flaw::ReplayStartsOver, &["inbox_failures_and_replay"]),
+    (Flaw::ExpireRemovesItems, &["inbox_items_never_expire"]),
+    (Flaw::ListCursorInclusive, &["inbox_list_and_counts"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -518,6 +681,13 @@ broken_store_tests!(
     rejects_completion_resetting_first_seen => CompletionResetsFirstSeen,
     rejects_done_takeover_by_check_then_write => DoneTakeoverCheckThenWrite,
     rejects_completion_grace => CompletionGrace,
+    rejects_accept_check_then_insert => AcceptCheckThenInsert,
+    rejects_accept_overwriting_a_pending_item => AcceptOverwritesPending,
+    rejects_take_without_leasing => TakeWithoutLeasing,
+    rejects_takeover_attempt_not_counted => TakeoverAttemptNotCounted,
+    rejects_replay_starting_over => ReplayStartsOver,
+    rejects_expire_removing_items => ExpireRemovesItems,
+    rejects_list_cursor_inclusive => ListCursorInclusive,
 );
 
 /// Which checks each independently written broken store must trip: the check
@@ -886,7 +1056,12 @@ independent_flaw_tests!(
 async fn the_independent_store_without_a_flaw_passes_everything() {
     let report = run_all(&FlawedFactory(None)).await;
     assert!(report.all_passed(), "{report}");
-    assert_eq!(report.skipped().count(), 0, "{report}");
+    // It offers no inbox: those checks, and only those, are skipped.
+    let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
+    assert!(
+        !skipped.is_empty() && skipped.iter().all(|name| name.starts_with("inbox_")),
+        "{report}"
+    );
 }
 
 #[test]
@@ -969,7 +1144,7 @@ async fn capability_gaps_are_skipped_visibly() {
     // The checks that call `expire()`, and the fault check; the Redis store
     // (native expiry, no fault fixture on a Cluster) runs the whole suite.
     let report = run_selected(&Factory, |name| {
-        name.contains("expire") || name == "errors_are_not_answers"
+        (name.contains("expire") && !name.starts_with("inbox_")) || name == "errors_are_not_answers"
     })
     .await;
     assert_eq!(report.checks.len(), 4, "{report}");

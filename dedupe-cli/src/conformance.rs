@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use dedupe_conformance::{CheckReport, Fixture, Report, Scale, StoreFactory};
-use dedupe_core::{DedupeStore, Error};
+use dedupe_core::{DedupeStore, Error, Inbox};
 use dedupe_url::{Opener, StoreUrl};
 
 #[derive(clap::Args, Debug)]
@@ -49,6 +49,7 @@ struct CliFactory {
 struct CliFixture {
     opener: Arc<Opener>,
     main: Arc<dyn DedupeStore>,
+    inbox: Option<Arc<dyn Inbox>>,
 }
 
 #[async_trait]
@@ -60,7 +61,12 @@ impl StoreFactory for CliFactory {
             created.push(Arc::clone(&opener));
         }
         let main = opener.handle().await?;
-        Ok(Box::new(CliFixture { opener, main }))
+        let inbox = opener.inbox_handle().await?;
+        Ok(Box::new(CliFixture {
+            opener,
+            main,
+            inbox,
+        }))
     }
 
     fn scale(&self) -> Scale {
@@ -76,6 +82,14 @@ impl Fixture for CliFixture {
 
     async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
         self.opener.handle().await
+    }
+
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        self.inbox.clone()
+    }
+
+    async fn open_inbox(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        self.opener.inbox_handle().await
     }
 }
 

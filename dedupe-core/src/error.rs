@@ -46,6 +46,16 @@ pub enum Error {
         limit: usize,
     },
 
+    /// The payload given to [`Inbox::accept`](crate::Inbox::accept) is larger
+    /// than an inbox keeps. Nothing was written.
+    #[error("payload of {size} bytes is over the inbox's limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// Size given.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+
     /// `claim_many` was given more keys than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS).
     /// Nothing was claimed; split the batch.
     #[error("batch of {size} keys is over the limit of {limit} keys")]
@@ -135,6 +145,7 @@ impl Error {
             | Error::InvalidConfig { .. }
             | Error::LeaseLost { .. }
             | Error::OutcomeTooLarge { .. }
+            | Error::PayloadTooLarge { .. }
             | Error::BatchTooLarge { .. }
             | Error::CorruptRecord { .. } => false,
         }

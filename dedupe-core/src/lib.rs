@@ -34,6 +34,7 @@ mod claim;
 mod deduper;
 mod error;
 mod expire_task;
+pub mod inbox;
 mod key;
 mod memory;
 mod record;
@@ -47,6 +48,9 @@ pub use claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken, MAX_BATCH_KEYS, M
 pub use deduper::{Deduper, HandleError, Handled, OnFailure};
 pub use error::{BoxError, Error, Result};
 pub use expire_task::{spawn_expire_task, ExpireTask};
+pub use inbox::{
+    Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry, Taken,
+};
 pub use key::{
     ClaimId, Fingerprint, Key, KeyError, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES, MAX_ID_BYTES,
     MAX_NAMESPACE_BYTES,

@@ -8,9 +8,30 @@ use async_trait::async_trait;
 
 use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease, LeaseToken};
 use crate::error::{Error, Result};
+use crate::inbox::{
+    check_payload, check_take, cut_error, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery,
+    ItemStatus, Retry, Taken,
+};
 use crate::key::{ClaimId, Fingerprint, Key};
 use crate::record::{Record, RecordState};
 use crate::store::DedupeStore;
+
+/// What an entry that is an inbox item holds besides a record's fields.
+#[derive(Debug, Clone)]
+struct ItemEntry {
+    payload: Vec<u8>,
+    /// Waiting to be taken (`expires_at` is then when it is due), or dead;
+    /// neither while a worker holds it.
+    wait: Wait,
+    last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Held,
+    Due,
+    Dead,
+}
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -23,15 +44,49 @@ struct Entry {
     done: Option<(SystemTime, Vec<u8>)>,
     attempts: u32,
     first_seen: SystemTime,
+    /// An inbox item until it is done.
+    item: Option<ItemEntry>,
 }
 
 impl Entry {
+    /// Live: inside its lease or retention; an inbox item always (until done).
     fn is_live(&self, now: SystemTime) -> bool {
-        self.expires_at > now
+        self.item.is_some() || self.expires_at > now
     }
 
+    /// Held by `lease`: its token, in flight, before the deadline (an item:
+    /// held by a worker, not waiting).
     fn holds(&self, lease: &Lease, now: SystemTime) -> bool {
-        self.done.is_none() && self.token == lease.token && self.is_live(now)
+        self.done.is_none()
+            && self.token == lease.token
+            && self.expires_at > now
+            && self.item.as_ref().is_none_or(|i| i.wait == Wait::Held)
+    }
+
+    fn item_view(&self, key: &Key) -> Option<Item> {
+        let item = self.item.as_ref()?;
+        let status = match (item.wait, &item.last_error) {
+            (Wait::Held, _) => ItemStatus::Running,
+            (Wait::Dead, _) => ItemStatus::Dead,
+            (Wait::Due, None) => ItemStatus::Pending,
+            (Wait::Due, Some(_)) => ItemStatus::Failed,
+        };
+        Some(Item::new(
+            key.clone(),
+            status,
+            self.attempts,
+            self.first_seen,
+            self.expires_at,
+            item.last_error.clone(),
+            item.payload.clone(),
+        ))
+    }
+
+    /// Due to be taken: waiting and its time came, or held past its lease.
+    fn is_due(&self, now: SystemTime) -> bool {
+        self.item
+            .as_ref()
+            .is_some_and(|i| i.wait != Wait::Dead && self.expires_at <= now)
     }
 
     fn completed_by(&self, lease: &Lease, outcome: &[u8], now: SystemTime) -> bool {
@@ -151,6 +206,7 @@ impl MemoryStore {
             done: None,
             attempts,
             first_seen,
+            item: None,
         };
         let lease = entry.lease(key);
         map.insert(key.clone(), entry);
@@ -175,6 +231,7 @@ impl DedupeStore for MemoryStore {
             Some(entry) if entry.holds(lease, now) => {
                 entry.done = Some((now, outcome.to_vec()));
                 entry.expires_at = now + retention;
+                entry.item = None;
                 Ok(())
             }
             // This lease already stored this outcome (a retried complete).
@@ -186,9 +243,18 @@ impl DedupeStore for MemoryStore {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = SystemTime::now();
         let mut map = self.lock();
-        match map.get(&lease.key) {
+        match map.get_mut(&lease.key) {
             Some(entry) if entry.holds(lease, now) => {
-                map.remove(&lease.key);
+                match &mut entry.item {
+                    // An item is given back, due now, its attempts kept.
+                    Some(item) => {
+                        item.wait = Wait::Due;
+                        entry.expires_at = now;
+                    }
+                    None => {
+                        map.remove(&lease.key);
+                    }
+                }
                 Ok(())
             }
             // Held by another lease, or done.
@@ -246,5 +312,181 @@ impl DedupeStore for MemoryStore {
             .iter()
             .map(|key| Self::claim_locked(&mut map, key, opts, now))
             .collect())
+    }
+}
+
+/// The inbox on the same map: an item is an entry with a payload, waiting
+/// (`expires_at` is when it is due), held by a worker (`expires_at` is its
+/// lease's deadline) or dead, until a completion makes it a done record.
+#[async_trait]
+impl Inbox for MemoryStore {
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        check_payload(payload)?;
+        let now = SystemTime::now();
+        let mut map = self.lock();
+        let previous = match map.get(key) {
+            Some(entry) if entry.is_live(now) => {
+                return Ok(if let Some(item) = entry.item_view(key) {
+                    Accepted::Item(item)
+                } else if let Some((completed_at, outcome)) = &entry.done {
+                    Accepted::Done {
+                        outcome: outcome.clone(),
+                        completed_at: *completed_at,
+                    }
+                } else {
+                    Accepted::InFlight {
+                        deadline: entry.expires_at,
+                        attempt: entry.attempts,
+                    }
+                });
+            }
+            other => other,
+        };
+        // A claim whose lease passed keeps its attempts and first sight, as a
+        // takeover would; anything else starts over.
+        let (attempts, first_seen) = match previous {
+            Some(old) if old.done.is_none() => (old.attempts, old.first_seen),
+            _ => (0, now),
+        };
+        map.insert(
+            key.clone(),
+            Entry {
+                token: LeaseToken::generate(),
+                claim_id: None,
+                fingerprint: None,
+                expires_at: now,
+                done: None,
+                attempts,
+                first_seen,
+                item: Some(ItemEntry {
+                    payload: payload.to_vec(),
+                    wait: Wait::Due,
+                    last_error: None,
+                }),
+            },
+        );
+        Ok(Accepted::New)
+    }
+
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        check_take(max, lease)?;
+        let now = SystemTime::now();
+        let mut map = self.lock();
+        let mut due: Vec<(SystemTime, Key)> = map
+            .iter()
+            .filter(|(k, e)| k.namespace() == namespace && e.is_due(now))
+            .map(|(k, e)| (e.expires_at, k.clone()))
+            .collect();
+        due.sort();
+        let mut taken = Vec::with_capacity(max.min(due.len()));
+        for (_, key) in due.into_iter().take(max) {
+            let Some(entry) = map.get_mut(&key) else {
+                continue;
+            };
+            let Some(item) = entry.item.as_mut() else {
+                continue;
+            };
+            item.wait = Wait::Held;
+            entry.token = LeaseToken::generate();
+            entry.expires_at = now + lease;
+            entry.attempts = entry.attempts.saturating_add(1);
+            let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
+            taken.push(Taken::new(entry.lease(&key), payload, last_error));
+        }
+        Ok(taken)
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+        if let Retry::After(delay) = retry {
+            check_ttl("retry delay", delay)?;
+        }
+        let now = SystemTime::now();
+        let mut map = self.lock();
+        match map.get_mut(&lease.key) {
+            Some(entry) if entry.holds(lease, now) => {
+                let Some(item) = entry.item.as_mut() else {
+                    return Err(Error::config(
+                        "fail is for inbox items; a claim is released instead",
+                    ));
+                };
+                item.last_error = Some(cut_error(error));
+                match retry {
+                    Retry::After(delay) => {
+                        item.wait = Wait::Due;
+                        entry.expires_at = now + delay;
+                    }
+                    Retry::Dead => {
+                        item.wait = Wait::Dead;
+                        entry.expires_at = now;
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(Error::lease_lost(&lease.key)),
+        }
+    }
+
+    async fn item(&self, key: &Key) -> Result<Option<Item>> {
+        Ok(self.lock().get(key).and_then(|e| e.item_view(key)))
+    }
+
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        query.validate()?;
+        let map = self.lock();
+        let mut items: Vec<Item> = map
+            .iter()
+            .filter(|(k, _)| {
+                k.namespace() == query.namespace
+                    && query.after.as_deref().is_none_or(|after| k.id() > after)
+            })
+            .filter_map(|(k, e)| e.item_view(k))
+            .filter(|i| query.status.is_none_or(|s| s == i.status))
+            .collect();
+        items.sort_by(|a, b| a.key.id().cmp(b.key.id()));
+        let next = (items.len() > query.limit).then(|| items[query.limit - 1].key.id().to_string());
+        items.truncate(query.limit);
+        Ok(ItemPage::new(items, next))
+    }
+
+    async fn replay(&self, key: &Key) -> Result<bool> {
+        let now = SystemTime::now();
+        let mut map = self.lock();
+        let Some(entry) = map.get_mut(key) else {
+            return Ok(false);
+        };
+        let Some(item) = entry.item.as_mut() else {
+            return Ok(false);
+        };
+        let replayable =
+            item.wait == Wait::Dead || (item.wait == Wait::Due && item.last_error.is_some());
+        if replayable {
+            item.wait = Wait::Due;
+            entry.expires_at = now;
+        }
+        Ok(replayable)
+    }
+
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+        let map = self.lock();
+        let mut counts = InboxCounts::default();
+        for (k, e) in map.iter().filter(|(k, _)| k.namespace() == namespace) {
+            let Some(item) = e.item_view(k) else {
+                continue;
+            };
+            match item.status {
+                ItemStatus::Pending => counts.pending += 1,
+                ItemStatus::Running => counts.running += 1,
+                ItemStatus::Failed => counts.failed += 1,
+                ItemStatus::Dead => counts.dead += 1,
+            }
+            if matches!(item.status, ItemStatus::Pending | ItemStatus::Failed) {
+                counts.oldest_due = Some(
+                    counts
+                        .oldest_due
+                        .map_or(item.due_at, |d| d.min(item.due_at)),
+                );
+            }
+        }
+        Ok(counts)
     }
 }

@@ -229,7 +229,12 @@ async fn cluster_passes_the_whole_suite() {
     let report = run_all(&RedisFactory::new(Mode::Cluster)).await;
     println!("{report}");
     assert!(report.all_passed(), "{report}");
-    let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
+    // No inbox on Redis yet (issue 29): those checks are skipped too.
+    let skipped: Vec<&str> = report
+        .skipped()
+        .map(|(name, _)| name)
+        .filter(|name| !name.starts_with("inbox_"))
+        .collect();
     assert_eq!(skipped, ["expire_removes_exactly_expired"], "{report}");
 }
 
@@ -241,6 +246,11 @@ async fn replicated_with_waits_passes_the_whole_suite() {
     let report = run_all(&RedisFactory::new(Mode::Replicated)).await;
     println!("{report}");
     assert!(report.all_passed(), "{report}");
-    let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
+    // No inbox on Redis yet (issue 29): those checks are skipped too.
+    let skipped: Vec<&str> = report
+        .skipped()
+        .map(|(name, _)| name)
+        .filter(|name| !name.starts_with("inbox_"))
+        .collect();
     assert_eq!(skipped, ["expire_removes_exactly_expired"], "{report}");
 }

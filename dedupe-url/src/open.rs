@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_core::{DedupeStore, Error, MemoryStore};
+use dedupe_core::{DedupeStore, Error, Inbox, MemoryStore};
 
 use crate::parse::{StoreUrl, Target};
 
@@ -78,6 +78,15 @@ impl Opener {
             Target::Dynamo { .. } => self.dynamo().await?.create_table_if_missing().await,
             _ => self.handle().await.map(|_| ()),
         }
+    }
+
+    /// A new handle onto the store's inbox ([`Inbox`]), when the store offers
+    /// one: the memory store does; the others do not yet (`None`).
+    pub async fn inbox_handle(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        Ok(match self.url.target() {
+            Target::Memory => Some(Arc::new(self.memory.clone())),
+            _ => None,
+        })
     }
 
     /// A new handle onto the store, with a connection (or pool) of its own.

@@ -296,6 +296,7 @@ impl Sequence {
 // After the helpers and `ensure!`, which the checks use.
 mod attacks;
 mod faults;
+mod inbox;
 mod lifecycle;
 mod limits;
 mod races;
@@ -304,6 +305,7 @@ mod rules;
 
 pub use attacks::*;
 pub use faults::*;
+pub use inbox::*;
 pub use lifecycle::*;
 pub use limits::*;
 pub use races::*;

@@ -1,0 +1,608 @@
+//! The inbox rules (CONTRACT.md, I1 to I8), for a store whose fixture offers
+//! an [`Inbox`](dedupe_core::Inbox); skipped for one that does not.
+
+use dedupe_core::{Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
+
+use super::*;
+
+/// The fixture's inbox, or the check's skip.
+fn inbox_of(fixture: &dyn crate::Fixture) -> Result<Arc<dyn Inbox>, Verdict> {
+    fixture
+        .inbox()
+        .ok_or_else(|| Verdict::Skipped("the store offers no inbox (Fixture::inbox)".into()))
+}
+
+macro_rules! inbox_or_skip {
+    ($fixture:expr) => {
+        match inbox_of(&*$fixture) {
+            Ok(inbox) => inbox,
+            Err(skip) => return Ok(skip),
+        }
+    };
+}
+
+fn item_key(id: &str) -> Result<Key, Failure> {
+    Key::new("inbox", id).map_err(|e| Failure::new(format!("test key {id:?} refused: {e}")))
+}
+
+/// Takes until `want` items are in hand or a second passes.
+async fn take_n(inbox: &dyn Inbox, want: usize, lease: Duration) -> Result<Vec<Taken>, Failure> {
+    let started = std::time::Instant::now();
+    let mut taken = Vec::new();
+    while taken.len() < want && started.elapsed() < Duration::from_secs(1) {
+        let more = inbox
+            .take(
+                "inbox",
+                (want - taken.len()).min(dedupe_core::inbox::MAX_TAKE),
+                lease,
+            )
+            .await?;
+        if more.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        taken.extend(more);
+    }
+    Ok(taken)
+}
+
+/// I1, I4, I7: an accept of a new key stores one pending item with its
+/// payload byte for byte; a second accept answers the item and writes
+/// nothing; 32 accepts racing on one key on many handles give one `New`; an
+/// accept answers a claim in flight and a done record without writing; a
+/// claim of an accepted key answers `InFlight`; a payload over the limit is
+/// refused, nothing written.
+pub async fn inbox_accepts_once(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let k = item_key("accepted")?;
+    let payload: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+    ensure!(
+        inbox.accept(&k, &payload).await? == Accepted::New,
+        "the first accept of a new key did not answer New"
+    );
+    let item = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("an accepted key holds no item"))?;
+    ensure!(
+        item.status == ItemStatus::Pending && item.attempts == 0 && item.payload == payload,
+        "an accepted item shows {item:?}, expected pending, 0 attempts, its payload"
+    );
+    match inbox.accept(&k, b"another copy").await? {
+        Accepted::Item(again) => ensure!(
+            again.payload == payload && again.status == ItemStatus::Pending,
+            "a second accept answered {again:?}"
+        ),
+        other => return Err(Failure::new(format!("a second accept answered {other:?}"))),
+    }
+    match store.claim(&k, &opts(LONG_TTL)).await? {
+        ClaimOutcome::InFlight { .. } => {}
+        other => {
+            return Err(Failure::new(format!(
+                "a claim of a key the inbox holds answered {other:?}, expected InFlight"
+            )))
+        }
+    }
+
+    // Racing accepts on many handles.
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        handles.push(
+            fixture
+                .open_inbox()
+                .await?
+                .ok_or_else(|| Failure::new("the fixture has an inbox but no inbox handles"))?,
+        );
+    }
+    let raced = item_key("raced")?;
+    let barrier = Arc::new(Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|i| {
+            let (inbox, k, barrier) = (
+                Arc::clone(&handles[i % handles.len()]),
+                raced.clone(),
+                Arc::clone(&barrier),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                inbox.accept(&k, format!("copy {i}").as_bytes()).await
+            })
+        })
+        .collect();
+    let mut new = 0;
+    for task in tasks {
+        let answer = task
+            .await
+            .map_err(|e| Failure::new(format!("accept task: {e}")))??;
+        if answer.is_new() {
+            new += 1;
+        }
+    }
+    ensure!(
+        new == 1,
+        "{new} of {RACERS} racing accepts of one key answered New"
+    );
+
+    // A claim in flight, then done: answered, nothing written.
+    let claimed = item_key("claimed")?;
+    let lease = must_claim(&*store, &claimed, &opts(LONG_TTL)).await?;
+    ensure!(
+        matches!(
+            inbox.accept(&claimed, b"x").await?,
+            Accepted::InFlight { .. }
+        ),
+        "an accept of a key a claim holds did not answer InFlight"
+    );
+    store.complete(&lease, b"finished", LONG_TTL).await?;
+    match inbox.accept(&claimed, b"x").await? {
+        Accepted::Done { outcome, .. } => ensure!(
+            outcome == b"finished",
+            "an accept of a done key answered the outcome {outcome:?}"
+        ),
+        other => {
+            return Err(Failure::new(format!(
+                "an accept of a done key answered {other:?}"
+            )))
+        }
+    }
+    ensure!(
+        inbox.item(&claimed).await?.is_none(),
+        "an accept of a done key wrote an item"
+    );
+
+    // Too large: refused, nothing written.
+    let big = item_key("too-big")?;
+    let oversized = vec![7u8; dedupe_core::inbox::MAX_PAYLOAD_BYTES + 1];
+    ensure!(
+        matches!(
+            inbox.accept(&big, &oversized).await,
+            Err(Error::PayloadTooLarge { .. })
+        ),
+        "a payload over the limit was not refused with PayloadTooLarge"
+    );
+    ensure!(
+        inbox.item(&big).await?.is_none() && store.get(&big).await?.is_none(),
+        "a refused payload left something under its key"
+    );
+    let max = vec![9u8; dedupe_core::inbox::MAX_PAYLOAD_BYTES];
+    ensure!(
+        inbox.accept(&big, &max).await?.is_new(),
+        "a payload of exactly the limit was refused"
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I2: 64 accepted items, four workers on their own handles taking at once
+/// until none is left: every item is taken exactly once, at attempt 1, with
+/// its payload.
+pub async fn inbox_one_taker_race(factory: &dyn StoreFactory) -> CheckResult {
+    const ITEMS: usize = 64;
+    const WORKERS: usize = 4;
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    for i in 0..ITEMS {
+        inbox
+            .accept(
+                &item_key(&format!("race-{i:02}"))?,
+                format!("p{i}").as_bytes(),
+            )
+            .await?;
+    }
+    let barrier = Arc::new(Barrier::new(WORKERS));
+    let mut tasks = Vec::new();
+    for _ in 0..WORKERS {
+        let handle = fixture
+            .open_inbox()
+            .await?
+            .ok_or_else(|| Failure::new("the fixture has an inbox but no inbox handles"))?;
+        let barrier = Arc::clone(&barrier);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut mine = Vec::new();
+            let mut empty = 0;
+            // More than every item means items were handed out twice: stop.
+            while empty < 3 && mine.len() <= ITEMS {
+                let got = handle.take("inbox", 3, LONG_TTL).await?;
+                if got.is_empty() {
+                    empty += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                mine.extend(got);
+            }
+            Ok::<_, Error>(mine)
+        }));
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for task in tasks {
+        for taken in task
+            .await
+            .map_err(|e| Failure::new(format!("worker task: {e}")))??
+        {
+            total += 1;
+            let id = taken.lease.key.id().to_string();
+            ensure!(
+                taken.lease.attempt == 1,
+                "{id} was taken at attempt {}, expected 1",
+                taken.lease.attempt
+            );
+            ensure!(
+                taken.payload
+                    == format!(
+                        "p{}",
+                        id.trim_start_matches("race-")
+                            .trim_start_matches('0')
+                            .parse::<usize>()
+                            .unwrap_or(0)
+                    )
+                    .as_bytes(),
+                "{id} came with the payload {:?}",
+                String::from_utf8_lossy(&taken.payload)
+            );
+            ensure!(seen.insert(id.clone()), "{id} was taken twice");
+        }
+    }
+    ensure!(
+        total == ITEMS && seen.len() == ITEMS,
+        "{total} takes of {ITEMS} items ({} distinct)",
+        seen.len()
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I2, I3, I4: a worker whose lease passed is taken over (attempt 2), and
+/// then cannot complete, fail, extend or release the item; the new holder
+/// completes it, after which claims answer `Duplicate`, accepts `Done`, and
+/// no take hands it out.
+pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let k = item_key("fenced")?;
+    inbox.accept(&k, b"work").await?;
+    let stale = take_n(&*inbox, 1, SHORT_TTL).await?;
+    let stale = stale
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new("a due item was not taken"))?;
+    ensure!(
+        inbox.take("inbox", 10, LONG_TTL).await?.is_empty(),
+        "an item held by a worker inside its lease was taken again"
+    );
+    wait_past(stale.lease.deadline).await?;
+    let fresh = take_n(&*inbox, 1, LONG_TTL).await?;
+    let fresh = fresh
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new("an item whose worker's lease passed was not taken again"))?;
+    ensure!(
+        fresh.lease.attempt == 2 && fresh.lease.token != stale.lease.token,
+        "the takeover of a passed lease is attempt {} (expected 2) with token {:?}",
+        fresh.lease.attempt,
+        fresh.lease.token
+    );
+    expect_lease_lost(
+        "a stale worker's complete",
+        store.complete(&stale.lease, b"stale", LONG_TTL).await,
+    )?;
+    expect_lease_lost(
+        "a stale worker's fail",
+        inbox.fail(&stale.lease, "stale", Retry::Dead).await,
+    )?;
+    expect_lease_lost(
+        "a stale worker's extend",
+        store.extend(&stale.lease, LONG_TTL).await.map(|_| ()),
+    )?;
+    let item = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("the item vanished"))?;
+    ensure!(
+        item.status == ItemStatus::Running && item.attempts == 2,
+        "after a stale worker's calls the item shows {item:?}"
+    );
+    store
+        .complete(&fresh.lease, b"done by the second", LONG_TTL)
+        .await?;
+    match store.claim(&k, &opts(LONG_TTL)).await? {
+        ClaimOutcome::Duplicate { outcome, .. } => ensure!(
+            outcome == b"done by the second",
+            "a completed item's claim answered the outcome {outcome:?}"
+        ),
+        other => {
+            return Err(Failure::new(format!(
+                "a completed item's claim answered {other:?}"
+            )))
+        }
+    }
+    ensure!(
+        matches!(inbox.accept(&k, b"again").await?, Accepted::Done { .. }),
+        "an accept of a completed item did not answer Done"
+    );
+    ensure!(
+        inbox.item(&k).await?.is_none(),
+        "a completed item is still shown as an item"
+    );
+    ensure!(
+        inbox.take("inbox", 10, LONG_TTL).await?.is_empty(),
+        "a completed item was handed out again"
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I5, I6: a failure keeps the error (cut to its limit) and the attempts and
+/// makes the item due after the delay (not before); a release gives it back
+/// due now; dead items are never taken; a replay makes a dead item due now
+/// with its history; a replay of anything else answers `false`.
+pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let k = item_key("failing")?;
+    inbox.accept(&k, b"poison").await?;
+    ensure!(
+        !inbox.replay(&k).await?,
+        "a replay of a pending item answered true"
+    );
+    let first = take_n(&*inbox, 1, LONG_TTL).await?;
+    let first = first
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new("a due item was not taken"))?;
+    let long_error = "é".repeat(dedupe_core::inbox::MAX_ERROR_BYTES);
+    inbox
+        .fail(
+            &first.lease,
+            &long_error,
+            Retry::After(Duration::from_millis(300)),
+        )
+        .await?;
+    let failed = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("a failed item vanished"))?;
+    let kept = failed.last_error.clone().unwrap_or_default();
+    ensure!(
+        failed.status == ItemStatus::Failed
+            && failed.attempts == 1
+            && kept.len() <= dedupe_core::inbox::MAX_ERROR_BYTES
+            && kept.len() + 2 > dedupe_core::inbox::MAX_ERROR_BYTES
+            && long_error.starts_with(&kept),
+        "a failed item shows status {:?}, {} attempts, an error of {} bytes",
+        failed.status,
+        failed.attempts,
+        kept.len()
+    );
+    ensure!(
+        inbox.take("inbox", 10, LONG_TTL).await?.is_empty(),
+        "a failed item was taken before its retry was due"
+    );
+    wait_past(failed.due_at).await?;
+    let second = take_n(&*inbox, 1, LONG_TTL).await?;
+    let second = second
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new("a failed item was not taken once due"))?;
+    ensure!(
+        second.lease.attempt == 2 && second.last_error.as_deref() == Some(kept.as_str()),
+        "the retry was attempt {} with last error {:?}",
+        second.lease.attempt,
+        second.last_error.as_deref().map(|e| e.len())
+    );
+    store.release(&second.lease).await?;
+    let released = inbox.item(&k).await?.ok_or_else(|| {
+        Failure::new("a released item was removed (an item is given back, not removed)")
+    })?;
+    ensure!(
+        released.attempts == 2 && released.status != ItemStatus::Running,
+        "a released item shows {:?} with {} attempts",
+        released.status,
+        released.attempts
+    );
+    let third = take_n(&*inbox, 1, LONG_TTL).await?;
+    let third = third
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new("a released item was not due again at once"))?;
+    inbox.fail(&third.lease, "for good", Retry::Dead).await?;
+    let dead = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("a dead item vanished"))?;
+    ensure!(
+        dead.status == ItemStatus::Dead
+            && dead.attempts == 3
+            && dead.last_error.as_deref() == Some("for good"),
+        "a dead item shows {dead:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    ensure!(
+        inbox
+            .take("inbox", 10, Duration::from_millis(10))
+            .await?
+            .is_empty(),
+        "a dead item was taken"
+    );
+    ensure!(
+        inbox.replay(&k).await?,
+        "a replay of a dead item answered false"
+    );
+    let replayed = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("a replayed item vanished"))?;
+    ensure!(
+        replayed.attempts == 3 && replayed.last_error.as_deref() == Some("for good"),
+        "a replay lost the item's history: {replayed:?}"
+    );
+    let fourth = take_n(&*inbox, 1, LONG_TTL).await?;
+    ensure!(
+        fourth.first().is_some_and(|t| t.lease.attempt == 4),
+        "a replayed item was not taken at once as attempt 4: {fourth:?}"
+    );
+    ensure!(
+        !inbox.replay(&k).await?,
+        "a replay of a running item answered true"
+    );
+    ensure!(
+        !inbox.replay(&item_key("never-accepted")?).await?,
+        "a replay of an absent key answered true"
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I7: pending, running (past its lease) and dead items survive `expire()`
+/// and stay visible to `get`; a claim of an item's key answers `InFlight`
+/// and never takes it over, even past the worker's lease.
+pub async fn inbox_items_never_expire(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let (pending, running, dead) = (
+        item_key("stays-pending")?,
+        item_key("stays-running")?,
+        item_key("stays-dead")?,
+    );
+    for k in [&pending, &running, &dead] {
+        inbox.accept(k, b"kept").await?;
+    }
+    let taken = take_n(&*inbox, 3, SHORT_TTL).await?;
+    ensure!(taken.len() == 3, "{} of 3 due items taken", taken.len());
+    let mut latest = SystemTime::now();
+    for t in &taken {
+        if t.lease.key == pending {
+            store.release(&t.lease).await?;
+        } else if t.lease.key == dead {
+            inbox.fail(&t.lease, "parked", Retry::Dead).await?;
+        } else {
+            latest = latest.max(t.lease.deadline);
+        }
+    }
+    wait_past(latest).await?;
+    if store.capabilities().explicit_expire {
+        store.expire().await?;
+    }
+    for k in [&pending, &running, &dead] {
+        ensure!(
+            inbox.item(k).await?.is_some(),
+            "{k}: the item is gone after its lease passed and expire() ran"
+        );
+        ensure!(
+            store.get(k).await?.is_some(),
+            "{k}: get does not show the item's record"
+        );
+        match store.claim(k, &opts(LONG_TTL)).await? {
+            ClaimOutcome::InFlight { .. } => {}
+            other => {
+                return Err(Failure::new(format!(
+                    "{k}: a claim of an item's key answered {other:?}, expected InFlight"
+                )))
+            }
+        }
+    }
+    ensure!(
+        inbox.item(&running).await?.is_some_and(|i| i.attempts == 1),
+        "a claim changed an item's attempts"
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I8: 25 items in every status, listed 10 at a time: each exactly once, in
+/// id order, with the right status; a status filter lists exactly that
+/// status; `counts` agrees; items of another namespace are not listed.
+pub async fn inbox_list_and_counts(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    for i in 0..25 {
+        inbox
+            .accept(&item_key(&format!("listed-{i:02}"))?, b"x")
+            .await?;
+    }
+    inbox
+        .accept(
+            &Key::new("elsewhere", "listed-00").map_err(|e| Failure::new(e.to_string()))?,
+            b"y",
+        )
+        .await?;
+    let taken = take_n(&*inbox, 8, LONG_TTL).await?;
+    ensure!(taken.len() == 8, "{} of 8 due items taken", taken.len());
+    for (i, t) in taken.iter().enumerate() {
+        match i {
+            0 | 1 => {
+                inbox
+                    .fail(&t.lease, "later", Retry::After(LONG_TTL))
+                    .await?
+            }
+            2 => inbox.fail(&t.lease, "dead", Retry::Dead).await?,
+            _ => {}
+        }
+    }
+    let mut listed = Vec::new();
+    let mut query = ItemQuery {
+        limit: 10,
+        ..ItemQuery::new("inbox")
+    };
+    for _ in 0..10 {
+        let page = inbox.list(&query).await?;
+        ensure!(
+            page.items.len() <= 10,
+            "a page of 10 held {}",
+            page.items.len()
+        );
+        listed.extend(page.items);
+        match page.next {
+            Some(next) => query.after = Some(next),
+            None => break,
+        }
+    }
+    let ids: Vec<&str> = listed.iter().map(|i| i.key.id()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    ensure!(
+        ids.len() == 25 && sorted == ids,
+        "the pages listed {} items ({} distinct, in order: {})",
+        ids.len(),
+        sorted.len(),
+        sorted == ids
+    );
+    let count = |status| listed.iter().filter(|i| i.status == status).count() as u64;
+    let counts = inbox.counts("inbox").await?;
+    ensure!(
+        (counts.pending, counts.running, counts.failed, counts.dead)
+            == (count(ItemStatus::Pending), count(ItemStatus::Running), count(ItemStatus::Failed), count(ItemStatus::Dead))
+            && (counts.pending, counts.running, counts.failed, counts.dead) == (17, 5, 2, 1),
+        "counts {counts:?}; the list shows {} pending, {} running, {} failed, {} dead (expected 17, 5, 2, 1)",
+        count(ItemStatus::Pending),
+        count(ItemStatus::Running),
+        count(ItemStatus::Failed),
+        count(ItemStatus::Dead)
+    );
+    ensure!(
+        counts.oldest_due.is_some(),
+        "counts show no oldest due item"
+    );
+    for status in [
+        ItemStatus::Pending,
+        ItemStatus::Running,
+        ItemStatus::Failed,
+        ItemStatus::Dead,
+    ] {
+        let page = inbox
+            .list(&ItemQuery {
+                limit: 100,
+                ..ItemQuery::new("inbox").status(status)
+            })
+            .await?;
+        ensure!(
+            page.items.len() as u64 == count(status)
+                && page.items.iter().all(|i| i.status == status),
+            "the {} filter listed {} items, expected {}",
+            status.as_str(),
+            page.items.len(),
+            count(status)
+        );
+    }
+    Ok(Verdict::Passed)
+}

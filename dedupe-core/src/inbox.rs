@@ -1,0 +1,397 @@
+//! The inbox: deliveries accepted at once and processed later, by workers
+//! that take them under leases.
+//!
+//! A receiver that holds the provider's connection for its whole handler
+//! risks the provider giving up (5 to 30 s) and sending the event again while
+//! the first copy still runs. With an inbox the receiver only
+//! [`accept`](Inbox::accept)s the delivery (one atomic write, like a claim)
+//! and answers 2xx; workers in any number of processes
+//! [`take`](Inbox::take) due items, each leased to exactly one of them, run
+//! the handler, and [`complete`](crate::DedupeStore::complete) the item or
+//! [`fail`](Inbox::fail) it (due again after a backoff, or dead after the
+//! last attempt, waiting for an operator to [`replay`](Inbox::replay) it).
+//!
+//! An item lives in the same key space as the claims of the
+//! [`DedupeStore`] it extends: a completed item is a done record (later
+//! claims and accepts of its key answer it as a duplicate), and a claim of a
+//! key the inbox holds answers `InFlight` (the inbox owns it until it is
+//! done). Pending, failed and dead items never expire; only a completion's
+//! retention or [`forget`](crate::DedupeStore::forget) ends them.
+//!
+//! ```
+//! use std::time::Duration;
+//! use dedupe_core::{Accepted, DedupeStore, Inbox, Key, MemoryStore, Retry};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let inbox = MemoryStore::new();
+//! let key = Key::new("stripe", "evt_1P9x")?;
+//! // The receiver: store the delivery, answer 2xx at once.
+//! assert_eq!(inbox.accept(&key, br#"{"id":"evt_1P9x"}"#).await?, Accepted::New);
+//! // A resend of the same event writes nothing.
+//! assert!(matches!(inbox.accept(&key, b"resent").await?, Accepted::Item(_)));
+//!
+//! // A worker: take, run, complete (or fail: due again after a backoff).
+//! for taken in inbox.take("stripe", 10, Duration::from_secs(30)).await? {
+//!     if taken.payload.is_empty() {
+//!         inbox.fail(&taken.lease, "empty body", Retry::After(Duration::from_secs(5))).await?;
+//!     } else {
+//!         inbox.complete(&taken.lease, b"credited", Duration::from_secs(86_400)).await?;
+//!     }
+//! }
+//! // Done: the event is a done record now.
+//! assert!(matches!(inbox.accept(&key, b"late").await?, Accepted::Done { .. }));
+//! # Ok::<(), dedupe_core::Error>(()) }).unwrap();
+//! ```
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::claim::Lease;
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::store::DedupeStore;
+
+/// Largest payload [`Inbox::accept`] keeps (the raw body and whatever
+/// headers the handler needs, encoded by the caller).
+pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
+/// Longest error text [`Inbox::fail`] keeps; a longer one is cut at a
+/// character boundary.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// Most items one [`Inbox::take`] hands out.
+pub const MAX_TAKE: usize = 100;
+
+/// Most items one [`Inbox::list`] page holds.
+pub const MAX_PAGE: usize = 1000;
+
+/// Where an item stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ItemStatus {
+    /// Waiting to be taken, never failed (accepted, released, or replayed
+    /// before it failed).
+    Pending,
+    /// Leased to a worker (its lease may have passed: then it is due again).
+    Running,
+    /// Failed, and due again at its `due_at`.
+    Failed,
+    /// Failed for the last time: never taken again until replayed.
+    Dead,
+}
+
+impl ItemStatus {
+    /// The status as text: `pending`, `running`, `failed`, `dead`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ItemStatus::Pending => "pending",
+            ItemStatus::Running => "running",
+            ItemStatus::Failed => "failed",
+            ItemStatus::Dead => "dead",
+        }
+    }
+}
+
+impl std::str::FromStr for ItemStatus {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "pending" => ItemStatus::Pending,
+            "running" => ItemStatus::Running,
+            "failed" => ItemStatus::Failed,
+            "dead" => ItemStatus::Dead,
+            other => {
+                return Err(Error::config(format!(
+                    "no item status {other:?}: pending, running, failed or dead"
+                )))
+            }
+        })
+    }
+}
+
+/// An item of the inbox, as [`Inbox::item`] and [`Inbox::list`] show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Item {
+    /// Its key.
+    pub key: Key,
+    /// Where it stands.
+    pub status: ItemStatus,
+    /// How many times it was taken (takeovers of a worker that died count).
+    pub attempts: u32,
+    /// When it was accepted.
+    pub accepted_at: SystemTime,
+    /// Pending or failed: when it is due; running: when its lease passes;
+    /// dead: when it died.
+    pub due_at: SystemTime,
+    /// The error of its last failure, if it failed.
+    pub last_error: Option<String>,
+    /// The delivery as accepted.
+    pub payload: Vec<u8>,
+}
+
+impl Item {
+    /// Assembles an item (for store authors).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        key: Key,
+        status: ItemStatus,
+        attempts: u32,
+        accepted_at: SystemTime,
+        due_at: SystemTime,
+        last_error: Option<String>,
+        payload: Vec<u8>,
+    ) -> Self {
+        Self {
+            key,
+            status,
+            attempts,
+            accepted_at,
+            due_at,
+            last_error,
+            payload,
+        }
+    }
+}
+
+/// What [`Inbox::accept`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Accepted {
+    /// The key was new: the delivery is stored as a pending item, due now.
+    New,
+    /// The inbox holds the key already (pending, running, failed or dead):
+    /// nothing was written.
+    Item(Item),
+    /// The event is done, inside its retention: nothing was written.
+    Done {
+        /// The outcome stored, byte for byte.
+        outcome: Vec<u8>,
+        /// When it was completed.
+        completed_at: SystemTime,
+    },
+    /// A synchronous claim holds the key: nothing was written.
+    InFlight {
+        /// When that claim's lease passes.
+        deadline: SystemTime,
+        /// Which attempt holds it.
+        attempt: u32,
+    },
+}
+
+impl Accepted {
+    /// Whether this accept stored the delivery.
+    pub fn is_new(&self) -> bool {
+        matches!(self, Accepted::New)
+    }
+}
+
+/// An item handed to a worker by [`Inbox::take`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Taken {
+    /// The worker's lease: complete, fail, extend or release the item with it.
+    pub lease: Lease,
+    /// The delivery as accepted.
+    pub payload: Vec<u8>,
+    /// The error of the item's last failure, if any.
+    pub last_error: Option<String>,
+}
+
+impl Taken {
+    /// Assembles a taken item (for store authors).
+    pub fn new(lease: Lease, payload: Vec<u8>, last_error: Option<String>) -> Self {
+        Self {
+            lease,
+            payload,
+            last_error,
+        }
+    }
+}
+
+/// What [`Inbox::fail`] does with the item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Due again this long from now.
+    After(Duration),
+    /// Dead: never taken again until [`Inbox::replay`]ed.
+    Dead,
+}
+
+/// Which items [`Inbox::list`] shows: one namespace, optionally one status,
+/// in key order, a page at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemQuery {
+    /// The namespace.
+    pub namespace: String,
+    /// Only items in this status (all statuses when `None`).
+    pub status: Option<ItemStatus>,
+    /// Only ids after this one (the `next` of the page before).
+    pub after: Option<String>,
+    /// Most items in the page (1 to [`MAX_PAGE`]).
+    pub limit: usize,
+}
+
+impl ItemQuery {
+    /// The first page of `namespace`, 100 items, every status.
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            status: None,
+            after: None,
+            limit: 100,
+        }
+    }
+
+    /// Only items in `status`.
+    pub fn status(mut self, status: ItemStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Checks the limit.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_PAGE).contains(&self.limit) {
+            return Err(Error::config(format!(
+                "a page holds 1 to {MAX_PAGE} items, {} asked",
+                self.limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A page of [`Inbox::list`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ItemPage {
+    /// The items, in id order.
+    pub items: Vec<Item>,
+    /// Where the next page starts (`ItemQuery::after`), when there may be one.
+    pub next: Option<String>,
+}
+
+impl ItemPage {
+    /// Assembles a page (for store authors).
+    pub fn new(items: Vec<Item>, next: Option<String>) -> Self {
+        Self { items, next }
+    }
+}
+
+/// How many items of a namespace stand where, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct InboxCounts {
+    /// Pending items (due or not).
+    pub pending: u64,
+    /// Items leased to a worker.
+    pub running: u64,
+    /// Failed items awaiting their retry.
+    pub failed: u64,
+    /// Dead items.
+    pub dead: u64,
+    /// When the longest-waiting pending or failed item became due.
+    pub oldest_due: Option<SystemTime>,
+}
+
+/// An inbox on a store: accept now, process later, under leases. See the
+/// [module](self) and CONTRACT.md (the inbox rules).
+///
+/// The lease of a taken item is a [`Lease`] of the store: complete it with
+/// [`DedupeStore::complete`] (the item becomes a done record), keep it with
+/// [`DedupeStore::extend`], give it back with [`DedupeStore::release`] (due
+/// again now, its attempts kept), remove it with [`DedupeStore::forget`].
+/// All of them, and [`fail`](Self::fail), are fenced: a worker whose lease
+/// passed or was taken over gets `LeaseLost` and changes nothing.
+#[async_trait]
+pub trait Inbox: DedupeStore {
+    /// Stores `payload` under `key` as a pending item, due now, when nothing
+    /// live holds the key; else answers what does, and writes nothing. One
+    /// atomic step: two copies accepted at the same instant give one item.
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted>;
+
+    /// Leases up to `max` due items of `namespace` (pending or failed whose
+    /// time came, or running whose lease passed), oldest due first, each to
+    /// this caller only: a new token, the deadline `now + lease`, one more
+    /// attempt.
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>>;
+
+    /// The work of a taken item failed: keeps `error` (cut to
+    /// [`MAX_ERROR_BYTES`]) and the attempts, and makes the item due again
+    /// after the delay, or dead.
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()>;
+
+    /// The item under `key`, if the inbox holds one (not once it is done).
+    async fn item(&self, key: &Key) -> Result<Option<Item>>;
+
+    /// A page of the namespace's items.
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage>;
+
+    /// Makes a dead or failed item due now, its attempts and last error kept.
+    /// `false` when the key holds no such item.
+    async fn replay(&self, key: &Key) -> Result<bool>;
+
+    /// How many items of the namespace stand where.
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts>;
+}
+
+/// Checks a payload against [`MAX_PAYLOAD_BYTES`].
+pub fn check_payload(payload: &[u8]) -> Result<()> {
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(Error::PayloadTooLarge {
+            size: payload.len(),
+            limit: MAX_PAYLOAD_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Checks how many items a take asks for (1 to [`MAX_TAKE`]) and its lease.
+pub fn check_take(max: usize, lease: Duration) -> Result<()> {
+    if !(1..=MAX_TAKE).contains(&max) {
+        return Err(Error::config(format!(
+            "a take hands out 1 to {MAX_TAKE} items, {max} asked"
+        )));
+    }
+    crate::claim::check_ttl("lease ttl", lease)
+}
+
+/// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary.
+pub fn cut_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_BYTES {
+        return error.to_string();
+    }
+    let mut end = MAX_ERROR_BYTES;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    error[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let cut = cut_error(&long);
+        assert!(cut.len() <= MAX_ERROR_BYTES && cut.len() >= MAX_ERROR_BYTES - 1);
+        assert!(cut.chars().all(|c| c == 'é'));
+        assert_eq!(cut_error("short"), "short");
+    }
+
+    #[test]
+    fn statuses_round_trip_as_text() {
+        for s in [
+            ItemStatus::Pending,
+            ItemStatus::Running,
+            ItemStatus::Failed,
+            ItemStatus::Dead,
+        ] {
+            assert_eq!(s.as_str().parse::<ItemStatus>().expect("parses"), s);
+        }
+        assert!("done".parse::<ItemStatus>().is_err());
+    }
+}
