@@ -35,6 +35,7 @@ mod deduper;
 mod error;
 mod expire_task;
 pub mod inbox;
+pub mod inbox_worker;
 mod key;
 mod memory;
 mod record;
@@ -51,6 +52,7 @@ pub use expire_task::{spawn_expire_task, ExpireTask};
 pub use inbox::{
     Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry, Taken,
 };
+pub use inbox_worker::{Backoff, InboxWorker};
 pub use key::{
     ClaimId, Fingerprint, Key, KeyError, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES, MAX_ID_BYTES,
     MAX_NAMESPACE_BYTES,

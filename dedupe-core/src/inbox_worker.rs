@@ -1,0 +1,518 @@
+//! The worker side of an [`Inbox`]: take due items, run the handler under
+//! each item's lease with a heartbeat, complete it or fail it with a backoff,
+//! dead after the last attempt.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::claim::Lease;
+use crate::error::{Error, Result};
+use crate::inbox::{Inbox, Retry, Taken, MAX_TAKE};
+use crate::store::DedupeStore;
+use crate::work::{Drained, Holder, Settle, Tasks};
+
+/// The retry delays of failed items: `first`, doubling per attempt, at most
+/// `max`, each drawn between half and all of that (jitter, so that items that
+/// failed together do not come back together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay after the first failure.
+    pub first: Duration,
+    /// The longest delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    /// 1 s, doubling, at most 10 minutes.
+    fn default() -> Self {
+        Self {
+            first: Duration::from_secs(1),
+            max: Duration::from_secs(600),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after the failure of attempt `attempt` (1 for the first).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(30);
+        let full = self
+            .first
+            .saturating_mul(1u32 << doublings)
+            .min(self.max)
+            .max(crate::claim::MIN_TTL);
+        let mut bytes = [0u8; 4];
+        let fraction = if getrandom::fill(&mut bytes).is_ok() {
+            f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX)
+        } else {
+            1.0
+        };
+        (full / 2 + full.mul_f64(fraction / 2.0)).max(crate::claim::MIN_TTL)
+    }
+}
+
+/// Runs a handler over the due items of one namespace of an [`Inbox`], in
+/// any number of processes at once (each item is leased to one of them).
+///
+/// Each item runs in a task of its own under its lease, extended beside it
+/// (a heartbeat every third of the lease). A handler that returns `Ok`
+/// completes the item with its outcome (a done record, kept for the
+/// retention); one that returns `Err` fails it: due again after the
+/// [`Backoff`], or dead once `max_attempts` attempts failed. An item taken
+/// past its last attempt (its workers kept dying or panicking) is failed
+/// dead without running again. A panic gives the item back (due again, the
+/// attempt counted).
+///
+/// ```
+/// use std::time::Duration;
+/// use dedupe_core::{inbox_worker::InboxWorker, Inbox, Key, MemoryStore};
+///
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("in the test").block_on(async {
+/// let inbox = MemoryStore::new();
+/// inbox.accept(&Key::new("stripe", "evt_1")?, b"{}").await?;
+/// let worker = InboxWorker::new(inbox.clone(), "stripe").with_poll_interval(Duration::from_millis(10));
+/// let running = tokio::spawn({
+///     let worker = worker.clone();
+///     async move {
+///         worker
+///             .run(|taken| async move { Ok::<_, std::io::Error>(taken.payload) })
+///             .await
+///     }
+/// });
+/// while inbox.counts("stripe").await?.pending > 0 {
+///     tokio::time::sleep(Duration::from_millis(5)).await;
+/// }
+/// worker.shutdown(Duration::from_secs(1)).await;
+/// running.await.expect("in the test")?;
+/// # Ok::<(), dedupe_core::Error>(()) }).expect("in the test");
+/// ```
+#[derive(Debug, Clone)]
+pub struct InboxWorker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    inbox: Arc<dyn Inbox>,
+    namespace: String,
+    lease: Duration,
+    max_attempts: u32,
+    backoff: Backoff,
+    concurrency: usize,
+    retention: Duration,
+    poll: Duration,
+    tasks: Tasks,
+    stop: CancellationToken,
+}
+
+impl InboxWorker {
+    /// Default lease of a taken item.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+    /// Default attempts before an item is dead.
+    pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
+    /// Default items run at once by one worker.
+    pub const DEFAULT_CONCURRENCY: usize = 8;
+    /// Default retention of a completed item (35 days, as claims).
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(35 * 24 * 3600);
+
+    /// A worker over `namespace` of `inbox`, with the defaults.
+    pub fn new<I: Inbox + 'static>(inbox: I, namespace: impl Into<String>) -> Self {
+        Self::on(Arc::new(inbox), namespace)
+    }
+
+    /// A worker on an inbox the caller already shares.
+    pub fn on(inbox: Arc<dyn Inbox>, namespace: impl Into<String>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                inbox,
+                namespace: namespace.into(),
+                lease: Self::DEFAULT_LEASE,
+                max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
+                backoff: Backoff::default(),
+                concurrency: Self::DEFAULT_CONCURRENCY,
+                retention: Self::DEFAULT_RETENTION,
+                poll: Duration::from_millis(250),
+                tasks: Tasks::default(),
+                stop: CancellationToken::new(),
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Inner)) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            change(inner);
+        }
+        self
+    }
+
+    /// The lease of each taken item (default 60 s), extended beside the work.
+    pub fn with_lease(self, lease: Duration) -> Self {
+        self.with(|i| i.lease = lease)
+    }
+
+    /// Attempts before an item is dead (default 8, at least 1).
+    pub fn with_max_attempts(self, attempts: u32) -> Self {
+        self.with(|i| i.max_attempts = attempts.max(1))
+    }
+
+    /// The retry delays (default 1 s doubling to 10 minutes).
+    pub fn with_backoff(self, backoff: Backoff) -> Self {
+        self.with(|i| i.backoff = backoff)
+    }
+
+    /// Items run at once (default 8, at least 1).
+    pub fn with_concurrency(self, items: usize) -> Self {
+        self.with(|i| i.concurrency = items.max(1))
+    }
+
+    /// How long a completed item answers duplicates (default 35 days).
+    pub fn with_retention(self, retention: Duration) -> Self {
+        self.with(|i| i.retention = retention)
+    }
+
+    /// How long the worker waits before looking again when nothing was due
+    /// (default 250 ms).
+    pub fn with_poll_interval(self, poll: Duration) -> Self {
+        self.with(|i| i.poll = poll)
+    }
+
+    /// Takes and runs due items until [`shutdown`](Self::shutdown). Errors
+    /// the store may recover from are logged and retried after the poll
+    /// interval; any other error of a take ends the run with it.
+    pub async fn run<H, Fut, E>(&self, handler: H) -> Result<()>
+    where
+        H: Fn(Taken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send + 'static,
+        E: Display + Send + 'static,
+    {
+        let inner = &self.inner;
+        crate::claim::check_ttl("lease ttl", inner.lease)?;
+        let handler = Arc::new(handler);
+        let slots = Arc::new(Semaphore::new(inner.concurrency));
+        loop {
+            let free = tokio::select! {
+                biased;
+                () = inner.stop.cancelled() => return Ok(()),
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(permit) => {
+                        // One slot is ours; take as many items as slots are free.
+                        let extra = slots.available_permits();
+                        (permit, extra)
+                    }
+                    Err(_) => return Ok(()),
+                },
+            };
+            let (first, extra) = free;
+            let want = (1 + extra).min(MAX_TAKE);
+            let taken = match inner.inbox.take(&inner.namespace, want, inner.lease).await {
+                Ok(taken) => taken,
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(namespace = %inner.namespace, error = %e, "take failed; trying again");
+                    drop(first);
+                    self.pause().await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if taken.is_empty() {
+                drop(first);
+                self.pause().await;
+                continue;
+            }
+            let mut first = Some(first);
+            for item in taken {
+                let permit = match first.take() {
+                    Some(permit) => permit,
+                    // Taken for the free slots counted above.
+                    None => match Arc::clone(&slots).try_acquire_owned() {
+                        Ok(permit) => permit,
+                        Err(_) => Arc::clone(&slots)
+                            .acquire_owned()
+                            .await
+                            .map_err(|_| Error::unavailable("the worker stopped", None))?,
+                    },
+                };
+                let (this, handler) = (self.clone(), Arc::clone(&handler));
+                let spawned = inner.tasks.spawn(async move {
+                    this.process(&*handler, item).await;
+                    drop(permit);
+                });
+                if let Err(e) = spawned {
+                    // Shutting down: the item goes back when its lease passes.
+                    tracing::warn!(error = %e, "an item was taken while shutting down");
+                }
+            }
+        }
+    }
+
+    /// Waits the poll interval, or less if shutdown begins.
+    async fn pause(&self) {
+        tokio::select! {
+            () = tokio::time::sleep(self.inner.poll) => {}
+            () = self.inner.stop.cancelled() => {}
+        }
+    }
+
+    /// Runs one item to its settlement.
+    async fn process<H, Fut, E>(&self, handler: &H, item: Taken)
+    where
+        H: Fn(Taken) -> Fut,
+        Fut: Future<Output = std::result::Result<Vec<u8>, E>>,
+        E: Display,
+    {
+        let inner = &self.inner;
+        let lease = item.lease.clone();
+        let attempt = lease.attempt;
+        if attempt > inner.max_attempts {
+            let why = format!(
+                "taken for attempt {attempt} of {}: its workers died or panicked (last error: {})",
+                inner.max_attempts,
+                item.last_error.as_deref().unwrap_or("none")
+            );
+            self.fail(&lease, &why, Retry::Dead).await;
+            return;
+        }
+        let store: Arc<dyn DedupeStore> = Arc::clone(&inner.inbox) as Arc<dyn DedupeStore>;
+        let holder = Holder {
+            store,
+            ttl: inner.lease,
+            heartbeat: true,
+            max_time: None,
+        };
+        let span = tracing::info_span!("dedupe.inbox.item", key = %lease.key, attempt);
+        let work = async {
+            match handler(item).await {
+                Ok(outcome) => (
+                    (),
+                    Settle::Complete {
+                        outcome,
+                        retention: inner.retention,
+                    },
+                ),
+                Err(e) => {
+                    let retry = if attempt >= inner.max_attempts {
+                        Retry::Dead
+                    } else {
+                        Retry::After(inner.backoff.delay(attempt))
+                    };
+                    self.fail(&lease, &e.to_string(), retry).await;
+                    ((), Settle::Settled)
+                }
+            }
+        };
+        use tracing::Instrument;
+        let _worked = holder
+            .hold(&inner.tasks, lease.clone(), work)
+            .instrument(span)
+            .await;
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) {
+        match self.inner.inbox.fail(lease, error, retry).await {
+            Ok(()) => match retry {
+                Retry::Dead => {
+                    tracing::error!(key = %lease.key, attempt = lease.attempt, error, "item dead")
+                }
+                Retry::After(delay) => {
+                    tracing::warn!(key = %lease.key, attempt = lease.attempt, error, ?delay, "item failed; due again")
+                }
+            },
+            Err(e) => {
+                tracing::error!(key = %lease.key, error = %e, "could not record an item's failure; it is due again when its lease passes")
+            }
+        }
+    }
+
+    /// Stops taking items and waits up to `grace` for the running ones; past
+    /// it, they are dropped mid-way and given back (due again, their attempt
+    /// counted).
+    pub async fn shutdown(&self, grace: Duration) -> Drained {
+        self.inner.stop.cancel();
+        self.inner.tasks.shutdown(grace).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbox::ItemStatus;
+    use crate::{ClaimOptions, ClaimOutcome, Key, MemoryStore};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// 20 items, four at a time: the good ones run once each and are done
+    /// records; the poison ones fail three times (a backoff between) and are
+    /// dead with their last error; nothing runs after shutdown.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn items_run_once_and_poison_dies_after_its_attempts() {
+        let inbox = MemoryStore::new();
+        for i in 0..20 {
+            let payload: &[u8] = if i % 5 == 0 { b"poison" } else { b"good" };
+            inbox
+                .accept(
+                    &Key::new("w", format!("evt_{i:02}")).expect("in the test"),
+                    payload,
+                )
+                .await
+                .expect("in the test");
+        }
+        let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..20).map(|_| AtomicUsize::new(0)).collect());
+        let worker = InboxWorker::new(inbox.clone(), "w")
+            .with_concurrency(4)
+            .with_max_attempts(3)
+            .with_lease(Duration::from_secs(5))
+            .with_backoff(Backoff {
+                first: Duration::from_millis(10),
+                max: Duration::from_millis(40),
+            })
+            .with_poll_interval(Duration::from_millis(5));
+        let running = tokio::spawn({
+            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
+            async move {
+                worker
+                    .run(move |taken| {
+                        let runs = Arc::clone(&runs);
+                        async move {
+                            let i: usize = taken.lease.key.id()[4..].parse().expect("in the test");
+                            runs[i].fetch_add(1, Ordering::SeqCst);
+                            if taken.payload == b"poison" {
+                                Err(format!("poisoned at attempt {}", taken.lease.attempt))
+                            } else {
+                                Ok(format!("done {i}").into_bytes())
+                            }
+                        }
+                    })
+                    .await
+            }
+        });
+        let started = std::time::Instant::now();
+        loop {
+            let c = inbox.counts("w").await.expect("in the test");
+            if c.pending + c.running + c.failed == 0 {
+                assert_eq!(c.dead, 4, "{c:?}");
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "{c:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let drained = worker.shutdown(Duration::from_secs(1)).await;
+        assert_eq!(drained.aborted, 0);
+        running.await.expect("in the test").expect("in the test");
+        for i in 0..20 {
+            let key = Key::new("w", format!("evt_{i:02}")).expect("in the test");
+            let ran = runs[i].load(Ordering::SeqCst);
+            if i % 5 == 0 {
+                assert_eq!(ran, 3, "poison {i} ran {ran} times");
+                let item = inbox
+                    .item(&key)
+                    .await
+                    .expect("in the test")
+                    .expect("dead item");
+                assert_eq!(item.status, ItemStatus::Dead);
+                assert_eq!(item.attempts, 3);
+                assert_eq!(item.last_error.as_deref(), Some("poisoned at attempt 3"));
+            } else {
+                assert_eq!(ran, 1, "item {i} ran {ran} times");
+                match inbox
+                    .claim(&key, &ClaimOptions::default())
+                    .await
+                    .expect("in the test")
+                {
+                    ClaimOutcome::Duplicate { outcome, .. } => {
+                        assert_eq!(outcome, format!("done {i}").into_bytes())
+                    }
+                    other => panic!("item {i}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    /// A handler that never ends: shutdown's grace runs out, the item is
+    /// given back (due again, its attempt counted), and a second worker
+    /// finishes it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_item_cut_off_by_shutdown_is_given_back() {
+        let inbox = MemoryStore::new();
+        let key = Key::new("w", "slow").expect("in the test");
+        inbox.accept(&key, b"x").await.expect("in the test");
+        let stuck =
+            InboxWorker::new(inbox.clone(), "w").with_poll_interval(Duration::from_millis(5));
+        let running = tokio::spawn({
+            let stuck = stuck.clone();
+            async move {
+                stuck
+                    .run(|_| async {
+                        std::future::pending::<()>().await;
+                        Ok::<Vec<u8>, String>(Vec::new())
+                    })
+                    .await
+            }
+        });
+        while inbox.counts("w").await.expect("in the test").running == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let drained = stuck.shutdown(Duration::from_millis(50)).await;
+        assert_eq!(drained.aborted, 1);
+        running.await.expect("in the test").expect("in the test");
+        let item = inbox
+            .item(&key)
+            .await
+            .expect("in the test")
+            .expect("given back");
+        assert_eq!((item.status, item.attempts), (ItemStatus::Pending, 1));
+
+        let second =
+            InboxWorker::new(inbox.clone(), "w").with_poll_interval(Duration::from_millis(5));
+        let finishing = tokio::spawn({
+            let second = second.clone();
+            async move {
+                second
+                    .run(|_| async { Ok::<_, String>(b"ok".to_vec()) })
+                    .await
+            }
+        });
+        while inbox.item(&key).await.expect("in the test").is_some() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        second.shutdown(Duration::from_secs(1)).await;
+        finishing.await.expect("in the test").expect("in the test");
+        assert!(matches!(
+            inbox
+                .claim(&key, &ClaimOptions::default())
+                .await
+                .expect("in the test"),
+            ClaimOutcome::Duplicate { .. }
+        ));
+    }
+
+    #[test]
+    fn backoff_doubles_within_its_bounds_with_jitter() {
+        let b = Backoff {
+            first: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        for (attempt, full) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (40, 1000),
+        ] {
+            let full = Duration::from_millis(full);
+            for _ in 0..50 {
+                let d = b.delay(attempt);
+                assert!(
+                    d >= full / 2 && d <= full,
+                    "attempt {attempt}: {d:?} of {full:?}"
+                );
+            }
+        }
+        let spread: std::collections::HashSet<Duration> = (0..50).map(|_| b.delay(3)).collect();
+        assert!(spread.len() > 10, "no jitter: {spread:?}");
+    }
+}
