@@ -125,7 +125,13 @@ impl Entry {
             self.token.clone(),
             self.claim_id.clone(),
             self.fingerprint.clone(),
-            self.attempts,
+            // An inbox item never taken shows as attempt 1, as on every store
+            // (a record's count starts there).
+            if self.item.is_some() {
+                self.attempts.max(1)
+            } else {
+                self.attempts
+            },
             self.first_seen,
         )
     }

@@ -619,7 +619,7 @@ mod tests {
         let (store, mut blocker) = store_and_blocker(&db).await;
         blocker
             .execute_batch(&format!(
-                "INSERT INTO dedupe_records VALUES ('group','bad',7,'t',NULL,NULL,{},NULL,NULL,1,0)",
+                "INSERT INTO dedupe_records (namespace, id, state, token, claim_id, fingerprint, expires_at, completed_at, outcome, attempts, first_seen) VALUES ('group','bad',7,'t',NULL,NULL,{},NULL,NULL,1,0)",
                 i64::MAX / 2
             ))
             .expect("plant a corrupt row");

@@ -7,9 +7,10 @@ use std::time::Duration;
 use dedupe_core::backend::{
     self, check_ttl, duration_millis, from_millis, one_row_changed, StoredRecord,
 };
+use dedupe_core::inbox::cut_error;
 use dedupe_core::{
-    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
-    Result,
+    Accepted, Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, InboxCounts,
+    Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, Record, Result, Retry, Taken,
 };
 use rusqlite::{named_params, Connection, OptionalExtension, Row};
 
@@ -208,6 +209,20 @@ impl Ops<'_> {
         if changed > 0 {
             return one_row_changed(changed as u64, &lease.key);
         }
+        let given_back = conn
+            .prepare_cached(&self.sql.release_item)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": ns,
+                    ":id": id,
+                    ":token": lease.token.as_str(),
+                    ":now": now,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        if given_back > 0 {
+            return one_row_changed(given_back as u64, &lease.key);
+        }
         let live: bool = conn
             .prepare_cached(&self.sql.any_live)
             .and_then(|mut stmt| {
@@ -258,7 +273,7 @@ impl Ops<'_> {
         self.get_at(conn, key, backend::now_millis())
     }
 
-    fn get_at(&self, conn: &Connection, key: &Key, now: i64) -> Result<Option<Record>> {
+    pub(crate) fn get_at(&self, conn: &Connection, key: &Key, now: i64) -> Result<Option<Record>> {
         conn.prepare_cached(&self.sql.select_live)
             .and_then(|mut stmt| {
                 stmt.query_row(
@@ -284,5 +299,279 @@ impl Ops<'_> {
             })
             .map_err(|e| self.err(e))?;
         Ok(live.unwrap_or(false))
+    }
+}
+
+/// An item row of [`ITEM_COLUMNS`](crate::sql::ITEM_COLUMNS), as read.
+struct ItemRow {
+    id: String,
+    wait: i64,
+    attempts: i64,
+    first_seen: i64,
+    expires_at: i64,
+    last_error: Option<String>,
+    payload: Option<Vec<u8>>,
+}
+
+fn read_item(row: &Row<'_>) -> rusqlite::Result<ItemRow> {
+    Ok(ItemRow {
+        id: row.get(0)?,
+        wait: row.get(1)?,
+        attempts: row.get(2)?,
+        first_seen: row.get(3)?,
+        expires_at: row.get(4)?,
+        last_error: row.get(5)?,
+        payload: row.get(6)?,
+    })
+}
+
+impl ItemRow {
+    fn decode(self, namespace: &str) -> Result<Item> {
+        let key = Key::new(namespace, &self.id)?;
+        let status = match (self.wait, &self.last_error) {
+            (0, _) => ItemStatus::Running,
+            (1, None) => ItemStatus::Pending,
+            (1, Some(_)) => ItemStatus::Failed,
+            (2, _) => ItemStatus::Dead,
+            (other, _) => return Err(Error::corrupt(&key, format!("inbox wait state {other}"))),
+        };
+        let attempts = u32::try_from(self.attempts)
+            .map_err(|_| Error::corrupt(&key, format!("attempt count {}", self.attempts)))?;
+        let payload = self
+            .payload
+            .ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
+        Ok(Item::new(
+            key,
+            status,
+            attempts,
+            from_millis(self.first_seen),
+            from_millis(self.expires_at),
+            self.last_error,
+            payload,
+        ))
+    }
+}
+
+/// The status filter of the `list` statement.
+fn status_code(status: Option<ItemStatus>) -> i64 {
+    match status {
+        None => -1,
+        Some(ItemStatus::Pending) => 0,
+        Some(ItemStatus::Running) => 1,
+        Some(ItemStatus::Failed) => 2,
+        Some(ItemStatus::Dead) => 3,
+    }
+}
+
+/// The inbox's statements (CONTRACT.md I1 to I8), each one statement on the
+/// caller's connection (writes in the writer's transaction).
+impl Ops<'_> {
+    pub(crate) fn accept(&self, conn: &Connection, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        let now = backend::now_millis();
+        let token = backend::new_token();
+        let stored: Option<String> = conn
+            .prepare_cached(&self.sql.accept)
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {
+                        ":ns": key.namespace(),
+                        ":id": key.id(),
+                        ":token": token.as_str(),
+                        ":now": now,
+                        ":payload": payload,
+                    },
+                    |row| row.get(0),
+                )
+                .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        if stored.is_some() {
+            return Ok(Accepted::New);
+        }
+        if let Some(item) = self.item(conn, key)? {
+            return Ok(Accepted::Item(item));
+        }
+        match self.get_at(conn, key, now)? {
+            Some(record) => Ok(match record.state {
+                dedupe_core::RecordState::Done {
+                    outcome,
+                    completed_at,
+                    ..
+                } => Accepted::Done {
+                    outcome,
+                    completed_at,
+                },
+                dedupe_core::RecordState::InFlight { lease_deadline } => Accepted::InFlight {
+                    deadline: lease_deadline,
+                    attempt: record.attempts,
+                },
+            }),
+            None => Err(Error::backend(
+                "accept left a record in place but found none live",
+                true,
+                None,
+            )),
+        }
+    }
+
+    pub(crate) fn take(
+        &self,
+        conn: &Connection,
+        namespace: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Taken>> {
+        let now = backend::now_millis();
+        let until = deadline(now, lease);
+        let mut stmt = conn
+            .prepare_cached(&self.sql.take)
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(
+                named_params! {
+                    ":ns": namespace,
+                    ":now": now,
+                    ":until": until,
+                    ":max": i64::try_from(max).unwrap_or(i64::MAX),
+                },
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, i64>(2)?,
+                        row.get::<_, i64>(3)?,
+                        row.get::<_, Option<Vec<u8>>>(4)?,
+                        row.get::<_, Option<String>>(5)?,
+                    ))
+                },
+            )
+            .map_err(|e| self.err(e))?;
+        let mut taken = Vec::new();
+        for row in rows {
+            let (id, token, deadline, attempts, payload, last_error) =
+                row.map_err(|e| self.err(e))?;
+            let key = Key::new(namespace, &id)?;
+            let attempt = u32::try_from(attempts)
+                .map_err(|_| Error::corrupt(&key, format!("attempt count {attempts}")))?;
+            let payload =
+                payload.ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
+            taken.push(Taken::new(
+                Lease {
+                    key,
+                    token: backend::stored_token(token),
+                    deadline: from_millis(deadline),
+                    attempt,
+                    claim_id: None,
+                },
+                payload,
+                last_error,
+            ));
+        }
+        Ok(taken)
+    }
+
+    pub(crate) fn fail(
+        &self,
+        conn: &Connection,
+        lease: &Lease,
+        error: &str,
+        retry: Retry,
+    ) -> Result<()> {
+        let now = backend::now_millis();
+        let (wait, due) = match retry {
+            Retry::After(delay) => (1, deadline(now, delay)),
+            Retry::Dead => (2, now),
+        };
+        let changed = conn
+            .prepare_cached(&self.sql.fail)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": lease.key.namespace(),
+                    ":id": lease.key.id(),
+                    ":token": lease.token.as_str(),
+                    ":now": now,
+                    ":wait": wait,
+                    ":due": due,
+                    ":error": cut_error(error),
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        one_row_changed(changed as u64, &lease.key)
+    }
+
+    pub(crate) fn item(&self, conn: &Connection, key: &Key) -> Result<Option<Item>> {
+        conn.prepare_cached(&self.sql.select_item)
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {":ns": key.namespace(), ":id": key.id()},
+                    read_item,
+                )
+                .optional()
+            })
+            .map_err(|e| self.err(e))?
+            .map(|row| row.decode(key.namespace()))
+            .transpose()
+    }
+
+    pub(crate) fn list(&self, conn: &Connection, query: &ItemQuery) -> Result<ItemPage> {
+        let mut stmt = conn
+            .prepare_cached(&self.sql.list)
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(
+                named_params! {
+                    ":ns": query.namespace.as_str(),
+                    ":after": query.after.as_deref().unwrap_or(""),
+                    ":st": status_code(query.status),
+                    ":limit": i64::try_from(query.limit + 1).unwrap_or(i64::MAX),
+                },
+                read_item,
+            )
+            .map_err(|e| self.err(e))?;
+        let mut items = Vec::new();
+        for row in rows {
+            items.push(row.map_err(|e| self.err(e))?.decode(&query.namespace)?);
+        }
+        let next = (items.len() > query.limit).then(|| items[query.limit - 1].key.id().to_string());
+        items.truncate(query.limit);
+        Ok(ItemPage::new(items, next))
+    }
+
+    pub(crate) fn replay(&self, conn: &Connection, key: &Key) -> Result<bool> {
+        conn.prepare_cached(&self.sql.replay)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": key.namespace(),
+                    ":id": key.id(),
+                    ":now": backend::now_millis(),
+                })
+            })
+            .map(|changed| changed > 0)
+            .map_err(|e| self.err(e))
+    }
+
+    pub(crate) fn counts(&self, conn: &Connection, namespace: &str) -> Result<InboxCounts> {
+        let (pending, running, failed, dead, oldest): (i64, i64, i64, i64, Option<i64>) = conn
+            .prepare_cached(&self.sql.counts)
+            .and_then(|mut stmt| {
+                stmt.query_row(named_params! {":ns": namespace}, |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                    ))
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let mut counts = InboxCounts::default();
+        counts.pending = count(pending);
+        counts.running = count(running);
+        counts.failed = count(failed);
+        counts.dead = count(dead);
+        counts.oldest_due = oldest.map(from_millis);
+        Ok(counts)
     }
 }

@@ -16,7 +16,22 @@ pub(crate) struct Statements {
     pub(crate) extend: String,
     pub(crate) expire_batch: String,
     pub(crate) forget: String,
+    pub(crate) inbox_index: String,
+    pub(crate) columns: String,
+    pub(crate) add_inbox_columns: String,
+    pub(crate) release_item: String,
+    pub(crate) accept: String,
+    pub(crate) select_item: String,
+    pub(crate) take: String,
+    pub(crate) fail: String,
+    pub(crate) list: String,
+    pub(crate) replay: String,
+    pub(crate) counts: String,
 }
+
+/// The item columns an inbox read returns, in the order `read_item` expects.
+pub(crate) const ITEM_COLUMNS: &str =
+    "id, wait, attempts, first_seen, expires_at, last_error, payload";
 
 /// Rows deleted per `expire()` batch (one write of the writer thread, committed
 /// with the claims queued beside it), so a large purge never holds the write
@@ -24,9 +39,10 @@ pub(crate) struct Statements {
 /// quiet run with 64 rows, 3.2-3.7x with 250.
 pub(crate) const EXPIRE_BATCH: i64 = 64;
 
-/// The record columns every read returns, in the order `read_row` expects.
-pub(crate) const COLUMNS: &str =
-    "state, token, claim_id, fingerprint, expires_at, completed_at, outcome, attempts, first_seen";
+/// The record columns every read returns, in the order `read_row` expects. An
+/// inbox item never taken shows as attempt 1 (a record's count starts there).
+pub(crate) const COLUMNS: &str = "state, token, claim_id, fingerprint, expires_at, completed_at, \
+     outcome, CASE WHEN wait IS NULL THEN attempts ELSE max(attempts, 1) END, first_seen";
 
 impl Statements {
     pub(crate) fn new(table: &str) -> Result<Self> {
@@ -47,9 +63,24 @@ impl Statements {
                     outcome      BLOB,
                     attempts     INTEGER NOT NULL,
                     first_seen   INTEGER NOT NULL,
+                    payload      BLOB,              -- an inbox item's delivery (NULL: not an item)
+                    wait         INTEGER,           -- an inbox item: 0 held by a worker, 1 due at expires_at, 2 dead
+                    last_error   TEXT,              -- an inbox item's last failure
                     PRIMARY KEY (namespace, id)
                 ) WITHOUT ROWID;
                 CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {t} (expires_at);"
+            ),
+            inbox_index: format!(
+                "CREATE INDEX IF NOT EXISTS \"{table}_due\" ON {t} (namespace, expires_at)
+                 WHERE wait IN (0, 1)"
+            ),
+            columns: format!("SELECT name FROM pragma_table_info('{table}')"),
+            // For a table made before the inbox (the columns, then the index
+            // `take` reads: due items of a namespace in due order, items only).
+            add_inbox_columns: format!(
+                "ALTER TABLE {t} ADD COLUMN payload BLOB;
+                 ALTER TABLE {t} ADD COLUMN wait INTEGER;
+                 ALTER TABLE {t} ADD COLUMN last_error TEXT;"
             ),
             // Inserts a fresh record, or takes over one whose deadline has passed, in one
             // statement. A live record is left alone and no row comes back.
@@ -67,11 +98,13 @@ impl Statements {
                     outcome = NULL,
                     attempts = CASE WHEN r.state = 0 THEN r.attempts + 1 ELSE 1 END,
                     first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END
-                 WHERE r.expires_at <= :now
+                 WHERE r.expires_at <= :now AND r.wait IS NULL
                  RETURNING token, attempts"
             ),
+            // An inbox item is live until done, whatever its deadline.
             select_live: format!(
-                "SELECT {COLUMNS} FROM {t} WHERE namespace = :ns AND id = :id AND expires_at > :now"
+                "SELECT {COLUMNS} FROM {t}
+                 WHERE namespace = :ns AND id = :id AND (expires_at > :now OR wait IS NOT NULL)"
             ),
             // In flight under this token: done. Already done by this token with
             // this outcome (a complete asked again): the row is written back as
@@ -80,30 +113,96 @@ impl Statements {
                 "UPDATE {t} SET state = 1,
                         expires_at = CASE WHEN state = 0 THEN :until ELSE expires_at END,
                         completed_at = CASE WHEN state = 0 THEN :now ELSE completed_at END,
-                        outcome = :outcome
+                        outcome = :outcome,
+                        payload = NULL, wait = NULL, last_error = NULL
                  WHERE namespace = :ns AND id = :id AND token = :token AND expires_at > :now
-                   AND (state = 0 OR outcome = :outcome)"
+                   AND (state = 0 OR outcome = :outcome) AND (wait IS NULL OR wait = 0)"
             ),
             release: format!(
                 "DELETE FROM {t}
-                 WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now"
+                 WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now
+                   AND wait IS NULL"
+            ),
+            // An item's release gives it back, due now, its attempts kept.
+            release_item: format!(
+                "UPDATE {t} SET wait = 1, expires_at = :now
+                 WHERE namespace = :ns AND id = :id AND token = :token AND wait = 0 AND expires_at > :now"
             ),
             // After a release removed nothing: whether a live record (another
             // lease's, or done) is under the key.
             any_live: format!(
                 "SELECT EXISTS (SELECT 1 FROM {t}
-                                 WHERE namespace = :ns AND id = :id AND expires_at > :now)"
+                                 WHERE namespace = :ns AND id = :id
+                                   AND (expires_at > :now OR wait IS NOT NULL))"
             ),
             extend: format!(
                 "UPDATE {t} SET expires_at = :until
-                 WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now"
+                 WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now
+                   AND (wait IS NULL OR wait = 0)"
             ),
             expire_batch: format!(
                 "DELETE FROM {t} WHERE (namespace, id) IN
-                    (SELECT namespace, id FROM {t} WHERE expires_at <= :now LIMIT :batch)"
+                    (SELECT namespace, id FROM {t} WHERE expires_at <= :now AND wait IS NULL LIMIT :batch)"
             ),
             forget: format!(
-                "DELETE FROM {t} WHERE namespace = :ns AND id = :id RETURNING expires_at > :now"
+                "DELETE FROM {t} WHERE namespace = :ns AND id = :id
+                 RETURNING expires_at > :now OR wait IS NOT NULL"
+            ),
+            // A pending item, due now, for a key with nothing live (a claim
+            // whose lease passed keeps its attempts and first sight).
+            accept: format!(
+                "INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint, expires_at,
+                                       completed_at, outcome, attempts, first_seen, payload, wait, last_error)
+                 VALUES (:ns, :id, 0, :token, NULL, NULL, :now, NULL, NULL, 0, :now, :payload, 1, NULL)
+                 ON CONFLICT (namespace, id) DO UPDATE SET
+                    state = 0, token = excluded.token, claim_id = NULL, fingerprint = NULL,
+                    expires_at = excluded.expires_at, completed_at = NULL, outcome = NULL,
+                    attempts = CASE WHEN r.state = 0 THEN r.attempts ELSE 0 END,
+                    first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END,
+                    payload = excluded.payload, wait = 1, last_error = NULL
+                 WHERE r.expires_at <= :now AND r.wait IS NULL
+                 RETURNING token"
+            ),
+            select_item: format!(
+                "SELECT {ITEM_COLUMNS} FROM {t} WHERE namespace = :ns AND id = :id AND wait IS NOT NULL"
+            ),
+            // Leases the oldest due items, each with a token of its own.
+            take: format!(
+                "UPDATE {t} SET wait = 0, token = lower(hex(randomblob(16))), expires_at = :until,
+                        attempts = attempts + 1
+                 WHERE (namespace, id) IN
+                    (SELECT namespace, id FROM {t}
+                     WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
+                     ORDER BY expires_at, id LIMIT :max)
+                 RETURNING id, token, expires_at, attempts, payload, last_error"
+            ),
+            fail: format!(
+                "UPDATE {t} SET wait = :wait, expires_at = :due, last_error = :error
+                 WHERE namespace = :ns AND id = :id AND token = :token AND wait = 0 AND expires_at > :now"
+            ),
+            // :st: -1 every status, 0 pending, 1 running, 2 failed, 3 dead.
+            list: format!(
+                "SELECT {ITEM_COLUMNS} FROM {t}
+                 WHERE namespace = :ns AND wait IS NOT NULL AND id > :after
+                   AND (:st = -1
+                        OR (:st = 0 AND wait = 1 AND last_error IS NULL)
+                        OR (:st = 1 AND wait = 0)
+                        OR (:st = 2 AND wait = 1 AND last_error IS NOT NULL)
+                        OR (:st = 3 AND wait = 2))
+                 ORDER BY id LIMIT :limit"
+            ),
+            replay: format!(
+                "UPDATE {t} SET wait = 1, expires_at = :now
+                 WHERE namespace = :ns AND id = :id
+                   AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
+            ),
+            counts: format!(
+                "SELECT coalesce(sum(wait = 1 AND last_error IS NULL), 0),
+                        coalesce(sum(wait = 0), 0),
+                        coalesce(sum(wait = 1 AND last_error IS NOT NULL), 0),
+                        coalesce(sum(wait = 2), 0),
+                        min(CASE WHEN wait = 1 THEN expires_at END)
+                 FROM {t} WHERE namespace = :ns AND wait IS NOT NULL"
             ),
         })
     }

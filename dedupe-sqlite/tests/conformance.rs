@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dedupe_conformance::{FaultSwitch, FaultyHandle, Fixture, StoreFactory};
-use dedupe_core::{async_trait, DedupeStore, Error};
+use dedupe_core::{async_trait, DedupeStore, Error, Inbox};
 use dedupe_sqlite::rusqlite::Connection;
 use dedupe_sqlite::SqliteStore;
 
@@ -35,6 +35,14 @@ impl Fixture for SqliteFixture {
 
     async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
         Ok(Arc::new(self.store.reopen().await?))
+    }
+
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        Some(Arc::new(self.store.clone()))
+    }
+
+    async fn open_inbox(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        Ok(Some(Arc::new(self.store.reopen().await?)))
     }
 
     /// A handle with a short busy timeout; the fault is another connection

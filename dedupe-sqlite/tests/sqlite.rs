@@ -583,10 +583,10 @@ async fn corrupt_rows_are_reported_not_guessed() {
     let far = i64::MAX / 2;
     let conn = Connection::open(&db).expect("open");
     let rows = [
-        ("bad-state", format!("INSERT INTO dedupe_records VALUES ('proc','bad-state',7,'t',NULL,NULL,{far},NULL,NULL,1,0)")),
-        ("done-no-outcome", format!("INSERT INTO dedupe_records VALUES ('proc','done-no-outcome',1,'t',NULL,NULL,{far},5,NULL,1,0)")),
-        ("zero-attempts", format!("INSERT INTO dedupe_records VALUES ('proc','zero-attempts',0,'t',NULL,NULL,{far},NULL,NULL,0,0)")),
-        ("huge-fingerprint", format!("INSERT INTO dedupe_records VALUES ('proc','huge-fingerprint',0,'t',NULL,zeroblob(100),{far},NULL,NULL,1,0)")),
+        ("bad-state", format!("INSERT INTO dedupe_records (namespace, id, state, token, claim_id, fingerprint, expires_at, completed_at, outcome, attempts, first_seen) VALUES ('proc','bad-state',7,'t',NULL,NULL,{far},NULL,NULL,1,0)")),
+        ("done-no-outcome", format!("INSERT INTO dedupe_records (namespace, id, state, token, claim_id, fingerprint, expires_at, completed_at, outcome, attempts, first_seen) VALUES ('proc','done-no-outcome',1,'t',NULL,NULL,{far},5,NULL,1,0)")),
+        ("zero-attempts", format!("INSERT INTO dedupe_records (namespace, id, state, token, claim_id, fingerprint, expires_at, completed_at, outcome, attempts, first_seen) VALUES ('proc','zero-attempts',0,'t',NULL,NULL,{far},NULL,NULL,0,0)")),
+        ("huge-fingerprint", format!("INSERT INTO dedupe_records (namespace, id, state, token, claim_id, fingerprint, expires_at, completed_at, outcome, attempts, first_seen) VALUES ('proc','huge-fingerprint',0,'t',NULL,zeroblob(100),{far},NULL,NULL,1,0)")),
     ];
     for (id, sql) in rows {
         conn.execute_batch(&sql).expect("plant a corrupt row");
@@ -879,4 +879,62 @@ async fn a_stale_deferred_transaction_is_told_to_begin_again() {
     );
     drop(tx);
     assert!(store.get(&key("evt_snap")).await.expect("get").is_none());
+}
+
+/// A file made before the inbox (the table without `payload`, `wait`,
+/// `last_error`) opens: `migrate` adds the columns and the due index, the
+/// records in it answer as before, and the inbox works on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_the_inbox_is_migrated() {
+    use dedupe_core::Inbox;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("old.db");
+    {
+        let conn = Connection::open(&db).expect("open");
+        conn.execute_batch(
+            "CREATE TABLE dedupe_records (
+                namespace TEXT NOT NULL, id TEXT NOT NULL, state INTEGER NOT NULL,
+                token TEXT NOT NULL, claim_id TEXT, fingerprint BLOB,
+                expires_at INTEGER NOT NULL, completed_at INTEGER, outcome BLOB,
+                attempts INTEGER NOT NULL, first_seen INTEGER NOT NULL,
+                PRIMARY KEY (namespace, id)) WITHOUT ROWID;
+             CREATE INDEX dedupe_records_expires_at ON dedupe_records (expires_at);",
+        )
+        .expect("old schema");
+        conn.execute(
+            "INSERT INTO dedupe_records VALUES ('proc','old',1,'t',NULL,NULL,?1,5,x'6f6c64',1,1)",
+            [i64::MAX / 4],
+        )
+        .expect("old record");
+    }
+    let store = SqliteStore::open(&db).await.expect("open migrates");
+    match store
+        .claim(&key("old"), &ClaimOptions::default())
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"old"),
+        other => panic!("the old record answered {other:?}"),
+    }
+    assert!(store
+        .accept(&key("new"), b"payload")
+        .await
+        .expect("accept")
+        .is_new());
+    let taken = store
+        .take("proc", 10, Duration::from_secs(30))
+        .await
+        .expect("take");
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].payload, b"payload");
+    // Opening again finds the columns there and changes nothing.
+    drop(store);
+    let again = SqliteStore::open(&db).await.expect("reopen");
+    assert!(again.item(&key("new")).await.expect("item").is_some());
+    let indexes: Vec<String> = Connection::open(&db)
+        .expect("open")
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' ORDER BY name")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("indexes");
+    assert_eq!(indexes, ["dedupe_records_due", "dedupe_records_expires_at"]);
 }
