@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use dedupe_core::backend::{self, check_ttl, from_millis, one_row_changed, BatchKeys};
+use dedupe_core::inbox::cut_error;
 use dedupe_core::{
-    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, LeaseToken,
-    Record, Result,
+    Accepted, Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, InboxCounts,
+    Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, LeaseToken, Record, RecordState, Result,
+    Retry, Taken,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -375,6 +377,268 @@ impl Ops<'_> {
             .await
             .map_err(|e| self.err(e))?;
         Ok(live.unwrap_or(false))
+    }
+}
+
+/// An item row (`sql::Statements::select_item`, `list`) as an [`Item`].
+fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
+    let read = || -> std::result::Result<_, sqlx::Error> {
+        Ok((
+            row.try_get::<String, _>("key")?,
+            row.try_get::<i16, _>("wait")?,
+            row.try_get::<i32, _>("attempts")?,
+            row.try_get::<i64, _>("first_seen_ms")?,
+            row.try_get::<i64, _>("expires_ms")?,
+            row.try_get::<Option<String>, _>("last_error")?,
+            row.try_get::<Option<Vec<u8>>, _>("payload")?,
+        ))
+    };
+    let (joined, wait, attempts, first_seen, expires, last_error, payload) =
+        read().map_err(|e| Error::backend(format!("undecodable inbox row: {e}"), false, None))?;
+    let id = joined
+        .strip_prefix(namespace)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .ok_or_else(|| {
+            Error::backend(
+                format!("an inbox row of another namespace: {joined}"),
+                false,
+                None,
+            )
+        })?;
+    let key = Key::new(namespace, id)?;
+    let status = match (wait, &last_error) {
+        (0, _) => ItemStatus::Running,
+        (1, None) => ItemStatus::Pending,
+        (1, Some(_)) => ItemStatus::Failed,
+        (2, _) => ItemStatus::Dead,
+        (other, _) => return Err(Error::corrupt(&key, format!("inbox wait state {other}"))),
+    };
+    let attempts = u32::try_from(attempts)
+        .map_err(|_| Error::corrupt(&key, format!("attempt count {attempts}")))?;
+    let payload =
+        payload.ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
+    Ok(Item::new(
+        key,
+        status,
+        attempts,
+        from_millis(first_seen),
+        from_millis(expires),
+        last_error,
+        payload,
+    ))
+}
+
+/// The inbox's statements (CONTRACT.md I1 to I8), one statement each.
+impl Ops<'_> {
+    pub(crate) async fn accept(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        payload: &[u8],
+    ) -> Result<Accepted> {
+        let token = backend::new_token();
+        let stored: Option<String> = sqlx::query_scalar(text(&self.sql.accept))
+            .bind(key.namespace())
+            .bind(key.id())
+            .bind(token.as_str())
+            .bind(payload)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        if stored.is_some() {
+            return Ok(Accepted::New);
+        }
+        if let Some(item) = self.item(&mut *conn, key).await? {
+            return Ok(Accepted::Item(item));
+        }
+        match self.get(conn, key).await? {
+            Some(record) => Ok(match record.state {
+                RecordState::Done {
+                    outcome,
+                    completed_at,
+                    ..
+                } => Accepted::Done {
+                    outcome,
+                    completed_at,
+                },
+                RecordState::InFlight { lease_deadline } => Accepted::InFlight {
+                    deadline: lease_deadline,
+                    attempt: record.attempts,
+                },
+            }),
+            None => Err(Error::backend(
+                "accept left a record in place but found none live; retry",
+                true,
+                None,
+            )),
+        }
+    }
+
+    pub(crate) async fn take(
+        &self,
+        conn: &mut PgConnection,
+        namespace: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Taken>> {
+        let rows = sqlx::query(text(&self.sql.take))
+            .bind(namespace)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .bind(lease)
+            .fetch_all(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> std::result::Result<_, sqlx::Error> {
+                    Ok((
+                        row.try_get::<String, _>("key")?,
+                        row.try_get::<String, _>("token")?,
+                        row.try_get::<i64, _>("expires_ms")?,
+                        row.try_get::<i32, _>("attempts")?,
+                        row.try_get::<Option<Vec<u8>>, _>("payload")?,
+                        row.try_get::<Option<String>, _>("last_error")?,
+                    ))
+                };
+                let (joined, token, deadline, attempts, payload, last_error) =
+                    read().map_err(|e| {
+                        Error::backend(format!("undecodable inbox row: {e}"), false, None)
+                    })?;
+                let id = joined
+                    .strip_prefix(namespace)
+                    .and_then(|rest| rest.strip_prefix(':'))
+                    .ok_or_else(|| {
+                        Error::backend(
+                            format!("take returned another namespace's row: {joined}"),
+                            false,
+                            None,
+                        )
+                    })?;
+                let key = Key::new(namespace, id)?;
+                let attempt = u32::try_from(attempts)
+                    .map_err(|_| Error::corrupt(&key, format!("attempt count {attempts}")))?;
+                let payload = payload
+                    .ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
+                Ok(Taken::new(
+                    Lease {
+                        key,
+                        token: backend::stored_token(token),
+                        deadline: from_millis(deadline),
+                        attempt,
+                        claim_id: None,
+                    },
+                    payload,
+                    last_error,
+                ))
+            })
+            .collect()
+    }
+
+    pub(crate) async fn fail(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        error: &str,
+        retry: Retry,
+    ) -> Result<()> {
+        let (wait, delay) = match retry {
+            Retry::After(delay) => (1i16, delay),
+            Retry::Dead => (2i16, Duration::ZERO),
+        };
+        let changed = sqlx::query(text(&self.sql.fail))
+            .bind(lease.key.namespace())
+            .bind(lease.key.id())
+            .bind(lease.token.as_str())
+            .bind(wait)
+            .bind(delay)
+            .bind(cut_error(error))
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        one_row_changed(changed, &lease.key)
+    }
+
+    pub(crate) async fn item(&self, conn: &mut PgConnection, key: &Key) -> Result<Option<Item>> {
+        let row = sqlx::query(text(&self.sql.select_item))
+            .bind(key.namespace())
+            .bind(key.id())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.map(|row| decode_item(key.namespace(), &row))
+            .transpose()
+    }
+
+    pub(crate) async fn list(
+        &self,
+        conn: &mut PgConnection,
+        query: &ItemQuery,
+    ) -> Result<ItemPage> {
+        let status: i32 = match query.status {
+            None => -1,
+            Some(ItemStatus::Pending) => 0,
+            Some(ItemStatus::Running) => 1,
+            Some(ItemStatus::Failed) => 2,
+            Some(ItemStatus::Dead) => 3,
+        };
+        let rows = sqlx::query(text(&self.sql.list))
+            .bind(query.namespace.as_str())
+            .bind(query.after.as_deref().unwrap_or(""))
+            .bind(status)
+            .bind(i64::try_from(query.limit + 1).unwrap_or(i64::MAX))
+            .fetch_all(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut items = rows
+            .iter()
+            .map(|row| decode_item(&query.namespace, row))
+            .collect::<Result<Vec<_>>>()?;
+        let next = (items.len() > query.limit).then(|| items[query.limit - 1].key.id().to_string());
+        items.truncate(query.limit);
+        Ok(ItemPage::new(items, next))
+    }
+
+    pub(crate) async fn replay(&self, conn: &mut PgConnection, key: &Key) -> Result<bool> {
+        Ok(sqlx::query(text(&self.sql.replay))
+            .bind(key.namespace())
+            .bind(key.id())
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected()
+            > 0)
+    }
+
+    pub(crate) async fn counts(
+        &self,
+        conn: &mut PgConnection,
+        namespace: &str,
+    ) -> Result<InboxCounts> {
+        let row = sqlx::query(text(&self.sql.counts))
+            .bind(namespace)
+            .fetch_one(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let read = || -> std::result::Result<_, sqlx::Error> {
+            Ok((
+                row.try_get::<i64, _>(0)?,
+                row.try_get::<i64, _>(1)?,
+                row.try_get::<i64, _>(2)?,
+                row.try_get::<i64, _>(3)?,
+                row.try_get::<Option<i64>, _>(4)?,
+            ))
+        };
+        let (pending, running, failed, dead, oldest) =
+            read().map_err(|e| Error::backend(format!("undecodable counts: {e}"), false, None))?;
+        let count = |n: i64| u64::try_from(n).unwrap_or(0);
+        let mut counts = InboxCounts::default();
+        counts.pending = count(pending);
+        counts.running = count(running);
+        counts.failed = count(failed);
+        counts.dead = count(dead);
+        counts.oldest_due = oldest.map(from_millis);
+        Ok(counts)
     }
 }
 

@@ -14,6 +14,13 @@ fn ms(col: &str) -> String {
 /// The record columns every read returns, in the order `decode` expects.
 fn columns(prefix: &str) -> String {
     let p = |c: &str| format!("{prefix}{c}");
+    // An inbox item never taken shows as attempt 1 (a record's count starts
+    // there).
+    let attempts = format!(
+        "CASE WHEN {wait} IS NULL THEN {a} ELSE greatest({a}, 1) END AS attempts",
+        wait = p("wait"),
+        a = p("attempts")
+    );
     format!(
         "{state}, {token}, {claim_id}, {fingerprint}, {expires} AS expires_ms, {completed} AS completed_ms, {outcome}, {attempts}, {first} AS first_seen_ms",
         state = p("state"),
@@ -23,9 +30,15 @@ fn columns(prefix: &str) -> String {
         expires = ms(&p("expires_at")),
         completed = ms(&p("completed_at")),
         outcome = p("outcome"),
-        attempts = p("attempts"),
+        attempts = attempts,
         first = ms(&p("first_seen")),
     )
+}
+
+/// Whether row `t` is live: inside its lease or retention, or an inbox item
+/// (an item is live until it is done, whatever its deadline).
+fn live(t: &str) -> String {
+    format!("({t}expires_at > now() OR {t}wait IS NOT NULL)")
 }
 
 /// Whether row `t` passes the checks of `StoredRecord::decode` that SQL can
@@ -39,7 +52,7 @@ fn decodable(t: &str) -> String {
     format!(
         "(({t}.state = 0 OR ({t}.state = 1 AND {t}.completed_at IS NOT NULL
                               AND {t}.outcome IS NOT NULL))
-          AND {t}.token <> '' AND {t}.attempts >= 1
+          AND {t}.token <> '' AND ({t}.attempts >= 1 OR {t}.wait IS NOT NULL)
           AND coalesce(octet_length({t}.claim_id) BETWEEN 1 AND {claim_id}, true)
           AND coalesce(octet_length({t}.fingerprint) BETWEEN 1 AND {fingerprint}, true))",
         claim_id = MAX_CLAIM_ID_BYTES,
@@ -63,7 +76,10 @@ const ALIASES: &str =
 
 /// The schema's migrations, in order: `migrate()` applies every one of them
 /// each time (each is safe to apply again; see the first file).
-pub(crate) const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_records.sql")];
+pub(crate) const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_records.sql"),
+    include_str!("../migrations/0002_inbox.sql"),
+];
 
 /// Rows deleted per `expire()` statement, at most.
 pub(crate) const EXPIRE_BATCH: i64 = 1000;
@@ -109,6 +125,13 @@ pub(crate) struct Statements {
     pub(crate) table_pages: Sql,
     pub(crate) expire_batch: Sql,
     pub(crate) forget: Sql,
+    pub(crate) accept: Sql,
+    pub(crate) select_item: Sql,
+    pub(crate) take: Sql,
+    pub(crate) fail: Sql,
+    pub(crate) list: Sql,
+    pub(crate) replay: Sql,
+    pub(crate) counts: Sql,
 }
 
 impl Statements {
@@ -121,6 +144,12 @@ impl Statements {
         let bound = BOUND;
         let is_bound = format!("key = {BOUND}");
         let input = INPUT;
+        let live_row = live("");
+        let item = format!(
+            "key, wait, attempts, {first} AS first_seen_ms, {expires} AS expires_ms, last_error, payload",
+            first = ms("first_seen"),
+            expires = ms("expires_at")
+        );
         // The conflict arm of both claim statements. An expired record is taken
         // over. A live one reaches it only when it was committed after the
         // statement's snapshot was taken (the statement's own read skips
@@ -130,7 +159,8 @@ impl Statements {
         // that would not decode fails the whole statement (see
         // [`UNDECODABLE`]), so a batch never keeps the keys it won while it
         // answers an error.
-        let taken = "r.expires_at <= now()";
+        // Never an inbox item: the inbox owns its key until it is done.
+        let taken = "(r.expires_at <= now() AND r.wait IS NULL)";
         let arm = |column: &str, new: &str| {
             format!("{column} = CASE WHEN {taken} THEN {new} ELSE r.{column} END")
         };
@@ -175,7 +205,7 @@ impl Statements {
             claim: format!(
                 "WITH live AS (
                     SELECT {cols} FROM {t}
-                    WHERE {is_bound} AND expires_at > now()
+                    WHERE {is_bound} AND {live_row}
                  ), claimed AS (
                     INSERT INTO {t} AS r ({kcols}, state, token, claim_id, fingerprint,
                                           expires_at, completed_at, outcome, attempts, first_seen)
@@ -215,7 +245,7 @@ impl Statements {
                     SELECT {ikey} AS key, l.* FROM input i
                     CROSS JOIN LATERAL (
                         SELECT {tcols}, {decodable} AS decodable FROM {t} t
-                        WHERE {t_is_i} AND t.expires_at > now()
+                        WHERE {t_is_i} AND {live_t}
                     ) l
                  ), claimed AS (
                     INSERT INTO {t} AS r ({kcols}, state, token, claim_id, fingerprint,
@@ -243,10 +273,10 @@ impl Statements {
                 tcols = columns("t."),
                 t_is_i = "t.key = i.key",
                 decodable = decodable("t"),
+                live_t = live("t."),
             )
             .into(),
-            select_live: format!("SELECT {cols} FROM {t} WHERE {is_bound} AND expires_at > now()")
-                .into(),
+            select_live: format!("SELECT {cols} FROM {t} WHERE {is_bound} AND {live_row}").into(),
             // In flight under this token: done. Already done by this token with
             // this outcome (a complete asked again): written back as it is, so
             // the answer is the first one's.
@@ -254,26 +284,34 @@ impl Statements {
                 "UPDATE {t} SET state = 1,
                         expires_at = CASE WHEN state = 0 THEN now() + $4::interval ELSE expires_at END,
                         completed_at = CASE WHEN state = 0 THEN now() ELSE completed_at END,
-                        outcome = $5
+                        outcome = $5, payload = NULL, wait = NULL, last_error = NULL, due_at = NULL
                  WHERE {is_bound} AND token = $3 AND expires_at > now()
-                   AND (state = 0 OR outcome = $5)"
+                   AND (state = 0 OR outcome = $5) AND (wait IS NULL OR wait = 0)"
             )
             .into(),
             // True when the lease's live record was removed, or when no live
             // record is under the key (the snapshot's: a record committed
             // since is a later claim's); false for a live record of another
             // lease, or a done one.
+            // An item held by this lease is given back instead, due now,
+            // its attempts kept.
             release: format!(
                 "WITH gone AS (DELETE FROM {t}
                                 WHERE {is_bound} AND token = $3 AND state = 0 AND expires_at > now()
+                                  AND wait IS NULL
+                                RETURNING 1),
+                      given AS (UPDATE {t} SET wait = 1, expires_at = now(), due_at = now()
+                                WHERE {is_bound} AND token = $3 AND wait = 0 AND expires_at > now()
                                 RETURNING 1)
-                 SELECT EXISTS (SELECT 1 FROM gone)
-                        OR NOT EXISTS (SELECT 1 FROM {t} WHERE {is_bound} AND expires_at > now())"
+                 SELECT EXISTS (SELECT 1 FROM gone) OR EXISTS (SELECT 1 FROM given)
+                        OR NOT EXISTS (SELECT 1 FROM {t} WHERE {is_bound} AND {live_row})"
             )
             .into(),
             extend: format!(
-                "UPDATE {t} SET expires_at = now() + $4::interval
+                "UPDATE {t} SET expires_at = now() + $4::interval,
+                        due_at = CASE WHEN wait = 0 THEN now() + $4::interval ELSE due_at END
                  WHERE {is_bound} AND token = $3 AND state = 0 AND expires_at > now()
+                   AND (wait IS NULL OR wait = 0)
                  RETURNING {expires}",
                 expires = ms("expires_at")
             )
@@ -293,11 +331,89 @@ impl Statements {
                     SELECT ctid FROM {t}
                     WHERE ctid >= format('(%s,0)', $1::int8)::tid
                       AND ctid < format('(%s,0)', $2::int8)::tid
-                      AND expires_at <= now()
+                      AND expires_at <= now() AND wait IS NULL
                     LIMIT $3 FOR UPDATE SKIP LOCKED))"
             )
             .into(),
-            forget: format!("DELETE FROM {t} WHERE {is_bound} RETURNING expires_at > now()").into(),
+            forget: format!("DELETE FROM {t} WHERE {is_bound} RETURNING {live_row}").into(),
+            // A pending item, due now, for a key with nothing live (a claim
+            // whose lease passed keeps its attempts and first sight). Like the
+            // claim, a live record (read first, or committed since the
+            // snapshot) is left as it is, and answered.
+            accept: format!(
+                "WITH live AS (
+                    SELECT 1 FROM {t} WHERE {is_bound} AND {live_row}
+                 )
+                 INSERT INTO {t} AS r ({kcols}, state, token, claim_id, fingerprint, expires_at,
+                                       completed_at, outcome, attempts, first_seen, payload, wait,
+                                       last_error, due_at)
+                 SELECT {bound}, 0, $3::text, NULL, NULL, now(), NULL, NULL, 0, now(), $4::bytea,
+                        1, NULL, now()
+                 WHERE NOT EXISTS (SELECT 1 FROM live)
+                 ON CONFLICT ({kcols}) DO UPDATE SET
+                    state = 0, token = excluded.token, claim_id = NULL, fingerprint = NULL,
+                    expires_at = excluded.expires_at, completed_at = NULL, outcome = NULL,
+                    attempts = CASE WHEN r.state = 0 THEN r.attempts ELSE 0 END,
+                    first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END,
+                    payload = excluded.payload, wait = 1, last_error = NULL, due_at = excluded.due_at
+                 WHERE r.expires_at <= now() AND r.wait IS NULL
+                 RETURNING token"
+            )
+            .into(),
+            select_item: format!(
+                "SELECT {item} FROM {t} WHERE {is_bound} AND wait IS NOT NULL"
+            )
+            .into(),
+            // Leases the oldest due items of a namespace, skipping rows other
+            // takers hold: each goes to one taker, and takers never wait on
+            // each other.
+            take: format!(
+                "UPDATE {t} SET wait = 0, token = md5(random()::text || clock_timestamp()::text || key),
+                        expires_at = now() + $3::interval, due_at = now() + $3::interval,
+                        attempts = attempts + 1
+                 WHERE key = ANY(ARRAY(
+                    SELECT key FROM {t}
+                    WHERE split_part(key, ':', 1) = $1::text AND due_at <= now()
+                    ORDER BY due_at
+                    LIMIT $2 FOR UPDATE SKIP LOCKED))
+                 RETURNING key, token, {expires} AS expires_ms, attempts, payload, last_error",
+                expires = ms("expires_at")
+            )
+            .into(),
+            fail: format!(
+                "UPDATE {t} SET wait = $4::int2, expires_at = now() + $5::interval, last_error = $6::text,
+                        due_at = CASE WHEN $4::int2 = 2 THEN NULL ELSE now() + $5::interval END
+                 WHERE {is_bound} AND token = $3 AND wait = 0 AND expires_at > now()"
+            )
+            .into(),
+            // $3: -1 every status, 0 pending, 1 running, 2 failed, 3 dead.
+            list: format!(
+                "SELECT {item} FROM {t}
+                 WHERE key > $1::text || ':' || $2::text AND key < $1::text || ';'
+                   AND wait IS NOT NULL
+                   AND ($3::int4 = -1
+                        OR ($3 = 0 AND wait = 1 AND last_error IS NULL)
+                        OR ($3 = 1 AND wait = 0)
+                        OR ($3 = 2 AND wait = 1 AND last_error IS NOT NULL)
+                        OR ($3 = 3 AND wait = 2))
+                 ORDER BY key LIMIT $4::int8"
+            )
+            .into(),
+            replay: format!(
+                "UPDATE {t} SET wait = 1, expires_at = now(), due_at = now()
+                 WHERE {is_bound} AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
+            )
+            .into(),
+            counts: format!(
+                "SELECT count(*) FILTER (WHERE wait = 1 AND last_error IS NULL),
+                        count(*) FILTER (WHERE wait = 0),
+                        count(*) FILTER (WHERE wait = 1 AND last_error IS NOT NULL),
+                        count(*) FILTER (WHERE wait = 2),
+                        min({expires}) FILTER (WHERE wait = 1)
+                 FROM {t} WHERE split_part(key, ':', 1) = $1::text AND wait IS NOT NULL",
+                expires = ms("expires_at")
+            )
+            .into(),
         })
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupe_conformance::{FaultyHandle, Fixture, StoreFactory};
-use dedupe_core::{async_trait, DedupeStore, Error};
+use dedupe_core::{async_trait, DedupeStore, Error, Inbox};
 use dedupe_postgres::PgStore;
 use tokio::sync::OnceCell;
 
@@ -64,6 +64,16 @@ impl Fixture for PgFixture {
         Ok(Arc::new(
             PgFixture::handle(&self.url, &self.schema, 1).await?,
         ))
+    }
+
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        Some(Arc::new(self.store.clone()))
+    }
+
+    async fn open_inbox(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        Ok(Some(Arc::new(
+            PgFixture::handle(&self.url, &self.schema, 2).await?,
+        )))
     }
 
     /// A handle whose connections go through a loopback proxy the fixture owns,

@@ -744,8 +744,8 @@ async fn expire_purges_in_batches_and_skips_locked_rows() {
     }
 }
 
-/// A table made by `migrate` compares keys byte by byte and has no index but the
-/// primary key.
+/// A table made by `migrate` compares keys byte by byte and has no index a
+/// record's claim or completion writes but the primary key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_makes_a_table_with_byte_order_keys_and_one_index() {
     let (_server, url) = support::postgres_server();
@@ -765,13 +765,24 @@ async fn migrate_makes_a_table_with_byte_order_keys_and_one_index() {
         vec![Some("C".to_string())],
         "one key column, compared byte by byte"
     );
-    let indexes: Vec<String> =
-        sqlx::query_scalar("SELECT indexname::text FROM pg_indexes WHERE schemaname = $1")
-            .bind(&schema)
-            .fetch_all(store.pool())
-            .await
-            .expect("indexes");
-    assert_eq!(indexes, vec!["dedupe_records_pkey".to_string()]);
+    let mut indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
+    )
+    .bind(&schema)
+    .fetch_all(store.pool())
+    .await
+    .expect("indexes");
+    // Besides the primary key, only the inbox's partial index, which holds
+    // no record and covers no column a claim or a completion changes.
+    let (due, def) = indexes.remove(0);
+    assert_eq!(due, "dedupe_records_due");
+    assert!(def.contains("WHERE (due_at IS NOT NULL)"), "{def}");
+    assert!(
+        !def.contains("expires_at") && !def.contains("state"),
+        "{def}"
+    );
+    let names: Vec<String> = indexes.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, vec!["dedupe_records_pkey".to_string()]);
 }
 
 /// Batches over the same keys in different orders, racing: every key is Claimed
@@ -1084,4 +1095,56 @@ dedupe_testkit::crash_tests! {
         let store = PgStore::builder(pool).schema(&schema).build().expect("store");
         Arc::new(store) as Arc<dyn DedupeStore>
     },
+}
+
+/// A table made by the first migration alone (before the inbox) is brought up
+/// to date by `migrate`: the records in it answer as before, and the inbox
+/// works on it; migrating again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_the_inbox_is_migrated() {
+    use dedupe_core::Inbox;
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("pre_inbox");
+    let pool = PgStore::connect_pool(&url, 2, Duration::from_secs(5))
+        .await
+        .expect("pool");
+    let first = include_str!("../migrations/0001_records.sql")
+        .replace("{schema}", &schema)
+        .replace("{table}", "dedupe_records");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(first))
+        .execute(&pool)
+        .await
+        .expect("the first migration");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{schema}\".dedupe_records VALUES
+         ('pg:old', 1, 't', NULL, NULL, now() + interval '1 day', now(), 'old', 1, now())"
+    )))
+    .execute(&pool)
+    .await
+    .expect("an old record");
+    let store = PgStore::builder(pool)
+        .schema(&schema)
+        .build()
+        .expect("store");
+    store.migrate().await.expect("migrate");
+    store.migrate().await.expect("migrate again");
+    match store
+        .claim(&key("old"), &ClaimOptions::default())
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"old"),
+        other => panic!("the old record answered {other:?}"),
+    }
+    assert!(store
+        .accept(&key("new"), b"payload")
+        .await
+        .expect("accept")
+        .is_new());
+    let taken = store
+        .take("pg", 10, Duration::from_secs(30))
+        .await
+        .expect("take");
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].payload, b"payload");
 }

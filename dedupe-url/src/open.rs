@@ -81,10 +81,23 @@ impl Opener {
     }
 
     /// A new handle onto the store's inbox ([`Inbox`]), when the store offers
-    /// one: the memory store does; the others do not yet (`None`).
+    /// one: memory, SQLite and Postgres do; Redis and DynamoDB not yet
+    /// (`None`).
     pub async fn inbox_handle(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
         Ok(match self.url.target() {
             Target::Memory => Some(Arc::new(self.memory.clone())),
+            #[cfg(feature = "sqlite")]
+            Target::Sqlite { connections, .. } => Some(Arc::new(
+                self.sqlite(connections.map_or(
+                    dedupe_sqlite::SqliteStore::DEFAULT_CONNECTION_THREADS,
+                    |n| n as usize,
+                ))
+                .await?,
+            )),
+            #[cfg(feature = "postgres")]
+            Target::Postgres { connections, .. } => Some(Arc::new(
+                self.postgres_dedicated(connections.unwrap_or(4)).await?,
+            )),
             _ => None,
         })
     }
