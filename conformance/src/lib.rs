@@ -100,6 +100,7 @@ macro_rules! __with_check_names {
             matches_reference_store,
             inbox_accepts_once,
             inbox_one_taker_race,
+            inbox_takes_oldest_first,
             inbox_fences_stale_workers,
             inbox_failures_and_replay,
             inbox_items_never_expire,

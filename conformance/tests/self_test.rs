@@ -103,6 +103,8 @@ enum Flaw {
     /// `list` starts a page at its cursor, not after it: the boundary item
     /// shows on two pages.
     ListCursorInclusive,
+    /// `take` hands out the right items, newest due first.
+    TakeNewestFirst,
 }
 
 impl Flaw {
@@ -116,6 +118,7 @@ impl Flaw {
                 | Flaw::ReplayStartsOver
                 | Flaw::ExpireRemovesItems
                 | Flaw::ListCursorInclusive
+                | Flaw::TakeNewestFirst
         )
     }
 }
@@ -467,6 +470,7 @@ impl Inbox for Broken {
                 }
                 Ok(taken)
             }
+            Flaw::TakeNewestFirst => Ok(taken.into_iter().rev().collect()),
             Flaw::TakeoverAttemptNotCounted => Ok(taken
                 .into_iter()
                 .map(|t| {
@@ -630,6 +634,7 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::ReplayStartsOver, &["inbox_failures_and_replay"]),
     (Flaw::ExpireRemovesItems, &["inbox_items_never_expire"]),
     (Flaw::ListCursorInclusive, &["inbox_list_and_counts"]),
+    (Flaw::TakeNewestFirst, &["inbox_takes_oldest_first"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -688,6 +693,7 @@ broken_store_tests!(
     rejects_replay_starting_over => ReplayStartsOver,
     rejects_expire_removing_items => ExpireRemovesItems,
     rejects_list_cursor_inclusive => ListCursorInclusive,
+    rejects_take_newest_first => TakeNewestFirst,
 );
 
 /// Which checks each independently written broken store must trip: the check

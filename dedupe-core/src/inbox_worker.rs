@@ -63,10 +63,13 @@ impl Backoff {
 /// (a heartbeat every third of the lease). A handler that returns `Ok`
 /// completes the item with its outcome (a done record, kept for the
 /// retention); one that returns `Err` fails it: due again after the
-/// [`Backoff`], or dead once `max_attempts` attempts failed. An item taken
-/// past its last attempt (its workers kept dying or panicking) is failed
-/// dead without running again. A panic gives the item back (due again, the
-/// attempt counted).
+/// [`Backoff`], or dead when it fails at attempt `max_attempts` or later (so
+/// a replayed dead item gets one more run). A panic gives the item back (due
+/// again, the attempt counted); a worker that dies mid-item leaves it to be
+/// taken over at its lease's end (counted). Attempts that end without a
+/// failure (panics, dead workers) do not make an item dead: a handler that
+/// kills its process is retried until an operator forgets the item (watch
+/// `attempts` in `list`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -143,7 +146,25 @@ impl InboxWorker {
         }
     }
 
+    /// Changes a setting. A worker already cloned becomes a worker of its
+    /// own (its settings copied, its tasks and shutdown its own), so the
+    /// change is never lost.
     fn with(mut self, change: impl FnOnce(&mut Inner)) -> Self {
+        if Arc::get_mut(&mut self.inner).is_none() {
+            let shared = &self.inner;
+            self.inner = Arc::new(Inner {
+                inbox: Arc::clone(&shared.inbox),
+                namespace: shared.namespace.clone(),
+                lease: shared.lease,
+                max_attempts: shared.max_attempts,
+                backoff: shared.backoff,
+                concurrency: shared.concurrency,
+                retention: shared.retention,
+                poll: shared.poll,
+                tasks: Tasks::default(),
+                stop: CancellationToken::new(),
+            });
+        }
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             change(inner);
         }
@@ -237,14 +258,19 @@ impl InboxWorker {
                             .map_err(|_| Error::unavailable("the worker stopped", None))?,
                     },
                 };
+                let lease = item.lease.clone();
                 let (this, handler) = (self.clone(), Arc::clone(&handler));
                 let spawned = inner.tasks.spawn(async move {
                     this.process(&*handler, item).await;
                     drop(permit);
                 });
-                if let Err(e) = spawned {
-                    // Shutting down: the item goes back when its lease passes.
-                    tracing::warn!(error = %e, "an item was taken while shutting down");
+                if spawned.is_err() {
+                    // Shutdown began while the take was on its way: give the
+                    // item back at once, due now, rather than hold it for
+                    // its whole lease unrun.
+                    if let Err(e) = inner.inbox.release(&lease).await {
+                        tracing::warn!(key = %lease.key, error = %e, "an item taken as shutdown began could not be given back; it is due again when its lease passes");
+                    }
                 }
             }
         }
@@ -268,15 +294,6 @@ impl InboxWorker {
         let inner = &self.inner;
         let lease = item.lease.clone();
         let attempt = lease.attempt;
-        if attempt > inner.max_attempts {
-            let why = format!(
-                "taken for attempt {attempt} of {}: its workers died or panicked (last error: {})",
-                inner.max_attempts,
-                item.last_error.as_deref().unwrap_or("none")
-            );
-            self.fail(&lease, &why, Retry::Dead).await;
-            return;
-        }
         let store: Arc<dyn DedupeStore> = Arc::clone(&inner.inbox) as Arc<dyn DedupeStore>;
         let holder = Holder {
             store,
@@ -429,6 +446,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A dead item replayed by an operator runs once more (and, failing
+    /// again, is dead again at its new attempt).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replayed_dead_item_runs_again() {
+        let inbox = MemoryStore::new();
+        let key = Key::new("w", "poison").expect("in the test");
+        inbox.accept(&key, b"x").await.expect("in the test");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let worker = InboxWorker::new(inbox.clone(), "w")
+            .with_max_attempts(2)
+            .with_backoff(Backoff {
+                first: Duration::from_millis(5),
+                max: Duration::from_millis(5),
+            })
+            .with_poll_interval(Duration::from_millis(5));
+        let running = tokio::spawn({
+            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
+            async move {
+                worker
+                    .run(move |_| {
+                        let runs = Arc::clone(&runs);
+                        async move {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Err::<Vec<u8>, _>("still broken")
+                        }
+                    })
+                    .await
+            }
+        });
+        let dead = || async {
+            inbox
+                .item(&key)
+                .await
+                .expect("in the test")
+                .is_some_and(|i| i.status == ItemStatus::Dead)
+        };
+        while !dead().await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        assert!(inbox.replay(&key).await.expect("in the test"));
+        while runs.load(Ordering::SeqCst) < 3 || !dead().await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        worker.shutdown(Duration::from_secs(1)).await;
+        running.await.expect("in the test").expect("in the test");
+        let item = inbox.item(&key).await.expect("in the test").expect("dead");
+        assert_eq!(
+            (item.status, item.attempts, runs.load(Ordering::SeqCst)),
+            (ItemStatus::Dead, 3, 3)
+        );
+    }
+
+    /// Settings changed on a clone are kept (the clone is a worker of its own).
+    #[test]
+    fn settings_changed_after_a_clone_are_kept() {
+        let worker = InboxWorker::new(MemoryStore::new(), "w");
+        let _clone = worker.clone();
+        let changed = worker.with_max_attempts(1).with_concurrency(3);
+        assert_eq!(
+            (changed.inner.max_attempts, changed.inner.concurrency),
+            (1, 3)
+        );
     }
 
     /// A handler that never ends: shutdown's grace runs out, the item is

@@ -368,16 +368,23 @@ impl Statements {
             // takers hold: each goes to one taker, and takers never wait on
             // each other.
             take: format!(
-                "UPDATE {t} SET wait = 0, token = md5(random()::text || clock_timestamp()::text || key),
-                        expires_at = now() + $3::interval, due_at = now() + $3::interval,
-                        attempts = attempts + 1
-                 WHERE key = ANY(ARRAY(
-                    SELECT key FROM {t}
+                "WITH picked AS (
+                    SELECT key, due_at FROM {t}
                     WHERE split_part(key, ':', 1) = $1::text AND due_at <= now()
                     ORDER BY due_at
-                    LIMIT $2 FOR UPDATE SKIP LOCKED))
-                 RETURNING key, token, {expires} AS expires_ms, attempts, payload, last_error",
-                expires = ms("expires_at")
+                    LIMIT $2 FOR UPDATE SKIP LOCKED
+                 ), taken AS (
+                    UPDATE {t} t SET wait = 0,
+                           token = md5(random()::text || clock_timestamp()::text || t.key),
+                           expires_at = now() + $3::interval, due_at = now() + $3::interval,
+                           attempts = t.attempts + 1
+                    FROM picked WHERE t.key = picked.key
+                    RETURNING t.key, t.token, {expires} AS expires_ms, t.attempts, t.payload,
+                              t.last_error, picked.due_at AS was_due
+                 )
+                 SELECT key, token, expires_ms, attempts, payload, last_error FROM taken
+                 ORDER BY was_due, key",
+                expires = ms("t.expires_at")
             )
             .into(),
             fail: format!(

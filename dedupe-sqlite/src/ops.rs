@@ -423,34 +423,53 @@ impl Ops<'_> {
     ) -> Result<Vec<Taken>> {
         let now = backend::now_millis();
         let until = deadline(now, lease);
-        let mut stmt = conn
-            .prepare_cached(&self.sql.take)
+        let ids: Vec<String> = conn
+            .prepare_cached(&self.sql.take_pick)
+            .and_then(|mut stmt| {
+                stmt.query_map(
+                    named_params! {
+                        ":ns": namespace,
+                        ":now": now,
+                        ":max": i64::try_from(max).unwrap_or(i64::MAX),
+                    },
+                    |row| row.get(0),
+                )?
+                .collect()
+            })
             .map_err(|e| self.err(e))?;
-        let rows = stmt
-            .query_map(
-                named_params! {
-                    ":ns": namespace,
-                    ":now": now,
-                    ":until": until,
-                    ":max": i64::try_from(max).unwrap_or(i64::MAX),
-                },
-                |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, i64>(2)?,
-                        row.get::<_, i64>(3)?,
-                        row.get::<_, Option<Vec<u8>>>(4)?,
-                        row.get::<_, Option<String>>(5)?,
-                    ))
-                },
-            )
-            .map_err(|e| self.err(e))?;
-        let mut taken = Vec::new();
-        for row in rows {
-            let (id, token, deadline, attempts, payload, last_error) =
-                row.map_err(|e| self.err(e))?;
+        let mut taken = Vec::with_capacity(ids.len());
+        for id in ids {
             let key = Key::new(namespace, &id)?;
+            let token = backend::new_token();
+            type Leased = (String, i64, i64, Option<Vec<u8>>, Option<String>);
+            let row: Option<Leased> = conn
+                .prepare_cached(&self.sql.take_one)
+                .and_then(|mut stmt| {
+                    stmt.query_row(
+                        named_params! {
+                            ":ns": namespace,
+                            ":id": id.as_str(),
+                            ":token": token.as_str(),
+                            ":now": now,
+                            ":until": until,
+                        },
+                        |row| {
+                            Ok((
+                                row.get(0)?,
+                                row.get(1)?,
+                                row.get(2)?,
+                                row.get(3)?,
+                                row.get(4)?,
+                            ))
+                        },
+                    )
+                    .optional()
+                })
+                .map_err(|e| self.err(e))?;
+            // Picked and leased in one write transaction: it is there.
+            let Some((stored, deadline, attempts, payload, last_error)) = row else {
+                continue;
+            };
             let attempt = u32::try_from(attempts)
                 .map_err(|_| Error::corrupt(&key, format!("attempt count {attempts}")))?;
             let payload =
@@ -458,7 +477,7 @@ impl Ops<'_> {
             taken.push(Taken::new(
                 Lease {
                     key,
-                    token: backend::stored_token(token),
+                    token: backend::stored_token(stored),
                     deadline: from_millis(deadline),
                     attempt,
                     claim_id: None,

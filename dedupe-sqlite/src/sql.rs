@@ -22,7 +22,8 @@ pub(crate) struct Statements {
     pub(crate) release_item: String,
     pub(crate) accept: String,
     pub(crate) select_item: String,
-    pub(crate) take: String,
+    pub(crate) take_pick: String,
+    pub(crate) take_one: String,
     pub(crate) fail: String,
     pub(crate) list: String,
     pub(crate) replay: String,
@@ -166,15 +167,17 @@ impl Statements {
             select_item: format!(
                 "SELECT {ITEM_COLUMNS} FROM {t} WHERE namespace = :ns AND id = :id AND wait IS NOT NULL"
             ),
-            // Leases the oldest due items, each with a token of its own.
-            take: format!(
-                "UPDATE {t} SET wait = 0, token = lower(hex(randomblob(16))), expires_at = :until,
-                        attempts = attempts + 1
-                 WHERE (namespace, id) IN
-                    (SELECT namespace, id FROM {t}
-                     WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
-                     ORDER BY expires_at, id LIMIT :max)
-                 RETURNING id, token, expires_at, attempts, payload, last_error"
+            // The oldest due items of a namespace, then each leased with a
+            // token of its own, in that order, in one write transaction.
+            take_pick: format!(
+                "SELECT id FROM {t}
+                 WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
+                 ORDER BY expires_at, id LIMIT :max"
+            ),
+            take_one: format!(
+                "UPDATE {t} SET wait = 0, token = :token, expires_at = :until, attempts = attempts + 1
+                 WHERE namespace = :ns AND id = :id AND wait IN (0, 1) AND expires_at <= :now
+                 RETURNING token, expires_at, attempts, payload, last_error"
             ),
             fail: format!(
                 "UPDATE {t} SET wait = :wait, expires_at = :due, last_error = :error

@@ -271,6 +271,19 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
         "an item held by a worker inside its lease was taken again"
     );
     wait_past(stale.lease.deadline).await?;
+    // The lease passed and nobody took the item over yet: still fenced.
+    expect_lease_lost(
+        "a complete after the worker's lease passed",
+        store.complete(&stale.lease, b"late", LONG_TTL).await,
+    )?;
+    expect_lease_lost(
+        "a fail after the worker's lease passed",
+        inbox.fail(&stale.lease, "late", Retry::Dead).await,
+    )?;
+    expect_lease_lost(
+        "an extend after the worker's lease passed",
+        store.extend(&stale.lease, LONG_TTL).await.map(|_| ()),
+    )?;
     let fresh = take_n(&*inbox, 1, LONG_TTL).await?;
     let fresh = fresh
         .into_iter()
@@ -294,6 +307,16 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
         "a stale worker's extend",
         store.extend(&stale.lease, LONG_TTL).await.map(|_| ()),
     )?;
+    // A stale release must not give the item back while its new holder runs
+    // it (the next take would hand it out a second time).
+    expect_lease_lost(
+        "a stale worker's release",
+        store.release(&stale.lease).await,
+    )?;
+    ensure!(
+        inbox.take("inbox", 10, LONG_TTL).await?.is_empty(),
+        "after a stale worker's calls the held item was handed out again"
+    );
     let item = inbox
         .item(&k)
         .await?
@@ -501,9 +524,27 @@ pub async fn inbox_items_never_expire(factory: &dyn StoreFactory) -> CheckResult
             }
         }
     }
+    let batch = [pending.clone(), running.clone(), dead.clone()];
+    for (k, answer) in batch
+        .iter()
+        .zip(store.claim_many(&batch, &opts(LONG_TTL)).await?)
+    {
+        ensure!(
+            matches!(answer, ClaimOutcome::InFlight { .. }),
+            "{k}: claim_many of an item's key answered {answer:?}, expected InFlight"
+        );
+    }
     ensure!(
         inbox.item(&running).await?.is_some_and(|i| i.attempts == 1),
         "a claim changed an item's attempts"
+    );
+    ensure!(
+        store.forget(&dead).await?,
+        "forget of an item answered false (an item is live until done)"
+    );
+    ensure!(
+        inbox.item(&dead).await?.is_none(),
+        "a forgotten item is still there"
     );
     Ok(Verdict::Passed)
 }
@@ -604,5 +645,40 @@ pub async fn inbox_list_and_counts(factory: &dyn StoreFactory) -> CheckResult {
             count(status)
         );
     }
+    Ok(Verdict::Passed)
+}
+
+/// I2: oldest due first. Five items accepted a few milliseconds apart, their
+/// ids in the opposite order: a take of three hands out the three oldest, in
+/// due order; a take of one hands out one; the last take the rest.
+pub async fn inbox_takes_oldest_first(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let ids = ["order-e", "order-d", "order-c", "order-b", "order-a"];
+    for id in ids {
+        inbox.accept(&item_key(id)?, id.as_bytes()).await?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let taken_ids = |taken: &[Taken]| -> Vec<String> {
+        taken.iter().map(|t| t.lease.key.id().to_string()).collect()
+    };
+    let first = inbox.take("inbox", 3, LONG_TTL).await?;
+    ensure!(
+        taken_ids(&first) == ["order-e", "order-d", "order-c"],
+        "a take of 3 handed out {:?}, expected the three oldest in due order",
+        taken_ids(&first)
+    );
+    let one = inbox.take("inbox", 1, LONG_TTL).await?;
+    ensure!(
+        taken_ids(&one) == ["order-b"],
+        "a take of 1 handed out {:?}",
+        taken_ids(&one)
+    );
+    let rest = inbox.take("inbox", 10, LONG_TTL).await?;
+    ensure!(
+        taken_ids(&rest) == ["order-a"],
+        "the last take handed out {:?}",
+        taken_ids(&rest)
+    );
     Ok(Verdict::Passed)
 }
