@@ -931,13 +931,13 @@ const EXPECTED_INDEPENDENT: &[(AFlaw, &[&str])] = &[
         &["passed_lease_is_lost", "lease_is_lost_at_its_deadline"],
     ),
     (AFlaw::ReleaseDoneOk, &["release_then_reclaim"]),
-    (AFlaw::ReleaseOtherDoneOk, &["matches_reference_store"]),
+    (AFlaw::ReleaseOtherDoneOk, &["release_then_reclaim"]),
     (AFlaw::FenceByTokenAndDeadline, &["matches_reference_store"]),
     (
         AFlaw::ExtendGrace100ms,
         &["stale_holder_is_fenced", "lease_is_lost_at_its_deadline"],
     ),
-    (AFlaw::AuthorizeByClaimId, &["matches_reference_store"]),
+    (AFlaw::AuthorizeByClaimId, &["reentrant_claim_id"]),
 ];
 
 async fn assert_independent_rejected(flaw: AFlaw) {

@@ -253,6 +253,10 @@ pub async fn release_then_reclaim(factory: &dyn StoreFactory) -> CheckResult {
         store.complete(&second, b"other", LONG_TTL).await,
     )?;
     expect_lease_lost("release after complete", store.release(&second).await)?;
+    expect_lease_lost(
+        "release of an old lease over another lease's done record",
+        store.release(&first).await,
+    )?;
     ensure!(
         matches!(
             store.claim(&k, &opts(LONG_TTL)).await?,
@@ -630,6 +634,35 @@ pub async fn reentrant_claim_id(factory: &dyn StoreFactory) -> CheckResult {
         "a claim without id did not answer InFlight"
     );
     store.complete(&retried, b"once", LONG_TTL).await?;
+    // One claim id on two leases of one key: a lease that passed and was
+    // taken over under the same claim id is fenced by its token all the same.
+    let shared = key("reentrant-takeover")?;
+    let short = opts(Duration::from_millis(50)).with_claim_id(cid("attempt-C")?);
+    let stale = must_claim(&*store, &shared, &short).await?;
+    wait_past(stale.deadline).await?;
+    let taker = must_claim(
+        &*store,
+        &shared,
+        &opts(LONG_TTL).with_claim_id(cid("attempt-C")?),
+    )
+    .await?;
+    ensure!(
+        taker.token != stale.token,
+        "a takeover under the same claim id kept the passed lease's token"
+    );
+    expect_lease_lost(
+        "extend with a passed lease whose claim id the new holder shares",
+        store.extend(&stale, LONG_TTL).await.map(|_| ()),
+    )?;
+    expect_lease_lost(
+        "complete with a passed lease whose claim id the new holder shares",
+        store.complete(&stale, b"stale", LONG_TTL).await,
+    )?;
+    expect_lease_lost(
+        "release with a passed lease whose claim id the new holder shares",
+        store.release(&stale).await,
+    )?;
+    store.complete(&taker, b"taker", LONG_TTL).await?;
     ensure!(
         matches!(
             store.claim(&k, &mine).await?,
