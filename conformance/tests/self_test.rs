@@ -105,6 +105,14 @@ enum Flaw {
     ListCursorInclusive,
     /// `take` hands out the right items, newest due first.
     TakeNewestFirst,
+    /// `accept` keeps the first 64 KiB of a payload.
+    PayloadTruncated64K,
+    /// `counts` answers the newest due time as the oldest.
+    OldestDueIsNewest,
+    /// A dead item is taken again 200 ms after it died.
+    DeadReturnsLater,
+    /// A take of one namespace hands out other namespaces' items too.
+    TakeIgnoresNamespace,
 }
 
 impl Flaw {
@@ -119,6 +127,10 @@ impl Flaw {
                 | Flaw::ExpireRemovesItems
                 | Flaw::ListCursorInclusive
                 | Flaw::TakeNewestFirst
+                | Flaw::PayloadTruncated64K
+                | Flaw::OldestDueIsNewest
+                | Flaw::DeadReturnsLater
+                | Flaw::TakeIgnoresNamespace
         )
     }
 }
@@ -456,11 +468,37 @@ impl Inbox for Broken {
                 }
                 self.inner.accept(key, payload).await
             }
+            Flaw::PayloadTruncated64K => {
+                self.inner
+                    .accept(key, &payload[..payload.len().min(64 * 1024)])
+                    .await
+            }
             _ => self.inner.accept(key, payload).await,
         }
     }
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        if self.flaw == Flaw::DeadReturnsLater {
+            let dead = self
+                .inner
+                .list(&ItemQuery {
+                    limit: dedupe_core::inbox::MAX_PAGE,
+                    ..ItemQuery::new(namespace).status(ItemStatus::Dead)
+                })
+                .await?;
+            for item in dead.items {
+                if item.due_at + Duration::from_millis(200) <= SystemTime::now() {
+                    self.inner.replay(&item.key).await?;
+                }
+            }
+        }
+        if self.flaw == Flaw::TakeIgnoresNamespace {
+            let mut elsewhere = self.inner.take("elsewhere", max, lease).await?;
+            if !elsewhere.is_empty() {
+                elsewhere.truncate(max);
+                return Ok(elsewhere);
+            }
+        }
         let taken = self.inner.take(namespace, max, lease).await?;
         match self.flaw {
             Flaw::TakeWithoutLeasing => {
@@ -527,7 +565,23 @@ impl Inbox for Broken {
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
-        self.inner.counts(namespace).await
+        let mut counts = self.inner.counts(namespace).await?;
+        if self.flaw == Flaw::OldestDueIsNewest {
+            let page = self
+                .inner
+                .list(&ItemQuery {
+                    limit: dedupe_core::inbox::MAX_PAGE,
+                    ..ItemQuery::new(namespace)
+                })
+                .await?;
+            counts.oldest_due = page
+                .items
+                .iter()
+                .filter(|i| matches!(i.status, ItemStatus::Pending | ItemStatus::Failed))
+                .map(|i| i.due_at)
+                .max();
+        }
+        Ok(counts)
     }
 }
 
@@ -635,6 +689,10 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::ExpireRemovesItems, &["inbox_items_never_expire"]),
     (Flaw::ListCursorInclusive, &["inbox_list_and_counts"]),
     (Flaw::TakeNewestFirst, &["inbox_takes_oldest_first"]),
+    (Flaw::PayloadTruncated64K, &["inbox_accepts_once"]),
+    (Flaw::OldestDueIsNewest, &["inbox_list_and_counts"]),
+    (Flaw::DeadReturnsLater, &["inbox_failures_and_replay"]),
+    (Flaw::TakeIgnoresNamespace, &["inbox_takes_oldest_first"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -694,6 +752,10 @@ broken_store_tests!(
     rejects_expire_removing_items => ExpireRemovesItems,
     rejects_list_cursor_inclusive => ListCursorInclusive,
     rejects_take_newest_first => TakeNewestFirst,
+    rejects_payload_truncated_at_64k => PayloadTruncated64K,
+    rejects_oldest_due_as_the_newest => OldestDueIsNewest,
+    rejects_dead_items_taken_later => DeadReturnsLater,
+    rejects_take_ignoring_the_namespace => TakeIgnoresNamespace,
 );
 
 /// Which checks each independently written broken store must trip: the check
