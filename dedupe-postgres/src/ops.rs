@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
-use dedupe_core::backend::{self, check_ttl, from_millis, one_row_changed, BatchKeys};
+use dedupe_core::backend::{
+    self, check_ttl, from_millis, one_row_changed, status_code, stored_counts, taken_item,
+    BatchKeys, StoredItem,
+};
 use dedupe_core::inbox::cut_error;
 use dedupe_core::{
     Accepted, Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, InboxCounts,
-    Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, LeaseToken, Record, RecordState, Result,
-    Retry, Taken,
+    Item, ItemPage, ItemQuery, Key, Lease, LeaseToken, Record, RecordState, Result, Retry, Taken,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -385,17 +387,29 @@ fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
     let read = || -> std::result::Result<_, sqlx::Error> {
         Ok((
             row.try_get::<String, _>("key")?,
-            row.try_get::<i16, _>("wait")?,
-            row.try_get::<i32, _>("attempts")?,
-            row.try_get::<i64, _>("first_seen_ms")?,
-            row.try_get::<i64, _>("expires_ms")?,
-            row.try_get::<Option<String>, _>("last_error")?,
-            row.try_get::<Option<Vec<u8>>, _>("payload")?,
+            StoredItem {
+                id: String::new(),
+                wait: i64::from(row.try_get::<i16, _>("wait")?),
+                attempts: i64::from(row.try_get::<i32, _>("attempts")?),
+                accepted_ms: row.try_get("first_seen_ms")?,
+                due_ms: row.try_get("expires_ms")?,
+                last_error: row.try_get("last_error")?,
+                payload: row.try_get("payload")?,
+            },
         ))
     };
-    let (joined, wait, attempts, first_seen, expires, last_error, payload) =
+    let (joined, stored) =
         read().map_err(|e| Error::backend(format!("undecodable inbox row: {e}"), false, None))?;
-    let id = joined
+    StoredItem {
+        id: id_in(namespace, &joined)?.to_string(),
+        ..stored
+    }
+    .decode(namespace)
+}
+
+/// The id of a `namespace:id` key column of `namespace`.
+fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
+    joined
         .strip_prefix(namespace)
         .and_then(|rest| rest.strip_prefix(':'))
         .ok_or_else(|| {
@@ -404,28 +418,7 @@ fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
                 false,
                 None,
             )
-        })?;
-    let key = Key::new(namespace, id)?;
-    let status = match (wait, &last_error) {
-        (0, _) => ItemStatus::Running,
-        (1, None) => ItemStatus::Pending,
-        (1, Some(_)) => ItemStatus::Failed,
-        (2, _) => ItemStatus::Dead,
-        (other, _) => return Err(Error::corrupt(&key, format!("inbox wait state {other}"))),
-    };
-    let attempts = u32::try_from(attempts)
-        .map_err(|_| Error::corrupt(&key, format!("attempt count {attempts}")))?;
-    let payload =
-        payload.ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
-    Ok(Item::new(
-        key,
-        status,
-        attempts,
-        from_millis(first_seen),
-        from_millis(expires),
-        last_error,
-        payload,
-    ))
+        })
 }
 
 /// The inbox's statements (CONTRACT.md I1 to I8), one statement each.
@@ -504,32 +497,15 @@ impl Ops<'_> {
                     read().map_err(|e| {
                         Error::backend(format!("undecodable inbox row: {e}"), false, None)
                     })?;
-                let id = joined
-                    .strip_prefix(namespace)
-                    .and_then(|rest| rest.strip_prefix(':'))
-                    .ok_or_else(|| {
-                        Error::backend(
-                            format!("take returned another namespace's row: {joined}"),
-                            false,
-                            None,
-                        )
-                    })?;
-                let key = Key::new(namespace, id)?;
-                let attempt = u32::try_from(attempts)
-                    .map_err(|_| Error::corrupt(&key, format!("attempt count {attempts}")))?;
-                let payload = payload
-                    .ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
-                Ok(Taken::new(
-                    Lease {
-                        key,
-                        token: backend::stored_token(token),
-                        deadline: from_millis(deadline),
-                        attempt,
-                        claim_id: None,
-                    },
+                let key = Key::new(namespace, id_in(namespace, &joined)?)?;
+                taken_item(
+                    key,
+                    token,
+                    deadline,
+                    i64::from(attempts),
                     payload,
                     last_error,
-                ))
+                )
             })
             .collect()
     }
@@ -575,13 +551,7 @@ impl Ops<'_> {
         conn: &mut PgConnection,
         query: &ItemQuery,
     ) -> Result<ItemPage> {
-        let status: i32 = match query.status {
-            None => -1,
-            Some(ItemStatus::Pending) => 0,
-            Some(ItemStatus::Running) => 1,
-            Some(ItemStatus::Failed) => 2,
-            Some(ItemStatus::Dead) => 3,
-        };
+        let status = i32::try_from(status_code(query.status)).unwrap_or(-1);
         let rows = sqlx::query(text(&self.sql.list))
             .bind(query.namespace.as_str())
             .bind(query.after.as_deref().unwrap_or(""))
@@ -631,14 +601,7 @@ impl Ops<'_> {
         };
         let (pending, running, failed, dead, oldest) =
             read().map_err(|e| Error::backend(format!("undecodable counts: {e}"), false, None))?;
-        let count = |n: i64| u64::try_from(n).unwrap_or(0);
-        let mut counts = InboxCounts::default();
-        counts.pending = count(pending);
-        counts.running = count(running);
-        counts.failed = count(failed);
-        counts.dead = count(dead);
-        counts.oldest_due = oldest.map(from_millis);
-        Ok(counts)
+        Ok(stored_counts(pending, running, failed, dead, oldest))
     }
 }
 

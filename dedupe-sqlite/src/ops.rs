@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use dedupe_core::backend::{
-    self, check_ttl, duration_millis, from_millis, one_row_changed, StoredRecord,
+    self, check_ttl, duration_millis, from_millis, one_row_changed, status_code, stored_counts,
+    taken_item, StoredItem, StoredRecord,
 };
 use dedupe_core::inbox::cut_error;
 use dedupe_core::{
     Accepted, Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, InboxCounts,
-    Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, Record, Result, Retry, Taken,
+    Item, ItemPage, ItemQuery, Key, Lease, Record, Result, Retry, Taken,
 };
 use rusqlite::{named_params, Connection, OptionalExtension, Row};
 
@@ -303,64 +304,16 @@ impl Ops<'_> {
 }
 
 /// An item row of [`ITEM_COLUMNS`](crate::sql::ITEM_COLUMNS), as read.
-struct ItemRow {
-    id: String,
-    wait: i64,
-    attempts: i64,
-    first_seen: i64,
-    expires_at: i64,
-    last_error: Option<String>,
-    payload: Option<Vec<u8>>,
-}
-
-fn read_item(row: &Row<'_>) -> rusqlite::Result<ItemRow> {
-    Ok(ItemRow {
+fn read_item(row: &Row<'_>) -> rusqlite::Result<StoredItem> {
+    Ok(StoredItem {
         id: row.get(0)?,
         wait: row.get(1)?,
         attempts: row.get(2)?,
-        first_seen: row.get(3)?,
-        expires_at: row.get(4)?,
+        accepted_ms: row.get(3)?,
+        due_ms: row.get(4)?,
         last_error: row.get(5)?,
         payload: row.get(6)?,
     })
-}
-
-impl ItemRow {
-    fn decode(self, namespace: &str) -> Result<Item> {
-        let key = Key::new(namespace, &self.id)?;
-        let status = match (self.wait, &self.last_error) {
-            (0, _) => ItemStatus::Running,
-            (1, None) => ItemStatus::Pending,
-            (1, Some(_)) => ItemStatus::Failed,
-            (2, _) => ItemStatus::Dead,
-            (other, _) => return Err(Error::corrupt(&key, format!("inbox wait state {other}"))),
-        };
-        let attempts = u32::try_from(self.attempts)
-            .map_err(|_| Error::corrupt(&key, format!("attempt count {}", self.attempts)))?;
-        let payload = self
-            .payload
-            .ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
-        Ok(Item::new(
-            key,
-            status,
-            attempts,
-            from_millis(self.first_seen),
-            from_millis(self.expires_at),
-            self.last_error,
-            payload,
-        ))
-    }
-}
-
-/// The status filter of the `list` statement.
-fn status_code(status: Option<ItemStatus>) -> i64 {
-    match status {
-        None => -1,
-        Some(ItemStatus::Pending) => 0,
-        Some(ItemStatus::Running) => 1,
-        Some(ItemStatus::Failed) => 2,
-        Some(ItemStatus::Dead) => 3,
-    }
 }
 
 /// The inbox's statements (CONTRACT.md I1 to I8), each one statement on the
@@ -470,21 +423,9 @@ impl Ops<'_> {
             let Some((stored, deadline, attempts, payload, last_error)) = row else {
                 continue;
             };
-            let attempt = u32::try_from(attempts)
-                .map_err(|_| Error::corrupt(&key, format!("attempt count {attempts}")))?;
-            let payload =
-                payload.ok_or_else(|| Error::corrupt(&key, "an inbox item without its payload"))?;
-            taken.push(Taken::new(
-                Lease {
-                    key,
-                    token: backend::stored_token(stored),
-                    deadline: from_millis(deadline),
-                    attempt,
-                    claim_id: None,
-                },
-                payload,
-                last_error,
-            ));
+            taken.push(taken_item(
+                key, stored, deadline, attempts, payload, last_error,
+            )?);
         }
         Ok(taken)
     }
@@ -584,13 +525,6 @@ impl Ops<'_> {
                 })
             })
             .map_err(|e| self.err(e))?;
-        let count = |n: i64| u64::try_from(n).unwrap_or(0);
-        let mut counts = InboxCounts::default();
-        counts.pending = count(pending);
-        counts.running = count(running);
-        counts.failed = count(failed);
-        counts.dead = count(dead);
-        counts.oldest_due = oldest.map(from_millis);
-        Ok(counts)
+        Ok(stored_counts(pending, running, failed, dead, oldest))
     }
 }

@@ -42,12 +42,14 @@
 //! ```
 
 mod batch;
+mod item;
 mod stored;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use crate::claim::{check_batch, check_ttl};
 pub use batch::BatchKeys;
+pub use item::{status_code, stored_counts, taken_item, StoredItem};
 pub use stored::{check_identifier, StoredRecord};
 
 use crate::claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken};

@@ -1,0 +1,114 @@
+//! Inbox items as a store keeps them in a row: the columns every SQL store
+//! reads back, decoded and checked in one place.
+
+use crate::backend::{from_millis, stored_token};
+use crate::claim::Lease;
+use crate::error::{Error, Result};
+use crate::inbox::{InboxCounts, Item, ItemStatus, Taken};
+use crate::key::Key;
+
+/// An item's columns as read: `wait` is 0 held by a worker, 1 due, 2 dead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredItem {
+    /// The key's id (the namespace is the caller's).
+    pub id: String,
+    /// 0 held by a worker, 1 due, 2 dead.
+    pub wait: i64,
+    /// Times taken.
+    pub attempts: i64,
+    /// When it was accepted, in ms since the epoch.
+    pub accepted_ms: i64,
+    /// When it is due (held: its lease's deadline), in ms since the epoch.
+    pub due_ms: i64,
+    /// Its last failure.
+    pub last_error: Option<String>,
+    /// The delivery.
+    pub payload: Option<Vec<u8>>,
+}
+
+impl StoredItem {
+    /// The item, or `CorruptRecord` for a row that is not one.
+    pub fn decode(self, namespace: &str) -> Result<Item> {
+        let key = Key::new(namespace, &self.id)?;
+        let status = match (self.wait, &self.last_error) {
+            (0, _) => ItemStatus::Running,
+            (1, None) => ItemStatus::Pending,
+            (1, Some(_)) => ItemStatus::Failed,
+            (2, _) => ItemStatus::Dead,
+            (other, _) => return Err(Error::corrupt(&key, format!("inbox wait state {other}"))),
+        };
+        let attempts = attempts(&key, self.attempts)?;
+        let payload = payload(&key, self.payload)?;
+        Ok(Item::new(
+            key,
+            status,
+            attempts,
+            from_millis(self.accepted_ms),
+            from_millis(self.due_ms),
+            self.last_error,
+            payload,
+        ))
+    }
+}
+
+fn attempts(key: &Key, attempts: i64) -> Result<u32> {
+    u32::try_from(attempts).map_err(|_| Error::corrupt(key, format!("attempt count {attempts}")))
+}
+
+fn payload(key: &Key, payload: Option<Vec<u8>>) -> Result<Vec<u8>> {
+    payload.ok_or_else(|| Error::corrupt(key, "an inbox item without its payload"))
+}
+
+/// The item a take leased, from the row it wrote back.
+pub fn taken_item(
+    key: Key,
+    token: String,
+    deadline_ms: i64,
+    attempt: i64,
+    payload_bytes: Option<Vec<u8>>,
+    last_error: Option<String>,
+) -> Result<Taken> {
+    let attempt = attempts(&key, attempt)?;
+    let payload = payload(&key, payload_bytes)?;
+    Ok(Taken::new(
+        Lease {
+            key,
+            token: stored_token(token),
+            deadline: from_millis(deadline_ms),
+            attempt,
+            claim_id: None,
+        },
+        payload,
+        last_error,
+    ))
+}
+
+/// A status filter as a number for SQL: -1 every status, 0 pending, 1
+/// running, 2 failed, 3 dead.
+pub fn status_code(status: Option<ItemStatus>) -> i64 {
+    match status {
+        None => -1,
+        Some(ItemStatus::Pending) => 0,
+        Some(ItemStatus::Running) => 1,
+        Some(ItemStatus::Failed) => 2,
+        Some(ItemStatus::Dead) => 3,
+    }
+}
+
+/// Counts as a store's query returns them (negative ones read as 0).
+pub fn stored_counts(
+    pending: i64,
+    running: i64,
+    failed: i64,
+    dead: i64,
+    oldest_due_ms: Option<i64>,
+) -> InboxCounts {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    InboxCounts {
+        pending: count(pending),
+        running: count(running),
+        failed: count(failed),
+        dead: count(dead),
+        oldest_due: oldest_due_ms.map(from_millis),
+    }
+}
