@@ -31,6 +31,7 @@ pub struct RedisBuilder {
     pub(crate) allow_eviction: bool,
     pub(crate) address_map:
         Option<std::collections::HashMap<redis::cluster::NodeAddress, redis::cluster::NodeAddress>>,
+    pub(crate) hash_tags: bool,
 }
 
 impl std::fmt::Debug for RedisBuilder {
@@ -160,6 +161,22 @@ impl RedisBuilder {
         map: std::collections::HashMap<redis::cluster::NodeAddress, redis::cluster::NodeAddress>,
     ) -> Self {
         self.address_map = Some(map);
+        self
+    }
+
+    /// Puts each namespace's keys under a Cluster hash tag (`dedupe:{stripe}:evt_1`
+    /// instead of `dedupe:stripe:evt_1`), so that a namespace's records and its
+    /// inbox index share one slot, on one node: the [`Inbox`](dedupe_core::Inbox)
+    /// on a Cluster needs it (its take reads the index and leases the items in
+    /// one script), and refuses to run without it. The cost: a namespace's
+    /// claims all go to one primary instead of spreading over the Cluster
+    /// (spread namespaces instead: `stripe-eu`, `stripe-us`). Default off.
+    ///
+    /// It changes every key name, on one server as on a Cluster: records
+    /// written before under the untagged names are not seen (their events
+    /// would run again). Switch it on for a new prefix or an empty store.
+    pub fn namespace_hash_tags(mut self, on: bool) -> Self {
+        self.hash_tags = on;
         self
     }
 
@@ -299,6 +316,7 @@ impl RedisBuilder {
         crate::server::preflight(&mut conn, self.allow_eviction, map).await?;
         Ok(RedisStore {
             link,
+            hash_tags: self.hash_tags,
             prefix: self.prefix,
             timeout,
             grace_ms: duration_millis(self.grace),

@@ -1,24 +1,98 @@
-//! The stored form of a record: compact, versioned (`d1`), binary-safe, and
-//! decoded strictly: anything else at a record's key is a corrupt record, never a
-//! fresh claim.
+//! The stored form of a record: compact, versioned (`d1`; `i1` for an inbox
+//! item), binary-safe, and decoded strictly: anything else at a record's key
+//! is a corrupt record, never a fresh claim.
 
-use dedupe_core::backend::StoredRecord;
-use dedupe_core::{Error, Key, Record, Result};
+use dedupe_core::backend::{StoredItem, StoredRecord};
+use dedupe_core::{Error, Item, Key, Record, Result};
 
-/// Decodes the value stored at `key`'s record.
+fn corrupt(key: &Key, value: &[u8]) -> Error {
+    Error::corrupt(
+        key,
+        format!(
+            "the value at this key is not a dedupe record ({} bytes, starting {:?})",
+            value.len(),
+            String::from_utf8_lossy(&value[..value.len().min(16)])
+        ),
+    )
+}
+
+/// Decodes the value stored at `key`'s record. An inbox item reads as a
+/// record in flight until its due time (its lease's deadline while a worker
+/// holds it), at attempt 1 or more, as on every store.
 pub(crate) fn decode(key: &Key, value: &[u8]) -> Result<Record> {
-    parse(value)
-        .ok_or_else(|| {
-            Error::corrupt(
-                key,
-                format!(
-                    "the value at this key is not a dedupe record ({} bytes, starting {:?})",
-                    value.len(),
-                    String::from_utf8_lossy(&value[..value.len().min(16)])
-                ),
-            )
-        })?
-        .decode(key)
+    if value.starts_with(ITEM) {
+        let item = parse_item(key, value).ok_or_else(|| corrupt(key, value))?;
+        return StoredRecord {
+            state: StoredRecord::IN_FLIGHT,
+            token: item.token,
+            expires_ms: item.stored.due_ms,
+            attempts: item.stored.attempts.max(1),
+            first_seen_ms: item.stored.accepted_ms,
+            ..StoredRecord::default()
+        }
+        .decode(key);
+    }
+    parse(value).ok_or_else(|| corrupt(key, value))?.decode(key)
+}
+
+/// Decodes the value at `key`'s record as an inbox item: `None` for a
+/// record that is not one (a claim, a done record).
+pub(crate) fn decode_item(key: &Key, value: &[u8]) -> Result<Option<Item>> {
+    if !value.starts_with(ITEM) {
+        decode(key, value)?;
+        return Ok(None);
+    }
+    let item = parse_item(key, value).ok_or_else(|| corrupt(key, value))?;
+    item.stored.decode(key.namespace()).map(Some)
+}
+
+const ITEM: &[u8] = b"i1:";
+
+/// An item's fields, and its token (which [`StoredItem`] does not carry).
+struct ParsedItem {
+    stored: StoredItem,
+    token: String,
+}
+
+fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
+    let mut rest = value.strip_prefix(ITEM)?;
+    let wait = match next(&mut rest)? {
+        b"0" => 0,
+        b"1" => 1,
+        b"2" => 2,
+        _ => return None,
+    };
+    let due_ms = number(next(&mut rest)?)?;
+    let attempts = number(next(&mut rest)?)?;
+    let accepted_ms = number(next(&mut rest)?)?;
+    let has_error = match next(&mut rest)? {
+        b"0" => false,
+        b"1" => true,
+        _ => return None,
+    };
+    let token = String::from_utf8(field(&mut rest)?.to_vec()).ok()?;
+    let error = field(&mut rest)?;
+    let last_error = match has_error {
+        true => Some(String::from_utf8(error.to_vec()).ok()?),
+        false if error.is_empty() => None,
+        false => return None,
+    };
+    let payload = field(&mut rest)?.to_vec();
+    if !rest.is_empty() || token.is_empty() {
+        return None;
+    }
+    Some(ParsedItem {
+        stored: StoredItem {
+            id: key.id().to_string(),
+            wait,
+            attempts,
+            accepted_ms,
+            due_ms,
+            last_error,
+            payload: Some(payload),
+        },
+        token,
+    })
 }
 
 fn number(text: &[u8]) -> Option<i64> {
@@ -164,6 +238,43 @@ mod tests {
         }
     }
 
+    #[test]
+    fn items_decode_as_items_and_as_records_in_flight() {
+        let value = b"i1:2:1700000000000:3:1600000000000:1:5:tok-14:boom3:a\0b";
+        let item = decode_item(&key(), value)
+            .expect("decodes")
+            .expect("an item");
+        assert_eq!(item.status, dedupe_core::ItemStatus::Dead);
+        assert_eq!(
+            (item.attempts, item.last_error.as_deref()),
+            (3, Some("boom"))
+        );
+        assert_eq!(item.payload, b"a\0b");
+        let record = decode(&key(), value).expect("a record");
+        assert!(matches!(
+            record.state,
+            dedupe_core::RecordState::InFlight { .. }
+        ));
+        let fresh = b"i1:1:1700000000000:0:1600000000000:0:5:tok-10:0:";
+        assert_eq!(decode(&key(), fresh).expect("a record").attempts, 1);
+        for bad in [
+            &b"i1:3:1:0:1:0:1:t0:0:"[..],
+            b"i1:1:1:0:1:0:1:t3:err0:",
+            b"i1:1:1:0:1:0:0:0:0:",
+            b"i1:1:1:0:1:0:1:t0:1:",
+            b"i1:1:1:0:1:0:1:t0:0:x",
+            b"i1:1:1:0:1:1:1:t2:\xff\xfe0:",
+        ] {
+            assert!(
+                matches!(decode_item(&key(), bad), Err(Error::CorruptRecord { .. })),
+                "accepted {:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let claim = b"d1:0:1:-:1:1:3:abc0:0:0:";
+        assert_eq!(decode_item(&key(), claim).expect("a record"), None);
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
 
@@ -172,6 +283,12 @@ mod tests {
         #[test]
         fn any_value_decodes_or_is_corrupt(value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120)) {
             match decode(&key(), &value) {
+                Ok(_) | Err(Error::CorruptRecord { .. }) => {}
+                Err(other) => proptest::prop_assert!(false, "{other:?}"),
+            }
+            let mut item = b"i1:".to_vec();
+            item.extend_from_slice(&value);
+            match decode_item(&key(), &item) {
                 Ok(_) | Err(Error::CorruptRecord { .. }) => {}
                 Err(other) => proptest::prop_assert!(false, "{other:?}"),
             }

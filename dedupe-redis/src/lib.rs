@@ -13,6 +13,7 @@ mod builder;
 mod codec;
 mod conn;
 mod error;
+mod inbox;
 mod ops;
 mod scripts;
 mod server;

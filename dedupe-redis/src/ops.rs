@@ -49,8 +49,52 @@ impl RedisStore {
     /// The record key of `key`: the prefix, the namespace, `:`, the id. A
     /// namespace never holds `:`, so distinct keys never share a record key; one
     /// key per record keeps every command for a record on one Cluster slot.
+    /// With [`namespace_hash_tags`](crate::RedisBuilder::namespace_hash_tags)
+    /// the namespace is a hash tag (`{ns}`): a namespace's keys share a slot.
     pub(crate) fn record_key(&self, key: &Key) -> String {
-        format!("{}{}:{}", self.prefix, key.namespace(), key.id())
+        format!("{}{}", self.record_base(key.namespace()), key.id())
+    }
+
+    /// What every record key of `namespace` starts with.
+    pub(crate) fn record_base(&self, namespace: &str) -> String {
+        format!("{}:", self.namespace_base(namespace))
+    }
+
+    /// The prefix and the namespace (hash-tagged or not): the record keys'
+    /// base without its `:`, and the index keys' stem.
+    fn namespace_base(&self, namespace: &str) -> String {
+        if self.hash_tags {
+            format!("{}{{{namespace}}}", self.prefix)
+        } else {
+            format!("{}{namespace}", self.prefix)
+        }
+    }
+
+    /// The namespace's inbox index keys: waiting, held, ids (`|` never occurs
+    /// in a namespace, nor `:` after the prefix, so they meet no record key).
+    /// `None` where an inbox cannot be kept: on a Cluster without hash tags,
+    /// the index would live in another slot than the records.
+    pub(crate) fn index_keys(&self, namespace: &str) -> Option<[String; 3]> {
+        if self.is_cluster() && !self.hash_tags {
+            return None;
+        }
+        let base = self.namespace_base(namespace);
+        Some(["wait", "held", "ids"].map(|what| format!("{base}|{what}")))
+    }
+
+    /// An invocation of a script on one record: its key, then the namespace's
+    /// index keys where the store may hold inbox items.
+    pub(crate) fn record_invocation<'s>(
+        &self,
+        script: &'s redis::Script,
+        key: &Key,
+    ) -> redis::ScriptInvocation<'s> {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(self.record_key(key));
+        for index in self.index_keys(key.namespace()).into_iter().flatten() {
+            invocation.key(index);
+        }
+        invocation
     }
 
     pub(crate) fn topology(&self) -> crate::error::Topology {

@@ -8,6 +8,15 @@
 //! fingerprint, outcome. The scripts parse only what they decide on and write
 //! whole records; a value they cannot parse is answered as corrupt (`-1`), never
 //! as absent.
+//!
+//! An inbox item is the same key holding `i1:<wait>:<due ms>:<attempts>:<accepted
+//! ms>:<has error>:` and three length-prefixed fields: token, last error,
+//! payload (`wait` 0 held by a worker, 1 due, 2 dead), with no TTL (items never
+//! expire). Beside the records, each namespace has three index keys, kept by
+//! the same scripts in the same atomic step (see `inbox.rs`): `<base>|wait`
+//! (pending and failed items scored by due time), `<base>|held` (running items
+//! scored by lease deadline) and `<base>|ids` (every item as `<status>:<id>`,
+//! score 0, for listing in id order and counting by status).
 
 use std::sync::LazyLock;
 
@@ -38,6 +47,62 @@ local function field(s) return string.len(s) .. ':' .. s end
 local function encode(st, ex, co, at, fs, token, claim, fp, outcome)
   return 'd1:' .. st .. ':' .. num(ex) .. ':' .. co .. ':' .. num(at) .. ':' .. num(fs) .. ':'
     .. field(token) .. field(claim) .. field(fp) .. field(outcome)
+end
+"#;
+
+/// Shared by every script: inbox items, their decoder, encoder and index.
+/// `ks` are the namespace's index keys `{waiting, held, ids}`.
+const ITEM: &str = r#"
+local function is_item(v) return string.sub(v, 1, 3) == 'i1:' end
+local function idecode(v)
+  local w, du, at, ac, he, pos = string.match(v, '^i1:([012]):(%d+):(%d+):(%d+):([01]):()')
+  if not w then return nil end
+  local f = {}
+  for i = 1, 3 do
+    local len, p = string.match(v, '^(%d+):()', pos)
+    if not len then return nil end
+    len = tonumber(len)
+    f[i] = string.sub(v, p, p + len - 1)
+    if string.len(f[i]) ~= len then return nil end
+    pos = p + len
+  end
+  if pos ~= string.len(v) + 1 then return nil end
+  local err = false
+  if he == '1' then err = f[2] elseif f[2] ~= '' then return nil end
+  return { wait = tonumber(w), due = tonumber(du), attempts = tonumber(at), accepted = tonumber(ac),
+           token = f[1], err = err, payload = f[3] }
+end
+local function iencode(r)
+  local he = '0'
+  if r.err then he = '1' end
+  return 'i1:' .. r.wait .. ':' .. num(r.due) .. ':' .. num(r.attempts) .. ':' .. num(r.accepted)
+    .. ':' .. he .. ':' .. field(r.token) .. field(r.err or '') .. field(r.payload)
+end
+local function icopy(r)
+  return { wait = r.wait, due = r.due, attempts = r.attempts, accepted = r.accepted,
+           token = r.token, err = r.err, payload = r.payload }
+end
+local function istatus(r)
+  if not r then return nil end
+  if r.wait == 0 then return 'r' elseif r.wait == 2 then return 'd' elseif r.err then return 'f' end
+  return 'p'
+end
+local function reindex(ks, id, old, new)
+  if not ks[3] then return error('dedupe: an inbox item met without its index keys') end
+  local so, sn = istatus(old), istatus(new)
+  if so ~= sn then
+    if so then redis.call('ZREM', ks[3], so .. ':' .. id) end
+    if sn then redis.call('ZADD', ks[3], 0, sn .. ':' .. id) end
+  end
+  if new and new.wait == 1 then redis.call('ZADD', ks[1], num(new.due), id)
+  else redis.call('ZREM', ks[1], id) end
+  if new and new.wait == 0 then redis.call('ZADD', ks[2], num(new.due), id)
+  else redis.call('ZREM', ks[2], id) end
+end
+-- The item at the record key `KEYS[1]`, written with its index (`KEYS[2..4]`, `ARGV[id_at]` its id).
+local function iput(id, old, new)
+  if new then redis.call('SET', KEYS[1], iencode(new)) else redis.call('DEL', KEYS[1]) end
+  reindex({KEYS[2], KEYS[3], KEYS[4]}, id, old, new)
 end
 "#;
 
@@ -73,6 +138,11 @@ const CLAIM: &str = r#"
 local old = redis.call('GET', KEYS[1])
 local attempts, first = 1, now
 if old then
+  -- An inbox item holds its key until it is done: answered as in flight.
+  if is_item(old) then
+    if idecode(old) then return {0, old} end
+    return {-1, old}
+  end
   local code = live_answer(old, ARGV[5])
   if code then return {code, old} end
   local r = decode(old)
@@ -110,10 +180,15 @@ for i = 1, #KEYS do
   if old then
     -- Decoded in full, live or not: the client would refuse a live record
     -- that does not decode after the other keys had been claimed.
-    local r = decode(old)
-    if not r then return {-1, i, old} end
-    live = live_answer(old, ARGV[4 + i])
-    if not live and r.state == '0' then attempts, first = r.attempts + 1, r.first end
+    if is_item(old) then
+      if not idecode(old) then return {-1, i, old} end
+      live = 0
+    else
+      local r = decode(old)
+      if not r then return {-1, i, old} end
+      live = live_answer(old, ARGV[4 + i])
+      if not live and r.state == '0' then attempts, first = r.attempts + 1, r.first end
+    end
   end
   plan[i] = {old, attempts, first, live}
 end
@@ -147,12 +222,33 @@ local function held(v)
 end
 "#;
 
-/// KEYS[1]; ARGV token, retention ms, outcome. `1` done, `0` lease lost, `-1`
-/// corrupt. The key then lives exactly the retention. A live record this token
-/// already completed with this outcome (the same complete sent again) answers
-/// `1` and is left as it is.
+/// An inbox item held by token ARGV[1]: running, same token, its deadline
+/// ahead. Answers the decoded item, or the script's answer code.
+const IHELD: &str = r#"
+local function iheld(v)
+  local r = idecode(v)
+  if not r then return nil, -1 end
+  if r.wait ~= 0 or r.token ~= ARGV[1] or r.due <= now then return nil, 0 end
+  return r, 1
+end
+"#;
+
+/// KEYS[1] (then, where the store keeps an inbox, the namespace's index
+/// keys); ARGV token, retention ms, outcome, id. `1` done, `0` lease lost,
+/// `-1` corrupt. The key then lives exactly the retention. A live record this
+/// token already completed with this outcome (the same complete sent again)
+/// answers `1` and is left as it is. A held inbox item becomes the done
+/// record, and leaves the index.
 const COMPLETE: &str = r#"
 local v = redis.call('GET', KEYS[1])
+local keep = tonumber(ARGV[2])
+if v and is_item(v) then
+  local r, code = iheld(v)
+  if not r then return code end
+  redis.call('SET', KEYS[1], encode('1', now + keep, num(now), r.attempts, r.accepted, r.token, '', '', ARGV[3]), 'PX', keep)
+  reindex({KEYS[2], KEYS[3], KEYS[4]}, ARGV[4], r, nil)
+  return 1
+end
 local r, code = held(v)
 if not r then
   local d = code == 0 and v and decode(v)
@@ -161,17 +257,30 @@ if not r then
   end
   return code
 end
-local keep = tonumber(ARGV[2])
 redis.call('SET', KEYS[1], encode('1', now + keep, num(now), r.attempts, r.first, r.token, r.claim, r.fp, ARGV[3]), 'PX', keep)
 return 1
 "#;
 
-/// KEYS[1]; ARGV token. `1` removed, or no live record under the key (the
-/// lease passed, or the same release sent again finds its work done; an expired
-/// record is left for its attempt count); `0` a live record of another lease,
-/// or a done one; `-1` corrupt.
+/// KEYS[1] (and the index keys); ARGV token, id. `1` removed, or no live
+/// record under the key (the lease passed, or the same release sent again
+/// finds its work done; an expired record is left for its attempt count); `0`
+/// a live record of another lease, or a done one; `-1` corrupt. A held inbox
+/// item is given back due now, its attempts kept; one this token gave back
+/// already (the same release sent again) answers `1`.
 const RELEASE: &str = r#"
 local v = redis.call('GET', KEYS[1])
+if v and is_item(v) then
+  local r, code = iheld(v)
+  if not r then
+    local d = code == 0 and idecode(v)
+    if d and d.wait == 1 and d.token == ARGV[1] and d.due <= now then return 1 end
+    return code
+  end
+  local back = icopy(r)
+  back.wait, back.due = 1, now
+  iput(ARGV[2], r, back)
+  return 1
+end
 local r, code = held(v)
 if r then
   redis.call('DEL', KEYS[1])
@@ -182,21 +291,35 @@ if not v or decode(v).expires <= now then return 1 end
 return 0
 "#;
 
-/// KEYS[1]; ARGV token, lease ms, grace ms. `{1, deadline}` extended, `{0}` lease
-/// lost, `{-1}` corrupt.
+/// KEYS[1] (and the index keys); ARGV token, lease ms, grace ms, id. `{1,
+/// deadline}` extended, `{0}` lease lost, `{-1}` corrupt.
 const EXTEND: &str = r#"
-local r, code = held(redis.call('GET', KEYS[1]))
-if not r then return {code} end
+local v = redis.call('GET', KEYS[1])
 local lease = tonumber(ARGV[2])
 local deadline = now + lease
+if v and is_item(v) then
+  local r, code = iheld(v)
+  if not r then return {code} end
+  local kept = icopy(r)
+  kept.due = deadline
+  iput(ARGV[4], r, kept)
+  return {1, num(deadline)}
+end
+local r, code = held(v)
+if not r then return {code} end
 redis.call('SET', KEYS[1], encode('0', deadline, '-', r.attempts, r.first, r.token, r.claim, r.fp, ''), 'PX', lease + tonumber(ARGV[3]))
 return {1, num(deadline)}
 "#;
 
-/// KEYS[1]. `{1, record}` live, `{0}` absent or expired, `{-1, value}` corrupt.
+/// KEYS[1]. `{1, record}` live (an inbox item always is), `{0}` absent or
+/// expired, `{-1, value}` corrupt.
 const GET: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v then return {0} end
+if is_item(v) then
+  if idecode(v) then return {1, v} end
+  return {-1, v}
+end
 local r = decode(v)
 if not r then return {-1, v} end
 if r.expires <= now then return {0} end
@@ -209,19 +332,32 @@ return {1, v}
 const PEEK: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v then return {0} end
+if is_item(v) then
+  local r = idecode(v)
+  if not r then return {-1} end
+  return {1, r.token, 1}
+end
 local r = decode(v)
 if not r then return {-1} end
 if r.expires > now then return {1, r.token, 1} end
 return {1, r.token, 0}
 "#;
 
-/// KEYS[1]; ARGV the token [`PEEK`] read. `1` the record of that token was
-/// removed, or is gone already (the same forget sent again); `0` another
-/// record is there now (a newer claim, which a forget asked before it never
-/// removes); `-1` corrupt (left in place).
+/// KEYS[1] (and the index keys); ARGV the token [`PEEK`] read, id. `1` the
+/// record of that token was removed (an item: and its index entries), or is
+/// gone already (the same forget sent again); `0` another record is there
+/// now (a newer claim, which a forget asked before it never removes); `-1`
+/// corrupt (left in place).
 const FORGET: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v then return 1 end
+if is_item(v) then
+  local r = idecode(v)
+  if not r then return -1 end
+  if r.token ~= ARGV[1] then return 0 end
+  iput(ARGV[2], r, nil)
+  return 1
+end
 local r = decode(v)
 if not r then return -1 end
 if r.token ~= ARGV[1] then return 0 end
@@ -229,8 +365,162 @@ redis.call('DEL', KEYS[1])
 return 1
 "#;
 
+/// KEYS record, then the index keys {waiting, held, ids}; ARGV id, payload,
+/// token. `{1}` stored, due now (or this very accept's item, sent again by
+/// the driver: the item still holds its token); `{2, value}` an item holds
+/// the key; `{3, value}` a live record (done, or a claim in flight); `{-1,
+/// value}` corrupt. An expired claim's attempts and first sight are kept, as
+/// a takeover keeps them.
+const ACCEPT: &str = r#"
+local old = redis.call('GET', KEYS[1])
+local attempts, first = 0, now
+if old then
+  if is_item(old) then
+    local r = idecode(old)
+    if not r then return {-1, old} end
+    if r.token == ARGV[3] then return {1} end
+    return {2, old}
+  end
+  local r = decode(old)
+  if not r then return {-1, old} end
+  if r.expires > now then return {3, old} end
+  if r.state == '0' then attempts, first = r.attempts, r.first end
+end
+iput(ARGV[1], nil, { wait = 1, due = now, attempts = attempts, accepted = first,
+                     token = ARGV[3], err = false, payload = ARGV[2] })
+return {1}
+"#;
+
+/// KEYS the index keys {waiting, held, ids}; ARGV the record keys' base
+/// (`<prefix><namespace>:`), max, lease ms, then `max` tokens. Leases the
+/// due items, oldest due first: the first `max` of the waiting set due by
+/// now and of the held set past their deadline, merged by score. Every
+/// candidate is read and decoded before any is written: an item that does
+/// not decode answers `{-1, id}` with nothing written. An index entry whose
+/// key holds no item (written around the scripts) is dropped. Answers six
+/// values per item taken: id, token, deadline, attempt, payload, last error
+/// (nil when none).
+const TAKE: &str = r#"
+local ks = {KEYS[1], KEYS[2], KEYS[3]}
+local max, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
+local function due(k)
+  return redis.call('ZRANGEBYSCORE', k, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, max)
+end
+local a, b = due(KEYS[1]), due(KEYS[2])
+local ia, ib, picked = 1, 1, {}
+while #picked < max and (ia <= #a or ib <= #b) do
+  local id
+  if ib > #b or (ia <= #a and tonumber(a[ia + 1]) <= tonumber(b[ib + 1])) then
+    id = a[ia]; ia = ia + 2
+  else
+    id = b[ib]; ib = ib + 2
+  end
+  local v = redis.call('GET', ARGV[1] .. id)
+  if v and is_item(v) then
+    local r = idecode(v)
+    if not r then return {-1, id} end
+    if r.wait ~= 2 and r.due <= now then picked[#picked + 1] = {id, r} end
+  else
+    for _, st in ipairs({'p', 'r', 'f', 'd'}) do redis.call('ZREM', KEYS[3], st .. ':' .. id) end
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+  end
+end
+local out = {}
+for i, pick in ipairs(picked) do
+  local id, r = pick[1], pick[2]
+  local new = icopy(r)
+  new.wait, new.due, new.attempts, new.token = 0, now + lease, r.attempts + 1, ARGV[3 + i]
+  redis.call('SET', ARGV[1] .. id, iencode(new))
+  reindex(ks, id, r, new)
+  for _, x in ipairs({id, new.token, num(new.due), new.attempts, new.payload, r.err}) do
+    out[#out + 1] = x
+  end
+end
+return out
+"#;
+
+/// KEYS record, then the index keys; ARGV id, token, error, delay ms (`''`:
+/// dead). `1` failed as asked (or failed so by this lease already: the same
+/// fail sent again), `0` lease lost, `-1` corrupt, `-2` the lease is a
+/// claim's, not an item's.
+const FAIL: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if not is_item(v) then
+  local d = decode(v)
+  if not d then return -1 end
+  if d.state == '0' and d.token == ARGV[2] and d.expires > now then return -2 end
+  return 0
+end
+local r = idecode(v)
+if not r then return -1 end
+if r.token ~= ARGV[2] then return 0 end
+if r.wait ~= 0 then
+  if r.err == ARGV[3] and ((ARGV[4] == '') == (r.wait == 2)) then return 1 end
+  return 0
+end
+if r.due <= now then return 0 end
+local new = icopy(r)
+new.err = ARGV[3]
+if ARGV[4] == '' then new.wait, new.due = 2, now
+else new.wait, new.due = 1, now + tonumber(ARGV[4]) end
+iput(ARGV[1], r, new)
+return 1
+"#;
+
+/// KEYS record, then the index keys; ARGV id. `1` a dead or failed item made
+/// due now, its attempts and error kept; `0` no such item; `-1` corrupt.
+const REPLAY: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v or not is_item(v) then return 0 end
+local r = idecode(v)
+if not r then return -1 end
+if not (r.wait == 2 or (r.wait == 1 and r.err)) then return 0 end
+local new = icopy(r)
+new.wait, new.due = 1, now
+iput(ARGV[1], r, new)
+return 1
+"#;
+
+/// KEYS ids; ARGV statuses (some of `prfd`), after (`''` from the start),
+/// limit. Up to `limit` ids of each status after `after`, in the set's
+/// (byte) order, as `<status>:<id>`; the caller merges them.
+const LIST: &str = r#"
+local out = {}
+for i = 1, string.len(ARGV[1]) do
+  local st = string.sub(ARGV[1], i, i)
+  local from = '[' .. st .. ':'
+  if ARGV[2] ~= '' then from = '(' .. st .. ':' .. ARGV[2] end
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[1], from, '(' .. st .. ';', 'LIMIT', 0, tonumber(ARGV[3]))) do
+    out[#out + 1] = m
+  end
+end
+return out
+"#;
+
+/// KEYS ids (routes the call to the namespace's node); ARGV the record
+/// keys' base, then ids. Each id's value (nil when absent).
+const VALUES: &str = r#"
+local out = {}
+for i = 2, #ARGV do out[#out + 1] = redis.call('GET', ARGV[1] .. ARGV[i]) end
+return out
+"#;
+
+/// KEYS waiting, ids. Pending, running, failed and dead counts, then the
+/// oldest due time of a waiting item (nil when none).
+const COUNTS: &str = r#"
+local out = {}
+for _, st in ipairs({'p', 'r', 'f', 'd'}) do
+  out[#out + 1] = redis.call('ZLEXCOUNT', KEYS[2], '[' .. st .. ':', '(' .. st .. ';')
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+out[5] = first[2] or false
+return out
+"#;
+
 fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{LIVE}{HELD}{body}"))
+    Script::new(&format!("{PRELUDE}{ITEM}{LIVE}{HELD}{IHELD}{body}"))
 }
 
 /// The scripts, built once (each carries its SHA1 for `EVALSHA`).
@@ -243,6 +533,13 @@ pub(crate) struct Scripts {
     pub(crate) get: Script,
     pub(crate) peek: Script,
     pub(crate) forget: Script,
+    pub(crate) accept: Script,
+    pub(crate) take: Script,
+    pub(crate) fail: Script,
+    pub(crate) replay: Script,
+    pub(crate) list: Script,
+    pub(crate) values: Script,
+    pub(crate) counts: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -254,4 +551,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     get: script(GET),
     peek: script(PEEK),
     forget: script(FORGET),
+    accept: script(ACCEPT),
+    take: script(TAKE),
+    fail: script(FAIL),
+    replay: script(REPLAY),
+    list: script(LIST),
+    values: script(VALUES),
+    counts: script(COUNTS),
 });

@@ -94,6 +94,7 @@ pub struct RedisStore {
     pub(crate) grace_ms: i64,
     pub(crate) caps: Capabilities,
     pub(crate) wait: Option<crate::ops::Wait>,
+    pub(crate) hash_tags: bool,
 }
 
 impl RedisStore {
@@ -118,6 +119,7 @@ impl RedisStore {
             root_cert: None,
             allow_eviction: false,
             address_map: None,
+            hash_tags: false,
         }
     }
 
@@ -219,11 +221,12 @@ impl DedupeStore for RedisStore {
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
-        let mut invocation = SCRIPTS.complete.key(self.record_key(&lease.key));
+        let mut invocation = self.record_invocation(&SCRIPTS.complete, &lease.key);
         invocation
             .arg(lease.token.as_str())
             .arg(duration_millis(retention))
-            .arg(outcome);
+            .arg(outcome)
+            .arg(lease.key.id());
         let (answer, acked) = self.write(invocation, &lease.key).await?;
         match parts(answer) {
             Some((1, _)) => self.replicated(
@@ -238,8 +241,8 @@ impl DedupeStore for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let mut invocation = SCRIPTS.release.key(self.record_key(&lease.key));
-        invocation.arg(lease.token.as_str());
+        let mut invocation = self.record_invocation(&SCRIPTS.release, &lease.key);
+        invocation.arg(lease.token.as_str()).arg(lease.key.id());
         let (answer, acked) = self.write(invocation, &lease.key).await?;
         match parts(answer) {
             Some((1, _)) => self.replicated(acked, "release", "retry the release"),
@@ -251,11 +254,12 @@ impl DedupeStore for RedisStore {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
-        let mut invocation = SCRIPTS.extend.key(self.record_key(&lease.key));
+        let mut invocation = self.record_invocation(&SCRIPTS.extend, &lease.key);
         invocation
             .arg(lease.token.as_str())
             .arg(duration_millis(ttl))
-            .arg(self.grace_ms);
+            .arg(self.grace_ms)
+            .arg(lease.key.id());
         let (answer, acked) = self.write(invocation, &lease.key).await?;
         match parts(answer) {
             Some((1, Some(deadline))) => {
@@ -323,8 +327,8 @@ impl DedupeStore for RedisStore {
                 },
                 _ => return Err(Self::unexpected(key, "forget")),
             };
-            let mut invocation = SCRIPTS.forget.key(self.record_key(key));
-            invocation.arg(token);
+            let mut invocation = self.record_invocation(&SCRIPTS.forget, key);
+            invocation.arg(token).arg(key.id());
             let (answer, acked) = self.write(invocation, key).await?;
             match parts(answer) {
                 Some((1, _)) => {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupe_conformance::{run_all, FaultyHandle, Fixture, StoreFactory};
-use dedupe_core::{async_trait, DedupeStore, Error};
+use dedupe_core::{async_trait, DedupeStore, Error, Inbox};
 use dedupe_redis::RedisStore;
 use dedupe_testkit::redis as support;
 use tokio::sync::OnceCell;
@@ -43,7 +43,10 @@ impl Place {
     ) -> Result<RedisStore, Error> {
         let builder = match self {
             Place::Single(url) => RedisStore::builder(via.unwrap_or_else(|| url.clone())),
-            Place::Cluster(urls) => RedisStore::cluster_builder(urls.clone()),
+            // A namespace's records and its inbox index must share a slot.
+            Place::Cluster(urls) => {
+                RedisStore::cluster_builder(urls.clone()).namespace_hash_tags(true)
+            }
             Place::Replicated(url) => RedisStore::builder(via.unwrap_or_else(|| url.clone()))
                 .wait_for_replicas(1, timeout / 2),
         };
@@ -170,6 +173,18 @@ impl Fixture for RedisFixture {
         ))
     }
 
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        Some(Arc::new(self.store.clone()))
+    }
+
+    async fn open_inbox(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        Ok(Some(Arc::new(
+            self.place
+                .open(&self.prefix, Duration::from_secs(10))
+                .await?,
+        )))
+    }
+
     /// A handle through loopback proxies the fixture owns, with a half-second
     /// timeout; the fault cuts the proxies. On a Cluster, one proxy per node,
     /// and the client maps each node's address (as the cluster announces it)
@@ -210,6 +225,7 @@ pub(crate) async fn cluster_through_proxies(
         .await
         .map_err(|e| Error::unavailable("proxy", Some(Box::new(e))))?;
     let store = RedisStore::cluster_builder(initial)
+        .namespace_hash_tags(true)
         .cluster_address_map(map)
         .prefix(prefix)
         .timeout(timeout)
@@ -223,18 +239,15 @@ mod standalone {
 }
 
 /// The whole suite on one Cluster, the faults through a proxy per node
-/// included. It skips `expire()` only (Redis expires records itself).
+/// included, with namespace hash tags (the inbox needs them; the untagged
+/// layout's spread over the nodes is tested in `redis.rs`). It skips
+/// `expire()` only (Redis expires records itself).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_passes_the_whole_suite() {
     let report = run_all(&RedisFactory::new(Mode::Cluster)).await;
     println!("{report}");
     assert!(report.all_passed(), "{report}");
-    // No inbox on Redis yet (issue 29): those checks are skipped too.
-    let skipped: Vec<&str> = report
-        .skipped()
-        .map(|(name, _)| name)
-        .filter(|name| !name.starts_with("inbox_"))
-        .collect();
+    let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
     assert_eq!(skipped, ["expire_removes_exactly_expired"], "{report}");
 }
 
@@ -246,11 +259,6 @@ async fn replicated_with_waits_passes_the_whole_suite() {
     let report = run_all(&RedisFactory::new(Mode::Replicated)).await;
     println!("{report}");
     assert!(report.all_passed(), "{report}");
-    // No inbox on Redis yet (issue 29): those checks are skipped too.
-    let skipped: Vec<&str> = report
-        .skipped()
-        .map(|(name, _)| name)
-        .filter(|name| !name.starts_with("inbox_"))
-        .collect();
+    let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
     assert_eq!(skipped, ["expire_removes_exactly_expired"], "{report}");
 }

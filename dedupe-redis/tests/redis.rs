@@ -90,6 +90,15 @@ async fn cluster_spreads_keys_and_survives_a_reshard() {
         counts.iter().all(|n| *n > 0),
         "keys did not spread over every master: {counts:?}"
     );
+    // Without hash tags a namespace's records spread over the slots, and an
+    // inbox index could not share a slot with them: the inbox is refused.
+    use dedupe_core::Inbox;
+    let refused = a.accept(&key("inbox-1"), b"body").await;
+    assert!(
+        matches!(refused, Err(dedupe_core::Error::InvalidConfig { .. })),
+        "{refused:?}"
+    );
+    assert!(a.get(&key("inbox-1")).await.expect("get").is_none());
 
     let cluster = Arc::new(cluster);
     let mover = {

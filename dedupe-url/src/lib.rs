@@ -8,8 +8,8 @@
 //! | `memory:` | [`MemoryStore`](dedupe_core::MemoryStore), this process only |
 //! | `sqlite:///abs/file.db`, `sqlite://relative.db`, `sqlite:` (a new temporary file) | `dedupe-sqlite`; `?table=`, `?connections=` |
 //! | `postgres://user:pass@host:port/db` | `dedupe-postgres`; `?schema=`, `?connections=`, and sqlx's `sslmode`, `sslrootcert`, ... |
-//! | `redis://host:port/N`, `rediss://...` | `dedupe-redis`; `?prefix=` |
-//! | `redis+cluster://host:port,host:port` (`rediss+cluster://`) | `dedupe-redis` on a Cluster; `?prefix=` |
+//! | `redis://host:port/N`, `rediss://...` | `dedupe-redis`; `?prefix=`, `?wait_replicas=N&wait_timeout=`, `?allow_eviction=true`, `?namespace_hash_tags=true` |
+//! | `redis+cluster://host:port,host:port` (`rediss+cluster://`) | `dedupe-redis` on a Cluster; the same options (the inbox needs `?namespace_hash_tags=true`) |
 //! | `dynamodb://TABLE?region=...&endpoint=http://127.0.0.1:8000` | `dedupe-dynamo` |
 //!
 //! Every scheme also takes `timeout` (the bound on each call), `lease` and

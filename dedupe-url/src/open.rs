@@ -81,8 +81,8 @@ impl Opener {
     }
 
     /// A new handle onto the store's inbox ([`Inbox`]), when the store offers
-    /// one: memory, SQLite and Postgres do; Redis and DynamoDB not yet
-    /// (`None`).
+    /// one: memory, SQLite, Postgres and Redis do (a Redis Cluster with
+    /// `?namespace_hash_tags=true`); DynamoDB not yet (`None`).
     pub async fn inbox_handle(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
         Ok(match self.url.target() {
             Target::Memory => Some(Arc::new(self.memory.clone())),
@@ -98,6 +98,8 @@ impl Opener {
             Target::Postgres { connections, .. } => Some(Arc::new(
                 self.postgres_dedicated(connections.unwrap_or(4)).await?,
             )),
+            #[cfg(feature = "redis")]
+            Target::Redis { .. } => Some(Arc::new(self.redis().await?)),
             _ => None,
         })
     }
@@ -205,6 +207,7 @@ impl Opener {
             prefix,
             allow_eviction,
             wait_replicas,
+            namespace_hash_tags,
         } = self.url.target()
         else {
             return Err(Error::config("not a redis URL"));
@@ -222,6 +225,7 @@ impl Opener {
         }
         builder
             .allow_eviction(*allow_eviction)
+            .namespace_hash_tags(*namespace_hash_tags)
             .timeout(self.timeout())
             .connect()
             .await

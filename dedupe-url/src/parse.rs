@@ -97,6 +97,9 @@ pub enum Target {
         /// `?wait_replicas=N&wait_timeout=DURATION` (default 500ms): every
         /// write waits until N replicas have it (`WAIT`).
         wait_replicas: Option<(u32, Duration)>,
+        /// `?namespace_hash_tags=true`: each namespace's keys under a hash
+        /// tag (the inbox on a Cluster needs it).
+        namespace_hash_tags: bool,
     },
     /// `dynamodb://TABLE?region=...&endpoint=http://127.0.0.1:8000`.
     Dynamo {
@@ -216,7 +219,13 @@ impl StoreUrl {
                 let body = body.ok_or_else(|| malformed("expected redis://host:port"))?;
                 options.only_or_pass(
                     scheme_label(&scheme_lower),
-                    &["prefix", "allow_eviction", "wait_replicas", "wait_timeout"],
+                    &[
+                        "prefix",
+                        "allow_eviction",
+                        "wait_replicas",
+                        "wait_timeout",
+                        "namespace_hash_tags",
+                    ],
                     REDIS_PASS,
                 )?;
                 let cluster = scheme_lower.ends_with("+cluster");
@@ -251,6 +260,7 @@ impl StoreUrl {
                     cluster,
                     prefix: options.take("prefix"),
                     allow_eviction: options.take_bool("allow_eviction")?.unwrap_or(false),
+                    namespace_hash_tags: options.take_bool("namespace_hash_tags")?.unwrap_or(false),
                     wait_replicas: match (
                         options.take_number("wait_replicas", 1, 64)?,
                         options.duration("wait_timeout")?,
@@ -659,6 +669,7 @@ mod tests {
                 prefix: Some("p".into()),
                 allow_eviction: false,
                 wait_replicas: None,
+                namespace_hash_tags: false,
             }
         );
         assert_eq!(
@@ -669,6 +680,7 @@ mod tests {
                 prefix: None,
                 allow_eviction: true,
                 wait_replicas: None,
+                namespace_hash_tags: false,
             }
         );
         assert!(err("redis://a:1/0?allow_eviction=yes").contains("true or false"));
@@ -680,8 +692,18 @@ mod tests {
                 prefix: None,
                 allow_eviction: false,
                 wait_replicas: Some((2, Duration::from_millis(250))),
+                namespace_hash_tags: false,
             }
         );
+        assert!(matches!(
+            parsed("redis+cluster://a:1,b:2?namespace_hash_tags=true").target(),
+            Target::Redis {
+                namespace_hash_tags: true,
+                cluster: true,
+                ..
+            }
+        ));
+        assert!(err("redis://a:1/0?namespace_hash_tags=1").contains("true or false"));
         assert!(matches!(
             parsed("redis://a:1/0?wait_replicas=1").target(),
             Target::Redis { wait_replicas: Some((1, w)), .. } if *w == Duration::from_millis(500)
