@@ -53,6 +53,22 @@ pub struct AttributeNames {
     /// Epoch seconds after which DynamoDB's TTL may delete the item (default
     /// `expires_at`; enable TTL on this attribute).
     pub expires_at: String,
+    /// An inbox item's wait: 0 held by a worker, 1 due, 2 dead; absent on
+    /// every record that is not an item (default `wt`).
+    pub wait: String,
+    /// An inbox item's payload; `NULL` for an empty one (default `pl`).
+    pub payload: String,
+    /// An inbox item's last error (default `le`).
+    pub last_error: String,
+    /// The partition key of the due index: `<namespace>|w` on a pending or
+    /// failed item, `<namespace>|h` on a running one, absent on dead items
+    /// and records (default `iq`; the index sorts by the deadline).
+    pub queue: String,
+    /// The partition key of the items index: the namespace, on every item
+    /// (default `il`).
+    pub list_namespace: String,
+    /// The sort key of the items index: `<status letter>:<id>` (default `ik`).
+    pub list_key: String,
 }
 
 impl Default for AttributeNames {
@@ -69,13 +85,19 @@ impl Default for AttributeNames {
             attempts: "at".into(),
             first_seen: "fs".into(),
             expires_at: "expires_at".into(),
+            wait: "wt".into(),
+            payload: "pl".into(),
+            last_error: "le".into(),
+            queue: "iq".into(),
+            list_namespace: "il".into(),
+            list_key: "ik".into(),
         }
     }
 }
 
 impl AttributeNames {
     /// Placeholders (`#pk`, ...) paired with the names they stand for.
-    fn pairs(&self) -> [(&'static str, &str); 11] {
+    fn pairs(&self) -> [(&'static str, &str); 17] {
         [
             ("#pk", &self.partition_key),
             ("#st", &self.state),
@@ -88,6 +110,12 @@ impl AttributeNames {
             ("#at", &self.attempts),
             ("#fs", &self.first_seen),
             ("#ex", &self.expires_at),
+            ("#wt", &self.wait),
+            ("#pl", &self.payload),
+            ("#le", &self.last_error),
+            ("#iq", &self.queue),
+            ("#il", &self.list_namespace),
+            ("#ik", &self.list_key),
         ]
     }
 
@@ -147,8 +175,57 @@ pub(crate) fn partition_key(key: &Key) -> AttributeValue {
     s(&format!("{}:{}", key.namespace(), key.id()))
 }
 
+/// Whether the stored item is an inbox item (it has a wait).
+pub(crate) fn is_inbox_item(names: &AttributeNames, item: &Item) -> bool {
+    item.contains_key(&names.wait)
+}
+
+/// Reads a stored item into an inbox item: `None` for a record that is not
+/// one; anything missing or malformed is corrupt.
+pub(crate) fn decode_item(
+    names: &AttributeNames,
+    key: &Key,
+    item: &Item,
+) -> Result<Option<dedupe_core::Item>> {
+    if !is_inbox_item(names, item) {
+        decode(names, key, item)?;
+        return Ok(None);
+    }
+    let record = decode(names, key, item)?;
+    let corrupt =
+        |what: &str| Error::corrupt(key, format!("item attribute {what} missing or malformed"));
+    let num = |name: &str| -> Result<i64> {
+        match item.get(name) {
+            Some(AttributeValue::N(v)) => v.parse().map_err(|_| corrupt(name)),
+            _ => Err(corrupt(name)),
+        }
+    };
+    let last_error = match item.get(&names.last_error) {
+        None => None,
+        Some(AttributeValue::S(v)) => Some(v.clone()),
+        Some(_) => return Err(corrupt(&names.last_error)),
+    };
+    let payload = match item.get(&names.payload) {
+        Some(AttributeValue::B(v)) => Some(v.as_ref().to_vec()),
+        Some(AttributeValue::Null(true)) => Some(Vec::new()),
+        _ => return Err(corrupt(&names.payload)),
+    };
+    dedupe_core::backend::StoredItem {
+        id: key.id().to_string(),
+        wait: num(&names.wait)?,
+        attempts: num(&names.attempts)?,
+        accepted_ms: dedupe_core::backend::to_millis(record.first_seen),
+        due_ms: num(&names.deadline)?,
+        last_error,
+        payload,
+    }
+    .decode(key.namespace())
+    .map(Some)
+}
+
 /// Reads an item into a record; anything missing or malformed is corrupt,
-/// never guessed.
+/// never guessed. An inbox item reads as a record in flight until its due
+/// time (its lease's deadline while held), at attempt 1 or more.
 pub(crate) fn decode(names: &AttributeNames, key: &Key, item: &Item) -> Result<Record> {
     let corrupt =
         |what: &str| Error::corrupt(key, format!("item attribute {what} missing or malformed"));
@@ -187,7 +264,10 @@ pub(crate) fn decode(names: &AttributeNames, key: &Key, item: &Item) -> Result<R
         expires_ms: num(&names.deadline)?,
         completed_ms: opt_num(&names.completed)?,
         outcome: opt_bytes(&names.outcome)?,
-        attempts: num(&names.attempts)?,
+        attempts: match is_inbox_item(names, item) {
+            true => num(&names.attempts)?.max(1),
+            false => num(&names.attempts)?,
+        },
         first_seen_ms: num(&names.first_seen)?,
     }
     .decode(key)
@@ -273,7 +353,7 @@ mod tests {
         /// another error.
         #[test]
         fn any_item_decodes_or_is_corrupt(
-            values in proptest::collection::vec(proptest::option::of(any_value()), 10),
+            values in proptest::collection::vec(proptest::option::of(any_value()), 13),
             right_key in proptest::prelude::any::<bool>(),
         ) {
             let names = AttributeNames::default();
@@ -282,6 +362,7 @@ mod tests {
             let attrs = [
                 &names.state, &names.token, &names.claim_id, &names.fingerprint, &names.deadline,
                 &names.completed, &names.outcome, &names.attempts, &names.first_seen,
+                &names.wait, &names.payload, &names.last_error,
             ];
             for (name, value) in attrs.iter().zip(&values) {
                 if let Some(v) = value {
@@ -290,10 +371,14 @@ mod tests {
             }
             if right_key {
                 item.insert(names.partition_key.clone(), partition_key(&key));
-            } else if let Some(v) = &values[9] {
+            } else if let Some(v) = &values[12] {
                 item.insert(names.partition_key.clone(), v.clone());
             }
             match decode(&names, &key, &item) {
+                Ok(_) | Err(Error::CorruptRecord { .. }) => {}
+                Err(other) => proptest::prop_assert!(false, "{other:?}"),
+            }
+            match decode_item(&names, &key, &item) {
                 Ok(_) | Err(Error::CorruptRecord { .. }) => {}
                 Err(other) => proptest::prop_assert!(false, "{other:?}"),
             }

@@ -13,8 +13,16 @@ pub(crate) const FRESH: &str = "attribute_not_exists(#pk) OR (#st = :done AND #d
 /// deadline), whose lease has passed.
 pub(crate) const TAKEOVER: &str = "#tk = :tk AND #dl = :dl";
 
-/// Every holder's write: this token, in flight, deadline ahead of `:now`.
-pub(crate) const HELD: &str = "#tk = :tk AND #st = :zero AND #dl > :now";
+/// Every holder's write: this token, in flight, deadline ahead of `:now`
+/// (an inbox item: and held by a worker, not waiting with a worker's token).
+pub(crate) const HELD: &str =
+    "#tk = :tk AND #st = :zero AND #dl > :now AND (attribute_not_exists(#wt) OR #wt = :zero)";
+
+/// A claim's holder (release deletes, extend keeps the TTL): as [`HELD`], and
+/// not an inbox item (those are given back and extended by the inbox's own
+/// updates, which keep them out of the TTL).
+pub(crate) const CLAIM_HELD: &str =
+    "#tk = :tk AND #st = :zero AND #dl > :now AND attribute_not_exists(#wt)";
 
 /// A completion asked again: the record is done, by this token.
 pub(crate) const DONE_BY: &str = "#tk = :tk AND #st = :one";
@@ -22,23 +30,63 @@ pub(crate) const DONE_BY: &str = "#tk = :tk AND #st = :one";
 /// `forget`'s delete: the record is still the one read.
 pub(crate) const FENCED: &str = "#tk = :tk";
 
-pub(crate) const COMPLETE: &str = "SET #st = :one, #dl = :until, #cm = :now, #oc = :oc, #ex = :exp";
+/// A completion: the done record; an inbox item's attributes go (removing
+/// what a claim's record never had costs nothing).
+pub(crate) const COMPLETE: &str =
+    "SET #st = :one, #dl = :until, #cm = :now, #oc = :oc, #ex = :exp \
+     REMOVE #wt, #pl, #le, #iq, #il, #ik";
 pub(crate) const EXTEND: &str = "SET #dl = :until, #ex = :exp";
 
 /// `expire()`'s scan filter, projection, and delete condition (never a record
 /// claimed again since the scan).
-pub(crate) const SCAN: &str = "#dl <= :now";
+/// Inbox items never expire: both leave them.
+pub(crate) const SCAN: &str = "#dl <= :now AND attribute_not_exists(#wt)";
 pub(crate) const PROJECTION: &str = "#pk, #tk, #dl";
-pub(crate) const UNCHANGED: &str = "#tk = :tk AND #dl = :dl AND #dl <= :now";
+pub(crate) const UNCHANGED: &str =
+    "#tk = :tk AND #dl = :dl AND #dl <= :now AND attribute_not_exists(#wt)";
+
+/// An inbox item held by this token: running, its deadline ahead.
+pub(crate) const ITEM_HELD: &str = "#tk = :tk AND #wt = :zero AND #dl > :now";
+
+/// A take: the item is due now (waiting or held, deadline passed), whatever
+/// the index showed.
+pub(crate) const DUE: &str = "attribute_exists(#iq) AND #dl <= :now";
+pub(crate) const LEASE: &str =
+    "SET #tk = :tk, #dl = :until, #at = #at + :one, #wt = :zero, #iq = :q, #ik = :lk";
+
+/// An item given back (release, replay, a failure with a retry): waiting.
+pub(crate) const WAITING: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk";
+/// A failure with a retry, and a dead one (out of the due index).
+pub(crate) const FAIL_RETRY: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #le = :le";
+pub(crate) const FAIL_DEAD: &str = "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le REMOVE #iq";
+/// A heartbeat of a held item (no TTL: items never expire).
+pub(crate) const ITEM_EXTEND: &str = "SET #dl = :until, #iq = :q";
+/// What replay makes due: a dead item, or a failed one.
+pub(crate) const REPLAYABLE: &str = "#wt = :two OR (#wt = :one AND attribute_exists(#le))";
+
+/// The inbox's index queries.
+pub(crate) const DUE_QUERY: &str = "#iq = :q AND #dl <= :now";
+pub(crate) const LIST_QUERY: &str = "#il = :ns AND begins_with(#ik, :p)";
+pub(crate) const OLDEST_QUERY: &str = "#iq = :q";
 
 /// Every set of expressions one request carries: their attribute names are
 /// worked out once, when the store is built, not on every request.
-pub(crate) const REQUESTS: [&[&str]; 9] = [
+pub(crate) const REQUESTS: [&[&str]; 19] = [
     &[FRESH],
     &[TAKEOVER],
     &[COMPLETE, HELD],
     &[HELD],
-    &[EXTEND, HELD],
+    &[CLAIM_HELD],
+    &[EXTEND, CLAIM_HELD],
+    &[DUE, LEASE],
+    &[WAITING, ITEM_HELD],
+    &[WAITING, REPLAYABLE],
+    &[FAIL_RETRY, ITEM_HELD],
+    &[FAIL_DEAD, ITEM_HELD],
+    &[ITEM_EXTEND, ITEM_HELD],
+    &[DUE_QUERY],
+    &[LIST_QUERY],
+    &[OLDEST_QUERY],
     &[SCAN, PROJECTION],
     &[UNCHANGED],
     &[FENCED],

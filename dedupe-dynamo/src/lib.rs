@@ -10,6 +10,7 @@ mod clock;
 mod codec;
 mod error;
 mod expressions;
+mod inbox;
 mod ops;
 mod store;
 

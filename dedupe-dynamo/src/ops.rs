@@ -15,7 +15,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{ClaimOptions, ClaimOutcome, Error, Key, Lease, Record, RecordState, Result};
 
-use crate::codec::{decode, n, outcome_value, partition_key, s, Item};
+use crate::codec::{decode, is_inbox_item, n, outcome_value, partition_key, s, Item};
 use crate::error::{is_condition_failure, retryable_code};
 
 use crate::expressions::*;
@@ -139,6 +139,10 @@ impl DynamoStore {
                 continue;
             };
             let record = decode(&self.inner.names, key, &old)?;
+            if is_inbox_item(&self.inner.names, &old) {
+                // The inbox holds the key until the item is done.
+                return Ok(backend::losing_claim(record, opts));
+            }
             if record.token == token {
                 // This round's own write: the SDK sent the request again after
                 // its answer was lost, and the second sending met the first's
@@ -479,11 +483,14 @@ impl DynamoStore {
     /// After a `release` whose condition failed: `Ok` when no live record is
     /// under the key (the lease passed, or the same release sent again met the
     /// first one's delete), `LeaseLost` for a live record of another lease or
-    /// a done one.
+    /// a done one. An inbox item is given back instead.
     pub(crate) async fn released_already(&self, lease: &Lease) -> Result<()> {
         let Some(item) = self.read(&lease.key).await? else {
             return Ok(());
         };
+        if is_inbox_item(&self.inner.names, &item) {
+            return self.release_item(lease, &item).await;
+        }
         let record = decode(&self.inner.names, &lease.key, &item)?;
         if deadline_of(&record) > from_millis(self.now_ms()) {
             Err(Error::lease_lost(&lease.key))

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
-    TimeToLiveSpecification,
+    AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction, GlobalSecondaryIndex,
+    GlobalSecondaryIndexUpdate, IndexStatus, KeySchemaElement, KeyType, Projection, ProjectionType,
+    ProvisionedThroughput, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
 use dedupe_core::backend::{check_ttl, duration_millis, from_millis, BatchKeys};
@@ -21,7 +22,7 @@ use futures_util::StreamExt;
 
 pub use crate::builder::DynamoBuilder;
 use crate::clock::{judge, Clock, Offset, ServiceClock};
-use crate::codec::{decode, n, partition_key, s, AttributeNames, Item};
+use crate::codec::{decode, is_inbox_item, n, partition_key, s, AttributeNames, Item};
 use crate::error::{is_condition_failure, map_err};
 use crate::expressions::*;
 use crate::ops::deadline_of;
@@ -299,26 +300,18 @@ impl DynamoStore {
             if e.code() != Some("ResourceNotFoundException") {
                 return Err(self.fail(e));
             }
-            let created = client
+            let mut create = client
                 .create_table()
                 .table_name(table)
                 .billing_mode(BillingMode::PayPerRequest)
-                .attribute_definitions(
-                    AttributeDefinition::builder()
-                        .attribute_name(&names.partition_key)
-                        .attribute_type(ScalarAttributeType::S)
-                        .build()
-                        .map_err(|e| Error::config(e.to_string()))?,
-                )
-                .key_schema(
-                    KeySchemaElement::builder()
-                        .attribute_name(&names.partition_key)
-                        .key_type(KeyType::Hash)
-                        .build()
-                        .map_err(|e| Error::config(e.to_string()))?,
-                )
-                .send()
-                .await;
+                .key_schema(key_element(&names.partition_key, KeyType::Hash)?);
+            for definition in self.attribute_definitions()? {
+                create = create.attribute_definitions(definition);
+            }
+            for index in self.inbox_indexes()? {
+                create = create.global_secondary_indexes(index);
+            }
+            let created = create.send().await;
             if let Err(e) = created {
                 if e.code() != Some("ResourceInUseException") {
                     return Err(self.fail(e));
@@ -326,14 +319,36 @@ impl DynamoStore {
             }
         }
         let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(60) {
+        while started.elapsed() < Duration::from_secs(300) {
             let described = client
                 .describe_table()
                 .table_name(table)
                 .send()
                 .await
                 .map_err(|e| self.fail(e))?;
-            if described.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+            let table_desc = described.table();
+            let indexes_active = table_desc
+                .map(|t| t.global_secondary_indexes())
+                .unwrap_or_default()
+                .iter()
+                .all(|i| i.index_status() == Some(&IndexStatus::Active));
+            if table_desc.and_then(|t| t.table_status()) == Some(&TableStatus::Active)
+                && indexes_active
+            {
+                let missing = self.inbox_indexes()?.into_iter().find(|index| {
+                    !table_desc
+                        .map(|t| t.global_secondary_indexes())
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|i| i.index_name() == Some(index.index_name()))
+                });
+                if let Some(index) = missing {
+                    // A table from before the inbox: add its indexes, one
+                    // at a time (DynamoDB builds one per UpdateTable).
+                    self.add_index(index, table_desc).await?;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
                 let ttl = client
                     .update_time_to_live()
                     .table_name(table)
@@ -356,9 +371,103 @@ impl DynamoStore {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Err(Error::unavailable(
-            format!("table {table} did not become active within 60 s"),
+            format!("table {table} and its indexes did not become active within 300 s"),
             None,
         ))
+    }
+
+    /// The definitions of the attributes the table and its indexes key on.
+    fn attribute_definitions(&self) -> Result<Vec<AttributeDefinition>> {
+        let names = &self.inner.names;
+        [
+            (&names.partition_key, ScalarAttributeType::S),
+            (&names.queue, ScalarAttributeType::S),
+            (&names.deadline, ScalarAttributeType::N),
+            (&names.list_namespace, ScalarAttributeType::S),
+            (&names.list_key, ScalarAttributeType::S),
+        ]
+        .into_iter()
+        .map(|(name, kind)| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(kind)
+                .build()
+                .map_err(|e| Error::config(e.to_string()))
+        })
+        .collect()
+    }
+
+    /// The inbox's two sparse indexes, keys only (see `inbox.rs`).
+    fn inbox_indexes(&self) -> Result<Vec<GlobalSecondaryIndex>> {
+        let names = &self.inner.names;
+        [
+            (crate::inbox::DUE_INDEX, &names.queue, &names.deadline),
+            (
+                crate::inbox::ITEMS_INDEX,
+                &names.list_namespace,
+                &names.list_key,
+            ),
+        ]
+        .into_iter()
+        .map(|(index, hash, range)| {
+            GlobalSecondaryIndex::builder()
+                .index_name(index)
+                .key_schema(key_element(hash, KeyType::Hash)?)
+                .key_schema(key_element(range, KeyType::Range)?)
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::KeysOnly)
+                        .build(),
+                )
+                .build()
+                .map_err(|e| Error::config(e.to_string()))
+        })
+        .collect()
+    }
+
+    /// Adds `index` to an existing table (a table made before the inbox). A
+    /// table with provisioned capacity gives the index the table's own.
+    async fn add_index(
+        &self,
+        index: GlobalSecondaryIndex,
+        table: Option<&aws_sdk_dynamodb::types::TableDescription>,
+    ) -> Result<()> {
+        let mut create = CreateGlobalSecondaryIndexAction::builder()
+            .index_name(index.index_name())
+            .set_key_schema(Some(index.key_schema().to_vec()))
+            .set_projection(index.projection().cloned());
+        let provisioned = table
+            .and_then(|t| t.provisioned_throughput())
+            .and_then(|p| Some((p.read_capacity_units()?, p.write_capacity_units()?)))
+            .filter(|(r, w)| *r > 0 && *w > 0);
+        if let Some((read, write)) = provisioned {
+            create = create.provisioned_throughput(
+                ProvisionedThroughput::builder()
+                    .read_capacity_units(read)
+                    .write_capacity_units(write)
+                    .build()
+                    .map_err(|e| Error::config(e.to_string()))?,
+            );
+        }
+        let mut update = self
+            .inner
+            .client
+            .update_table()
+            .table_name(&self.inner.table)
+            .global_secondary_index_updates(
+                GlobalSecondaryIndexUpdate::builder()
+                    .create(create.build().map_err(|e| Error::config(e.to_string()))?)
+                    .build(),
+            );
+        for definition in self.attribute_definitions()? {
+            update = update.attribute_definitions(definition);
+        }
+        match update.send().await {
+            Ok(_) => Ok(()),
+            // Another process added it first.
+            Err(e) if e.code() == Some("ResourceInUseException") => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     /// Deletes the table and every record in it (for tests and temporary
@@ -427,13 +536,15 @@ impl DedupeStore for DynamoStore {
                 .delete_item()
                 .table_name(&self.inner.table)
                 .key(&self.inner.names.partition_key, partition_key(&lease.key))
-                .condition_expression(HELD)
-                .set_expression_attribute_names(self.names(&[HELD]))
+                .condition_expression(CLAIM_HELD)
+                .set_expression_attribute_names(self.names(&[CLAIM_HELD]))
                 .set_expression_attribute_values(Some(self.held_values(lease, self.now_ms())))
                 .send()
                 .await;
             match done {
                 Ok(_) => Ok(()),
+                // Not a claim held by this lease: an inbox item is given back
+                // instead (due now), else it was released already or lost.
                 Err(e) if is_condition_failure(&e) => self.released_already(lease).await,
                 Err(e) => Err(self.fail(e)),
             }
@@ -460,8 +571,8 @@ impl DedupeStore for DynamoStore {
                 .table_name(&self.inner.table)
                 .key(&self.inner.names.partition_key, partition_key(&lease.key))
                 .update_expression(EXTEND)
-                .condition_expression(HELD)
-                .set_expression_attribute_names(self.names(&[EXTEND, HELD]))
+                .condition_expression(CLAIM_HELD)
+                .set_expression_attribute_names(self.names(&[EXTEND, CLAIM_HELD]))
                 .set_expression_attribute_values(Some(values))
                 .send()
                 .await;
@@ -470,7 +581,8 @@ impl DedupeStore for DynamoStore {
                     deadline: from_millis(until),
                     ..lease.clone()
                 }),
-                Err(e) if is_condition_failure(&e) => Err(Error::lease_lost(&lease.key)),
+                // An inbox item is extended without a TTL.
+                Err(e) if is_condition_failure(&e) => self.extend_item(lease, ttl).await,
                 Err(e) => Err(self.fail(e)),
             }
         })
@@ -550,7 +662,9 @@ impl DedupeStore for DynamoStore {
                 return Ok(None);
             };
             let record = decode(&self.inner.names, key, &item)?;
-            Ok((deadline_of(&record) > from_millis(self.now_ms())).then_some(record))
+            let live = is_inbox_item(&self.inner.names, &item)
+                || deadline_of(&record) > from_millis(self.now_ms());
+            Ok(live.then_some(record))
         })
         .await
     }
@@ -566,7 +680,8 @@ impl DedupeStore for DynamoStore {
                     return Ok(false);
                 };
                 let record = decode(&self.inner.names, key, &item)?;
-                let live = deadline_of(&record) > from_millis(self.now_ms());
+                let live = is_inbox_item(&self.inner.names, &item)
+                    || deadline_of(&record) > from_millis(self.now_ms());
                 let gone = self
                     .inner
                     .client
@@ -651,6 +766,14 @@ impl DedupeStore for DynamoStore {
     fn capabilities(&self) -> Capabilities {
         self.inner.caps
     }
+}
+
+fn key_element(name: &str, kind: KeyType) -> Result<KeySchemaElement> {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .map_err(|e| Error::config(e.to_string()))
 }
 
 /// Why claims are refused on `table`, if they are: a global table whose

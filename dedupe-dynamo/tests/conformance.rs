@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupe_conformance::{run_selected, FaultyHandle, Fixture, Scale, StoreFactory};
-use dedupe_core::{async_trait, DedupeStore, Error};
+use dedupe_core::{async_trait, DedupeStore, Error, Inbox};
 use dedupe_dynamo::{client_for_endpoint, DynamoStore};
 use dedupe_testkit::dynamo::{dynamo_server, unique_table, DynamoServer, Emulator};
 
@@ -76,6 +76,18 @@ impl Fixture for DynamoFixture {
         )?))
     }
 
+    fn inbox(&self) -> Option<Arc<dyn Inbox>> {
+        Some(Arc::new(self.store.clone()))
+    }
+
+    async fn open_inbox(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        Ok(Some(Arc::new(store_on(
+            &self.endpoint,
+            &self.table,
+            Duration::from_secs(10),
+        )?)))
+    }
+
     /// An SDK client through a loopback proxy the fixture owns, bounded by one
     /// second per operation; the fault cuts the proxy.
     async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
@@ -100,6 +112,7 @@ const RACES_AND_VOLUME: &[&str] = &[
     "batches_race_batches",
     "expire_races_takeovers",
     "ten_thousand_distinct_keys",
+    "inbox_one_taker_race",
 ];
 
 async fn suite_on(emulator: Emulator, select: impl Fn(&str) -> bool) {
@@ -113,15 +126,7 @@ async fn suite_on(emulator: Emulator, select: impl Fn(&str) -> bool) {
     let report = run_selected(&factory, select).await;
     println!("{emulator:?}:\n{report}");
     assert!(report.all_passed(), "{emulator:?}:\n{report}");
-    // No inbox on DynamoDB yet (issue 29): only those checks are skipped.
-    assert_eq!(
-        report
-            .skipped()
-            .filter(|(name, _)| !name.starts_with("inbox_"))
-            .count(),
-        0,
-        "{emulator:?}:\n{report}"
-    );
+    assert_eq!(report.skipped().count(), 0, "{emulator:?}:\n{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -914,3 +914,122 @@ async fn the_store_bounds_calls_whatever_the_client() {
     );
     proxy.heal();
 }
+
+/// A table made before the inbox (partition key only): claims work, the
+/// inbox's take answers a configuration error that says how to add its
+/// indexes, and `create_table_if_missing` adds them; then an accepted item is
+/// taken. An item carries no TTL attribute (items never expire); the done
+/// record it becomes carries no item attribute, and has its TTL.
+async fn a_table_from_before_the_inbox_gets_its_indexes(emulator: Emulator) {
+    use dedupe_core::Inbox;
+    use dedupe_dynamo::aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let setup = Setup::start(emulator).await;
+    let client = setup.client();
+    let table = unique_table("old");
+    client
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("pk")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .expect("definition"),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("pk")
+                .key_type(KeyType::Hash)
+                .build()
+                .expect("key"),
+        )
+        .send()
+        .await
+        .expect("old table");
+    let store = Setup::store_on(&setup.endpoint, &table);
+    let claimed = store
+        .claim(&key("old-claim"), &opts(Duration::from_secs(60)))
+        .await
+        .expect("claim");
+    assert!(claimed.lease().is_some(), "{claimed:?}");
+    let item_key = key("old-item");
+    assert!(store
+        .accept(&item_key, b"body")
+        .await
+        .expect("accept")
+        .is_new());
+    let refused = store.take("dynamo", 10, Duration::from_secs(60)).await;
+    match refused {
+        Err(Error::InvalidConfig { reason }) => {
+            assert!(reason.contains("create_table_if_missing"), "{reason}")
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+    store
+        .create_table_if_missing()
+        .await
+        .expect("indexes added");
+    let raw = |pk: &'static str| {
+        let client = setup.client();
+        let table = table.clone();
+        async move {
+            let item = client
+                .get_item()
+                .table_name(&table)
+                .key("pk", AttributeValue::S(pk.into()))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("get")
+                .item()
+                .cloned()
+                .expect("present");
+            let mut names: Vec<String> = item.keys().cloned().collect();
+            names.sort_unstable();
+            names
+        }
+    };
+    let attributes = raw("dynamo:old-item").await;
+    assert!(
+        !attributes.contains(&"expires_at".to_string()),
+        "{attributes:?}"
+    );
+    // The index is eventually consistent: the item shows up in a take soon.
+    let mut taken = Vec::new();
+    for _ in 0..100 {
+        taken = store
+            .take("dynamo", 10, Duration::from_secs(60))
+            .await
+            .expect("take");
+        if !taken.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert_eq!(
+        (taken[0].lease.key.id(), taken[0].payload.as_slice()),
+        ("old-item", &b"body"[..])
+    );
+    store
+        .complete(&taken[0].lease, b"done", Duration::from_secs(600))
+        .await
+        .expect("complete");
+    assert_eq!(
+        raw("dynamo:old-item").await,
+        ["at", "cm", "dl", "expires_at", "fs", "oc", "pk", "st", "tk"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_the_inbox_gets_its_indexes_on_moto() {
+    a_table_from_before_the_inbox_gets_its_indexes(Emulator::Moto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_the_inbox_gets_its_indexes_on_dynamodb_local() {
+    a_table_from_before_the_inbox_gets_its_indexes(Emulator::DynamoDbLocal).await;
+}

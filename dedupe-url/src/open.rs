@@ -81,8 +81,8 @@ impl Opener {
     }
 
     /// A new handle onto the store's inbox ([`Inbox`]), when the store offers
-    /// one: memory, SQLite, Postgres and Redis do (a Redis Cluster with
-    /// `?namespace_hash_tags=true`); DynamoDB not yet (`None`).
+    /// one: every store built in does (a Redis Cluster with
+    /// `?namespace_hash_tags=true`).
     pub async fn inbox_handle(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
         Ok(match self.url.target() {
             Target::Memory => Some(Arc::new(self.memory.clone())),
@@ -100,6 +100,9 @@ impl Opener {
             )),
             #[cfg(feature = "redis")]
             Target::Redis { .. } => Some(Arc::new(self.redis().await?)),
+            #[cfg(feature = "dynamodb")]
+            Target::Dynamo { .. } => Some(Arc::new(self.dynamo().await?)),
+            #[allow(unreachable_patterns)]
             _ => None,
         })
     }

@@ -1,0 +1,773 @@
+//! The inbox on DynamoDB: an item is its key's record with a wait, a payload
+//! and a last error, and no TTL attribute (items never expire). Two sparse
+//! global secondary indexes find items without scanning the table:
+//!
+//! - `dedupe_due` (partition `iq`, sort `dl`, keys only): `<namespace>|w` on
+//!   pending and failed items, `<namespace>|h` on running ones, absent on dead
+//!   items and every other record. A take queries both partitions for what is
+//!   due by now, oldest first, and leases each candidate with an `UpdateItem`
+//!   conditioned on the item being due *now* (`attribute_exists(iq) AND dl <=
+//!   now`): the index is eventually consistent, the condition is not, so of
+//!   two takers reading the same entry one wins and the other moves on.
+//! - `dedupe_items` (partition `il` = the namespace, sort `ik` =
+//!   `<status letter>:<id>`, keys only), on every item: a page of a status is
+//!   one `Query` from the cursor, then a strongly consistent `BatchGetItem`
+//!   of the page; a count is a `Select=COUNT` query of the status.
+//!
+//! Cost: an item's writes touch one or two index entries (a write unit each,
+//! on top of the item's); a take is two queries (read units for at most
+//! `2 x max` keys) and one `UpdateItem` per item; counts read every index key
+//! of the namespace's items (about 4 KB of keys per read unit).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure, Select,
+};
+use dedupe_core::backend::{
+    self, check_ttl, duration_millis, from_millis, taken_item, to_millis, StoredRecord,
+};
+use dedupe_core::inbox::{check_payload, check_take, cut_error};
+use dedupe_core::{
+    Accepted, Error, Inbox, InboxCounts, ItemPage, ItemQuery, ItemStatus, Key, Lease, RecordState,
+    Result, Retry, Taken,
+};
+use futures_util::StreamExt;
+
+use crate::codec::{decode, decode_item, is_inbox_item, n, outcome_value, partition_key, s, Item};
+use crate::expressions::*;
+use crate::ops::deadline_of;
+use crate::store::{DynamoStore, Written};
+
+/// The due index: items to take, by namespace and deadline.
+pub(crate) const DUE_INDEX: &str = "dedupe_due";
+/// The items index: items to list and count, by namespace, status and id.
+pub(crate) const ITEMS_INDEX: &str = "dedupe_items";
+
+/// What a conditional update came to.
+enum Updated {
+    /// Written; the item as it is now, when asked for.
+    Done(Option<Item>),
+    /// The condition failed; the item as it is (none when absent).
+    Failed(Option<Item>),
+}
+
+fn letter(status: ItemStatus) -> char {
+    match status {
+        ItemStatus::Pending => 'p',
+        ItemStatus::Running => 'r',
+        ItemStatus::Failed => 'f',
+        ItemStatus::Dead => 'd',
+    }
+}
+
+fn list_key(status: ItemStatus, key: &Key) -> AttributeValue {
+    s(&format!("{}:{}", letter(status), key.id()))
+}
+
+fn waiting(namespace: &str) -> AttributeValue {
+    s(&format!("{namespace}|w"))
+}
+
+fn held(namespace: &str) -> AttributeValue {
+    s(&format!("{namespace}|h"))
+}
+
+fn values<const N: usize>(pairs: [(&str, AttributeValue); N]) -> HashMap<String, AttributeValue> {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+impl DynamoStore {
+    /// One conditional `UpdateItem`, answering the item after it (when `new`)
+    /// or, when the condition failed, the item as it is (returned by the
+    /// service, or read where an emulator returns nothing).
+    async fn update(
+        &self,
+        key: &Key,
+        update: &'static str,
+        condition: &'static str,
+        values: HashMap<String, AttributeValue>,
+        new: bool,
+    ) -> Result<Updated> {
+        let sent = self
+            .inner
+            .client
+            .update_item()
+            .table_name(&self.inner.table)
+            .key(&self.inner.names.partition_key, partition_key(key))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(self.names(&[update, condition]))
+            .set_expression_attribute_values(Some(values))
+            .return_values(if new {
+                ReturnValue::AllNew
+            } else {
+                ReturnValue::None
+            })
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match sent {
+            Ok(out) => Ok(Updated::Done(out.attributes().cloned())),
+            Err(e) if crate::error::is_condition_failure(&e) => {
+                let old = match e.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(c)) => c.item().cloned(),
+                    _ => None,
+                }
+                .filter(|item| !item.is_empty());
+                Ok(Updated::Failed(match old {
+                    Some(old) => Some(old),
+                    None => self.read(key).await?,
+                }))
+            }
+            Err(e) => Err(self.index_error(e)),
+        }
+    }
+
+    /// A request's error; a missing inbox index is a configuration error
+    /// saying how to add it.
+    fn index_error<E>(
+        &self,
+        e: aws_sdk_dynamodb::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
+    ) -> Error
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        // DynamoDB and DynamoDB Local: ValidationException "The table does
+        // not have the specified index"; moto: ResourceNotFoundException
+        // "Invalid index".
+        let missing_index = matches!(
+            e.code(),
+            Some("ValidationException" | "ResourceNotFoundException")
+        ) && e
+            .message()
+            .is_some_and(|m| m.to_ascii_lowercase().contains("index"));
+        if missing_index {
+            return Error::config(format!(
+                "table {} has no inbox indexes ({DUE_INDEX}, {ITEMS_INDEX}): \
+                 create_table_if_missing adds them (dedupe migrate); {}",
+                self.inner.table,
+                e.message().unwrap_or_default()
+            ));
+        }
+        self.fail(e)
+    }
+
+    /// The lease an item read back holds, and its payload and last error.
+    fn taken(&self, key: Key, item: &Item) -> Result<Taken> {
+        let record = decode(&self.inner.names, &key, item)?;
+        let shown = decode_item(&self.inner.names, &key, item)?
+            .ok_or_else(|| Error::corrupt(&key, "a taken item is not an inbox item"))?;
+        taken_item(
+            key,
+            record.token.as_str().to_string(),
+            to_millis(deadline_of(&record)),
+            i64::from(shown.attempts),
+            Some(shown.payload),
+            shown.last_error,
+        )
+    }
+
+    /// `release` of an inbox item held by `lease` (read as `item`): due now,
+    /// its attempts kept. Given back already by this lease (the same release
+    /// sent again): Ok.
+    pub(crate) async fn release_item(&self, lease: &Lease, item: &Item) -> Result<()> {
+        let names = &self.inner.names;
+        let given_back = |item: &Item| -> Result<bool> {
+            let record = decode(names, &lease.key, item)?;
+            let shown = decode_item(names, &lease.key, item)?;
+            Ok(record.token == lease.token
+                && shown.is_some_and(|i| {
+                    matches!(i.status, ItemStatus::Pending | ItemStatus::Failed)
+                        && i.due_at <= from_millis(self.now_ms())
+                }))
+        };
+        if given_back(item)? {
+            return Ok(());
+        }
+        let status = match item.contains_key(&names.last_error) {
+            true => ItemStatus::Failed,
+            false => ItemStatus::Pending,
+        };
+        let now = self.now_ms();
+        let vals = values([
+            (":tk", s(lease.token.as_str())),
+            (":zero", n(0)),
+            (":one", n(1)),
+            (":now", n(now)),
+            (":due", n(now)),
+            (":q", waiting(lease.key.namespace())),
+            (":lk", list_key(status, &lease.key)),
+        ]);
+        match self
+            .update(&lease.key, WAITING, ITEM_HELD, vals, false)
+            .await?
+        {
+            Updated::Done(_) => Ok(()),
+            Updated::Failed(Some(old)) if is_inbox_item(names, &old) && given_back(&old)? => Ok(()),
+            Updated::Failed(_) => Err(Error::lease_lost(&lease.key)),
+        }
+    }
+
+    /// `extend` of an inbox item held by `lease`: its deadline moves, and no
+    /// TTL is set (items never expire).
+    pub(crate) async fn extend_item(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        let now = self.now_ms();
+        let until = now.saturating_add(duration_millis(ttl));
+        let vals = values([
+            (":tk", s(lease.token.as_str())),
+            (":zero", n(0)),
+            (":now", n(now)),
+            (":until", n(until)),
+            (":q", held(lease.key.namespace())),
+        ]);
+        match self
+            .update(&lease.key, ITEM_EXTEND, ITEM_HELD, vals, false)
+            .await?
+        {
+            Updated::Done(_) => Ok(Lease {
+                deadline: from_millis(until),
+                ..lease.clone()
+            }),
+            Updated::Failed(_) => Err(Error::lease_lost(&lease.key)),
+        }
+    }
+
+    /// The keys of the due index's partition `queue` due by `now`, oldest
+    /// first, at most `max`, with their deadlines.
+    async fn due(&self, queue: AttributeValue, now: i64, max: usize) -> Result<Vec<(i64, Item)>> {
+        let out = self
+            .inner
+            .client
+            .query()
+            .table_name(&self.inner.table)
+            .index_name(DUE_INDEX)
+            .key_condition_expression(DUE_QUERY)
+            .set_expression_attribute_names(self.names(&[DUE_QUERY]))
+            .expression_attribute_values(":q", queue)
+            .expression_attribute_values(":now", n(now))
+            .scan_index_forward(true)
+            .limit(i32::try_from(max).unwrap_or(i32::MAX))
+            .send()
+            .await
+            .map_err(|e| self.index_error(e))?;
+        let names = &self.inner.names;
+        Ok(out
+            .items()
+            .iter()
+            .filter_map(|item| {
+                let dl = match item.get(&names.deadline) {
+                    Some(AttributeValue::N(v)) => v.parse().ok()?,
+                    _ => return None,
+                };
+                Some((dl, item.clone()))
+            })
+            .collect())
+    }
+
+    /// The key an index entry points at, in `namespace`.
+    fn key_of(&self, namespace: &str, entry: &Item) -> Result<Key> {
+        let probe = Key::new(namespace, "-")?;
+        let Some(AttributeValue::S(pk)) = entry.get(&self.inner.names.partition_key) else {
+            return Err(Error::corrupt(&probe, "an index entry without its key"));
+        };
+        let id = pk
+            .strip_prefix(namespace)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .ok_or_else(|| Error::corrupt(&probe, format!("an index entry of {pk:?}")))?;
+        Key::new(namespace, id).map_err(|e| Error::corrupt(&probe, e.to_string()))
+    }
+
+    /// Every index key of `status` in `namespace` after `after`, up to
+    /// `limit`, in id order.
+    async fn listed(
+        &self,
+        namespace: &str,
+        status: ItemStatus,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Key>> {
+        let names = &self.inner.names;
+        let mut start = after.map(|after| {
+            HashMap::from([
+                (
+                    names.partition_key.clone(),
+                    s(&format!("{namespace}:{after}")),
+                ),
+                (names.list_namespace.clone(), s(namespace)),
+                (
+                    names.list_key.clone(),
+                    s(&format!("{}:{after}", letter(status))),
+                ),
+            ])
+        });
+        let mut keys = Vec::new();
+        while keys.len() < limit {
+            let out = self
+                .inner
+                .client
+                .query()
+                .table_name(&self.inner.table)
+                .index_name(ITEMS_INDEX)
+                .key_condition_expression(LIST_QUERY)
+                .set_expression_attribute_names(self.names(&[LIST_QUERY]))
+                .expression_attribute_values(":ns", s(namespace))
+                .expression_attribute_values(":p", s(&format!("{}:", letter(status))))
+                .set_exclusive_start_key(start.take())
+                .limit(i32::try_from(limit - keys.len()).unwrap_or(i32::MAX))
+                .send()
+                .await
+                .map_err(|e| self.index_error(e))?;
+            for entry in out.items() {
+                keys.push(self.key_of(namespace, entry)?);
+            }
+            match out.last_evaluated_key() {
+                Some(last) if !last.is_empty() => start = Some(last.clone()),
+                _ => break,
+            }
+        }
+        Ok(keys)
+    }
+
+    /// How many index keys of `status` the namespace has.
+    async fn count(&self, namespace: &str, status: ItemStatus) -> Result<u64> {
+        let mut start = None;
+        let mut total = 0u64;
+        loop {
+            let out = self
+                .inner
+                .client
+                .query()
+                .table_name(&self.inner.table)
+                .index_name(ITEMS_INDEX)
+                .key_condition_expression(LIST_QUERY)
+                .set_expression_attribute_names(self.names(&[LIST_QUERY]))
+                .expression_attribute_values(":ns", s(namespace))
+                .expression_attribute_values(":p", s(&format!("{}:", letter(status))))
+                .select(Select::Count)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| self.index_error(e))?;
+            total += u64::try_from(out.count()).unwrap_or(0);
+            match out.last_evaluated_key() {
+                Some(last) if !last.is_empty() => start = Some(last.clone()),
+                _ => return Ok(total),
+            }
+        }
+    }
+
+    /// Strongly consistent reads of `keys`, 100 a request, the service's
+    /// unprocessed keys asked again.
+    async fn read_many(&self, keys: &[Key]) -> Result<HashMap<String, Item>> {
+        let names = &self.inner.names;
+        let mut found = HashMap::new();
+        for chunk in keys.chunks(100) {
+            let mut pending = Some(
+                KeysAndAttributes::builder()
+                    .set_keys(Some(
+                        chunk
+                            .iter()
+                            .map(|k| {
+                                HashMap::from([(names.partition_key.clone(), partition_key(k))])
+                            })
+                            .collect(),
+                    ))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| Error::config(e.to_string()))?,
+            );
+            let mut rounds = 0;
+            while let Some(ask) = pending.take() {
+                rounds += 1;
+                if rounds > 8 {
+                    return Err(Error::backend(
+                        "the service kept keys of a batch read unprocessed; retry",
+                        true,
+                        None,
+                    ));
+                }
+                let out = self
+                    .inner
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.inner.table, ask)
+                    .send()
+                    .await
+                    .map_err(|e| self.fail(e))?;
+                for item in out
+                    .responses()
+                    .and_then(|r| r.get(&self.inner.table))
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(AttributeValue::S(pk)) = item.get(&names.partition_key) {
+                        found.insert(pk.clone(), item.clone());
+                    }
+                }
+                pending = out
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(&self.inner.table))
+                    .filter(|k| !k.keys().is_empty())
+                    .cloned();
+                if pending.is_some() {
+                    tokio::time::sleep(Duration::from_millis(20 << rounds.min(4))).await;
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Every call bounded by the store's timeout; deadlines by the caller's
+/// clock, checked against DynamoDB's as claims are.
+#[async_trait]
+impl Inbox for DynamoStore {
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        check_payload(payload)?;
+        self.bounded(async {
+            self.clock_guard(key, None).await?;
+            let names = &self.inner.names;
+            // What the write requires of the item: absent or done and expired,
+            // or exactly the expired claim last read (its attempts are kept).
+            let mut replacing: Option<dedupe_core::Record> = None;
+            for round in 0..CLAIM_ROUNDS {
+                let now = self.now_ms();
+                let token = backend::new_token();
+                let (attempts, first_seen) = match &replacing {
+                    Some(old) => (i64::from(old.attempts), to_millis(old.first_seen)),
+                    None => (0, now),
+                };
+                let item = Item::from([
+                    (names.partition_key.clone(), partition_key(key)),
+                    (names.state.clone(), n(StoredRecord::IN_FLIGHT)),
+                    (names.token.clone(), s(token.as_str())),
+                    (names.deadline.clone(), n(now)),
+                    (names.attempts.clone(), n(attempts)),
+                    (names.first_seen.clone(), n(first_seen)),
+                    (names.wait.clone(), n(1)),
+                    (names.payload.clone(), outcome_value(payload)),
+                    (names.queue.clone(), waiting(key.namespace())),
+                    (names.list_namespace.clone(), s(key.namespace())),
+                    (names.list_key.clone(), list_key(ItemStatus::Pending, key)),
+                ]);
+                let (condition, vals) = match &replacing {
+                    None => (
+                        FRESH,
+                        values([(":done", n(StoredRecord::DONE)), (":now", n(now))]),
+                    ),
+                    Some(old) => (
+                        TAKEOVER,
+                        values([
+                            (":tk", s(old.token.as_str())),
+                            (":dl", n(to_millis(deadline_of(old)))),
+                        ]),
+                    ),
+                };
+                let old = match self.put(item, condition, vals).await? {
+                    Written::Won => return Ok(Accepted::New),
+                    Written::Conflict => {
+                        tokio::time::sleep(Duration::from_millis(5 << round.min(5))).await;
+                        continue;
+                    }
+                    Written::Lost(Some(old)) => Some(old),
+                    Written::Lost(None) => self.read(key).await?,
+                };
+                let Some(old) = old else {
+                    replacing = None;
+                    continue;
+                };
+                let record = decode(names, key, &old)?;
+                if let Some(item) = decode_item(names, key, &old)? {
+                    // This very accept, sent again by the SDK after its answer
+                    // was lost, met its own item (no take has changed the token).
+                    if record.token == token {
+                        return Ok(Accepted::New);
+                    }
+                    return Ok(Accepted::Item(item));
+                }
+                if deadline_of(&record) > from_millis(self.now_ms()) {
+                    return Ok(match record.state {
+                        RecordState::Done {
+                            outcome,
+                            completed_at,
+                            ..
+                        } => Accepted::Done {
+                            outcome,
+                            completed_at,
+                        },
+                        RecordState::InFlight { lease_deadline } => Accepted::InFlight {
+                            deadline: lease_deadline,
+                            attempt: record.attempts,
+                        },
+                    });
+                }
+                replacing = match record.state {
+                    RecordState::InFlight { .. } => Some(record),
+                    RecordState::Done { .. } => None,
+                };
+            }
+            Err(Error::backend(
+                "the record kept changing under the accept; retry",
+                true,
+                None,
+            ))
+        })
+        .await
+    }
+
+    /// Two queries of the due index (waiting, and held past the lease),
+    /// merged oldest due first; then one conditional update per candidate,
+    /// `fan_out` at a time. A candidate the index showed stale (taken or
+    /// changed since) is passed over, so a take may hand out fewer than
+    /// `max` while more are due; the next take finds them.
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        check_take(max, lease)?;
+        let probe = Key::new(namespace, "-")?;
+        self.bounded(async {
+            self.clock_guard(&probe, Some(lease)).await?;
+            let now = self.now_ms();
+            let (a, b) = futures_util::try_join!(
+                self.due(waiting(namespace), now, max),
+                self.due(held(namespace), now, max)
+            )?;
+            let mut candidates: Vec<(i64, Item)> = a.into_iter().chain(b).collect();
+            candidates.sort_by_key(|(dl, _)| *dl);
+            candidates.truncate(max);
+            let keys = candidates
+                .iter()
+                .map(|(_, entry)| self.key_of(namespace, entry))
+                .collect::<Result<Vec<_>>>()?;
+            let leased: Vec<Result<Option<Taken>>> = futures_util::stream::iter(keys)
+                .map(|key| async move {
+                    let now = self.now_ms();
+                    let token = backend::new_token();
+                    let vals = values([
+                        (":now", n(now)),
+                        (":tk", s(token.as_str())),
+                        (":until", n(now.saturating_add(duration_millis(lease)))),
+                        (":one", n(1)),
+                        (":zero", n(0)),
+                        (":q", held(namespace)),
+                        (":lk", list_key(ItemStatus::Running, &key)),
+                    ]);
+                    match self.update(&key, LEASE, DUE, vals, true).await? {
+                        Updated::Done(Some(item)) => self.taken(key, &item).map(Some),
+                        Updated::Done(None) => Err(Error::backend(
+                            "the service did not return the item it leased",
+                            true,
+                            None,
+                        )),
+                        // This very update, sent again by the SDK after its
+                        // answer was lost, met its own lease.
+                        Updated::Failed(Some(old))
+                            if decode(&self.inner.names, &key, &old)?.token == token =>
+                        {
+                            self.taken(key, &old).map(Some)
+                        }
+                        Updated::Failed(_) => Ok(None),
+                    }
+                })
+                .buffered(self.inner.fan_out)
+                .collect()
+                .await;
+            leased
+                .into_iter()
+                .filter_map(Result::transpose)
+                .collect::<Result<Vec<_>>>()
+        })
+        .await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+        if let Retry::After(delay) = retry {
+            check_ttl("retry delay", delay)?;
+        }
+        let error = cut_error(error);
+        self.bounded(async {
+            let now = self.now_ms();
+            let key = &lease.key;
+            let mut vals = values([
+                (":tk", s(lease.token.as_str())),
+                (":zero", n(0)),
+                (":now", n(now)),
+                (":le", s(&error)),
+            ]);
+            let update = match retry {
+                Retry::After(delay) => {
+                    vals.insert(":one".into(), n(1));
+                    vals.insert(
+                        ":due".into(),
+                        n(now.saturating_add(duration_millis(delay))),
+                    );
+                    vals.insert(":q".into(), waiting(key.namespace()));
+                    vals.insert(":lk".into(), list_key(ItemStatus::Failed, key));
+                    FAIL_RETRY
+                }
+                Retry::Dead => {
+                    vals.insert(":two".into(), n(2));
+                    vals.insert(":due".into(), n(now));
+                    vals.insert(":lk".into(), list_key(ItemStatus::Dead, key));
+                    FAIL_DEAD
+                }
+            };
+            let old = match self.update(key, update, ITEM_HELD, vals, false).await? {
+                Updated::Done(_) => return Ok(()),
+                Updated::Failed(None) => return Err(Error::lease_lost(key)),
+                Updated::Failed(Some(old)) => old,
+            };
+            let names = &self.inner.names;
+            let record = decode(names, key, &old)?;
+            let Some(item) = decode_item(names, key, &old)? else {
+                let held = record.token == lease.token
+                    && matches!(record.state, RecordState::InFlight { lease_deadline } if lease_deadline > from_millis(now));
+                return Err(if held {
+                    Error::config("fail is for inbox items; a claim is released instead")
+                } else {
+                    Error::lease_lost(key)
+                });
+            };
+            // Failed so already by this lease (the same fail sent again).
+            let same = record.token == lease.token
+                && item.last_error.as_deref() == Some(error.as_str())
+                && match retry {
+                    Retry::Dead => item.status == ItemStatus::Dead,
+                    Retry::After(_) => item.status == ItemStatus::Failed,
+                };
+            if same {
+                Ok(())
+            } else {
+                Err(Error::lease_lost(key))
+            }
+        })
+        .await
+    }
+
+    async fn item(&self, key: &Key) -> Result<Option<dedupe_core::Item>> {
+        self.bounded(async {
+            match self.read(key).await? {
+                Some(item) => decode_item(&self.inner.names, key, &item),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// Up to `limit + 1` index keys of each status asked (one query each),
+    /// merged in id order, then the page read strongly consistent. An item
+    /// whose status changed between the two is shown as it is now, and left
+    /// out when it no longer matches the filter.
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        query.validate()?;
+        let statuses: Vec<ItemStatus> = match query.status {
+            Some(status) => vec![status],
+            None => vec![
+                ItemStatus::Pending,
+                ItemStatus::Running,
+                ItemStatus::Failed,
+                ItemStatus::Dead,
+            ],
+        };
+        self.bounded(async {
+            let lists = futures_util::future::try_join_all(statuses.iter().map(|status| {
+                self.listed(
+                    &query.namespace,
+                    *status,
+                    query.after.as_deref(),
+                    query.limit + 1,
+                )
+            }))
+            .await?;
+            let mut keys: Vec<Key> = lists.into_iter().flatten().collect();
+            // DynamoDB orders string sort keys by their UTF-8 bytes, as this does.
+            keys.sort_by(|a, b| a.id().as_bytes().cmp(b.id().as_bytes()));
+            keys.dedup();
+            let more = keys.len() > query.limit;
+            keys.truncate(query.limit);
+            let next = more
+                .then(|| keys.last().map(|k| k.id().to_string()))
+                .flatten();
+            let found = self.read_many(&keys).await?;
+            let mut items = Vec::with_capacity(keys.len());
+            for key in &keys {
+                let pk = format!("{}:{}", key.namespace(), key.id());
+                let Some(stored) = found.get(&pk) else {
+                    continue;
+                };
+                if let Some(item) = decode_item(&self.inner.names, key, stored)? {
+                    if query.status.is_none_or(|s| s == item.status) {
+                        items.push(item);
+                    }
+                }
+            }
+            Ok(ItemPage::new(items, next))
+        })
+        .await
+    }
+
+    async fn replay(&self, key: &Key) -> Result<bool> {
+        self.bounded(async {
+            let vals = values([
+                (":one", n(1)),
+                (":two", n(2)),
+                (":due", n(self.now_ms())),
+                (":q", waiting(key.namespace())),
+                (":lk", list_key(ItemStatus::Failed, key)),
+            ]);
+            Ok(matches!(
+                self.update(key, WAITING, REPLAYABLE, vals, false).await?,
+                Updated::Done(_)
+            ))
+        })
+        .await
+    }
+
+    /// Four `Select=COUNT` queries of the items index (they read every index
+    /// key of the namespace's items) and the first entry of the waiting
+    /// partition of the due index.
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+        self.bounded(async {
+            let (pending, running, failed, dead) = futures_util::try_join!(
+                self.count(namespace, ItemStatus::Pending),
+                self.count(namespace, ItemStatus::Running),
+                self.count(namespace, ItemStatus::Failed),
+                self.count(namespace, ItemStatus::Dead),
+            )?;
+            let first = self
+                .inner
+                .client
+                .query()
+                .table_name(&self.inner.table)
+                .index_name(DUE_INDEX)
+                .key_condition_expression(OLDEST_QUERY)
+                .set_expression_attribute_names(self.names(&[OLDEST_QUERY]))
+                .expression_attribute_values(":q", waiting(namespace))
+                .scan_index_forward(true)
+                .limit(1)
+                .send()
+                .await
+                .map_err(|e| self.index_error(e))?;
+            let oldest =
+                first
+                    .items()
+                    .first()
+                    .and_then(|item| match item.get(&self.inner.names.deadline) {
+                        Some(AttributeValue::N(v)) => v.parse::<i64>().ok(),
+                        _ => None,
+                    });
+            let count = |c: u64| i64::try_from(c).unwrap_or(i64::MAX);
+            Ok(backend::stored_counts(
+                count(pending),
+                count(running),
+                count(failed),
+                count(dead),
+                oldest,
+            ))
+        })
+        .await
+    }
+}
