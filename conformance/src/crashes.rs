@@ -54,9 +54,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, RecordState};
+use dedupe_core::{
+    Accepted, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, Key, RecordState,
+};
 
 use crate::harness::Failure;
+use futures_util::StreamExt;
 
 const DIR_VAR: &str = "DEDUPE_CRASH_DIR";
 const INDEX_VAR: &str = "DEDUPE_CRASH_INDEX";
@@ -96,6 +99,9 @@ pub struct CrashPlan {
     /// completes (a GC pause, a slow call): its lease is taken over and its
     /// completion must be refused. 0: never.
     pub stall_every: usize,
+    /// How long the parent waits, before each kill, for a worker that holds
+    /// a claim (then it kills any).
+    pub holder_wait: Duration,
     /// How long the whole run may take before it fails.
     pub deadline: Duration,
 }
@@ -111,7 +117,24 @@ impl Default for CrashPlan {
             lease: Duration::from_millis(400),
             work: Duration::from_millis(120),
             stall_every: 5,
+            holder_wait: Duration::from_millis(300),
             deadline: Duration::from_secs(120),
+        }
+    }
+}
+
+impl CrashPlan {
+    /// The inbox's run ([`run_inbox_crash_worker`]): 200 items, 3 workers, 8
+    /// kills, 400 ms leases, 30 ms of work an item, takes of up to 3, a stall
+    /// past the lease every 7th item; the parent waits up to 2 s for a worker
+    /// holding items (a fresh worker accepts every item before it takes).
+    pub fn inbox() -> Self {
+        Self {
+            events: 200,
+            work: Duration::from_millis(30),
+            stall_every: 7,
+            holder_wait: Duration::from_secs(2),
+            ..Self::default()
         }
     }
 }
@@ -266,11 +289,11 @@ impl<'a> Pool<'a> {
                 ));
             }
             // Wait a random while, then kill a worker that holds a claim if one
-            // does within 300 ms, else any.
+            // does within the plan's wait, else any.
             let pause = 100 + self.random() % 300;
             std::thread::sleep(Duration::from_millis(pause));
             self.reap()?;
-            let look_until = Instant::now() + Duration::from_millis(300);
+            let look_until = Instant::now() + self.plan.holder_wait;
             let victim = loop {
                 let holder = self.live.iter().position(|(i, _)| self.holding(*i));
                 if holder.is_some() || Instant::now() > look_until {
@@ -433,6 +456,149 @@ pub async fn run_crash_worker(store: Arc<dyn DedupeStore>) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    log_finals(store.as_ref(), events, &mut log).await;
+}
+
+/// Most items an inbox worker takes at once.
+const TAKE: usize = 3;
+
+/// The worker's side of the inbox's run, called by the ignored child test
+/// with the store's inbox open. It first accepts every item (every worker
+/// does, so accepts race accepts: one answers `New` per item, the rest what
+/// is there), then takes due items, up to three at a time, and works each as
+/// [`run_crash_worker`] works a claim (a stall past the lease every few
+/// items, then completion with the lease token as the outcome), until no
+/// item is pending, running or failed; then logs each record as it stands.
+/// A killed worker's items are taken over once their leases pass.
+pub async fn run_inbox_crash_worker(inbox: Arc<dyn Inbox>) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
+    };
+    let dir = PathBuf::from(var(DIR_VAR));
+    let index: usize = var(INDEX_VAR).parse().expect("index");
+    let events: usize = var(EVENTS_VAR).parse().expect("events");
+    let lease = Duration::from_millis(var(LEASE_VAR).parse().expect("lease"));
+    let work = Duration::from_millis(var(WORK_VAR).parse().expect("work"));
+    let stall_every: usize = var(STALL_VAR).parse().expect("stall");
+    let mut log = Log(std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path(&dir, index))
+        .expect("worker log"));
+    let payload = |event: usize| format!("item {event}").into_bytes();
+    // Sixteen accepts at a time, so a worker starts taking soon after it
+    // starts (the parent kills workers from the first moments on).
+    let accepted: Vec<Vec<String>> = futures_util::stream::iter(0..events)
+        .map(|step| {
+            let inbox = Arc::clone(&inbox);
+            let event = (step + index * 7) % events;
+            async move {
+                let mut lines = Vec::new();
+                loop {
+                    match inbox.accept(&event_key(event), &payload(event)).await {
+                        Ok(Accepted::New) => lines.push(format!("ACCEPTED {event}")),
+                        Ok(_) => {}
+                        Err(e) => {
+                            lines.push(format!("ERROR {event} {e}"));
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            continue;
+                        }
+                    }
+                    return lines;
+                }
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for line in accepted.into_iter().flatten() {
+        log.line(line);
+    }
+    let mut worked = 0usize;
+    loop {
+        let taken = match inbox.take(NAMESPACE, TAKE, lease).await {
+            Ok(taken) => taken,
+            Err(e) => {
+                log.line(format!("ERROR - {e}"));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        if taken.is_empty() {
+            match inbox.counts(NAMESPACE).await {
+                Ok(c) if c.pending + c.running + c.failed == 0 => break,
+                Ok(_) => {}
+                Err(e) => log.line(format!("ERROR - {e}")),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        // Every item is logged as held the moment the take answers, then
+        // worked one after the other.
+        let mut held = Vec::with_capacity(taken.len());
+        for item in taken {
+            let lease = item.lease;
+            let Some(event) = lease
+                .key
+                .id()
+                .strip_prefix('e')
+                .and_then(|n| n.parse::<usize>().ok())
+            else {
+                log.line(format!("BADKEY {} -", lease.key));
+                continue;
+            };
+            if item.payload != payload(event) {
+                log.line(format!("BADPAYLOAD {event} {}", lease.token.as_str()));
+            }
+            log.line(format!(
+                "CLAIMED {event} {} {} {} {}",
+                lease.token.as_str(),
+                lease.attempt,
+                wall_ms(SystemTime::now()),
+                wall_ms(lease.deadline)
+            ));
+            held.push((event, lease));
+        }
+        for (event, lease) in held {
+            worked += 1;
+            if stall_every > 0 && worked.is_multiple_of(stall_every) {
+                log.line(format!("STALLING {event} {}", lease.token.as_str()));
+                tokio::time::sleep(lease_ttl_of(&lease) + STALL_PAST + CLOCK_TOLERANCE).await;
+            } else {
+                tokio::time::sleep(work).await;
+            }
+            log.line(format!(
+                "COMPLETING {event} {} {}",
+                lease.token.as_str(),
+                wall_ms(SystemTime::now())
+            ));
+            let outcome = lease.token.as_str().as_bytes().to_vec();
+            match inbox
+                .complete(&lease, &outcome, Duration::from_secs(3600))
+                .await
+            {
+                Ok(()) => log.line(format!("COMPLETED {event} {}", lease.token.as_str())),
+                Err(Error::LeaseLost { .. }) => {
+                    log.line(format!("LOST {event} {}", lease.token.as_str()))
+                }
+                Err(e) => log.line(format!("ERROR {event} {e}")),
+            }
+        }
+    }
+    log_finals(inbox.as_ref(), events, &mut log).await;
+}
+
+/// How long a lease taken now runs (its deadline from now, at least the
+/// stall's own margin).
+fn lease_ttl_of(lease: &dedupe_core::Lease) -> Duration {
+    lease
+        .deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
+}
+
+/// Logs each record as it stands, then `EXIT`.
+async fn log_finals(store: &dyn DedupeStore, events: usize, log: &mut Log) {
     for event in 0..events {
         match store.get(&event_key(event)).await {
             Ok(Some(record)) => match &record.state {
@@ -461,6 +627,8 @@ struct Event {
     completing: Vec<(usize, String)>,
     completed: Vec<String>,
     lost: usize,
+    /// Accepts answered `New` (the inbox's run).
+    accepted: usize,
     finals: Vec<(String, u32)>,
     bad_finals: Vec<String>,
 }
@@ -512,6 +680,12 @@ fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashR
                     e.completing.push((index, t))
                 }
                 ("STALLING", Some(_), Some(_)) => {}
+                ("ACCEPTED", Some(ev), _) => events.entry(ev).or_default().accepted += 1,
+                ("BADPAYLOAD" | "BADKEY", _, _) => {
+                    return Err(Failure::new(format!(
+                        "worker {index} was handed an item not as accepted: {line}"
+                    )))
+                }
                 ("COMPLETED", Some(ev), Some(t)) => events.entry(ev).or_default().completed.push(t),
                 ("LOST", Some(ev), Some(t)) => {
                     let e = events.entry(ev).or_default();
@@ -563,6 +737,12 @@ fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashR
         let Some(e) = events.get(&event) else {
             return Err(Failure::new(format!("event {event}: never claimed")));
         };
+        if e.accepted > 1 {
+            return Err(Failure::new(format!(
+                "event {event}: {} accepts answered New",
+                e.accepted
+            )));
+        }
         if let Some(bad) = e.bad_finals.first() {
             return Err(Failure::new(format!(
                 "event {event}: not done at the end: {bad}"

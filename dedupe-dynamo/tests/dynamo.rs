@@ -867,6 +867,11 @@ dedupe_testkit::crash_tests! {
         let table = std::env::var("DEDUPE_CHILD_DYNAMO_TABLE").expect("child job");
         Arc::new(Setup::store_on(&endpoint, &table)) as Arc<dyn DedupeStore>
     },
+    inbox_worker: || async {
+        let endpoint = std::env::var("DEDUPE_CHILD_DYNAMO_ENDPOINT").expect("child job");
+        let table = std::env::var("DEDUPE_CHILD_DYNAMO_TABLE").expect("child job");
+        Arc::new(Setup::store_on(&endpoint, &table)) as Arc<dyn dedupe_core::Inbox>
+    },
 }
 
 /// A client with no timeouts at all (the SDK sets none by default) through a

@@ -1095,6 +1095,15 @@ dedupe_testkit::crash_tests! {
         let store = PgStore::builder(pool).schema(&schema).build().expect("store");
         Arc::new(store) as Arc<dyn DedupeStore>
     },
+    inbox_worker: || async {
+        let url = std::env::var("DEDUPE_CHILD_URL").expect("child job");
+        let schema = std::env::var("DEDUPE_CHILD_SCHEMA").expect("schema");
+        let pool = PgStore::connect_pool(&url, 2, Duration::from_secs(5))
+            .await
+            .expect("pool");
+        let store = PgStore::builder(pool).schema(&schema).build().expect("store");
+        Arc::new(store) as Arc<dyn dedupe_core::Inbox>
+    },
 }
 
 /// A table made by the first migration alone (before the inbox) is brought up

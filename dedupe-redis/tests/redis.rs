@@ -842,6 +842,10 @@ dedupe_testkit::crash_tests! {
         let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
         Arc::new(store(&url, Duration::from_secs(5)).await) as Arc<dyn DedupeStore>
     },
+    inbox_worker: || async {
+        let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
+        Arc::new(store(&url, Duration::from_secs(5)).await) as Arc<dyn dedupe_core::Inbox>
+    },
 }
 
 /// A full `noeviction` server (the setting the store requires): a claim that

@@ -687,6 +687,11 @@ dedupe_testkit::crash_tests! {
         };
         store
     },
+    inbox_worker: || async {
+        let db = PathBuf::from(std::env::var("DEDUPE_CHILD_DB").expect("child job"));
+        let store = SqliteStore::open(&db).await.expect("open");
+        Arc::new(store) as Arc<dyn dedupe_core::Inbox>
+    },
 }
 
 /// A crash run on a fresh file, its workers' store broken as `broken` names

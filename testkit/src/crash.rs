@@ -29,8 +29,38 @@
 ///     },
 /// }
 /// ```
+///
+/// With `inbox_worker:` (an async function `() -> Arc<dyn Inbox>` on the same
+/// store), also `killed_inbox_workers_complete_every_item_exactly_once` and
+/// its child `inbox_crash_worker`: the same run on the inbox
+/// ([`CrashPlan::inbox`](dedupe_conformance::crashes::CrashPlan::inbox), 200
+/// items accepted by every worker, taken three at a time).
 #[macro_export]
 macro_rules! crash_tests {
+    (setup: $setup:expr, worker: $worker:expr, inbox_worker: $inbox:expr $(,)?) => {
+        $crate::crash_tests!(setup: $setup, worker: $worker);
+
+        /// Inbox workers killed with SIGKILL mid-item: every item ends done
+        /// exactly once (see `dedupe_conformance::crashes`).
+        #[test]
+        fn killed_inbox_workers_complete_every_item_exactly_once() {
+            let (_guard, env) = ($setup)();
+            let report = $crate::__conformance::crashes::crash_workers(
+                "inbox_crash_worker",
+                &$crate::__conformance::crashes::CrashPlan::inbox(),
+                &env,
+            )
+            .unwrap_or_else(|failure| panic!("{failure}"));
+            eprintln!("{report}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "run by killed_inbox_workers_complete_every_item_exactly_once in a child process"]
+        async fn inbox_crash_worker() {
+            let inbox = ($inbox)().await;
+            $crate::__conformance::crashes::run_inbox_crash_worker(inbox).await;
+        }
+    };
     (setup: $setup:expr, worker: $worker:expr $(,)?) => {
         /// Worker processes killed with SIGKILL mid-work: every event ends done
         /// exactly once (see `dedupe_conformance::crashes`).
