@@ -42,6 +42,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod inbox;
 mod key;
 mod layer;
 mod receiver;

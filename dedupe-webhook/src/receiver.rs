@@ -52,6 +52,12 @@ pub enum Answer {
     Unauthorized,
     /// The store could not be reached (503); nothing was recorded.
     Unavailable,
+    /// Inbox mode: a new event, accepted into the inbox (202); the handler
+    /// runs on a worker.
+    Queued,
+    /// Inbox mode: an event the inbox holds or has done (200); nothing was
+    /// stored or run.
+    Known,
     /// The handler failed; the claim was released so a retry runs it (its
     /// status, usually 500), or kept with [`Webhook::on_failure`].
     Failed,
@@ -83,6 +89,8 @@ impl Answer {
             Answer::TimedOut => "timed_out",
             Answer::Unauthorized => "unauthorized",
             Answer::Unavailable => "unavailable",
+            Answer::Queued => "queued",
+            Answer::Known => "known",
             Answer::Failed => "failed",
             Answer::Panicked => "panicked",
             Answer::HandlerTimeout => "handler_timeout",
@@ -268,6 +276,8 @@ pub struct Webhook {
     read_timeout: Duration,
     on_failure: OnFailure,
     slots: Option<ConcurrencyLimit>,
+    /// Inbox mode ([`Webhook::inbox`]): deliveries are accepted into it.
+    pub(crate) inbox: Option<Arc<dyn dedupe_core::Inbox>>,
 }
 
 /// A bound on the deliveries processed at once, which several receivers may
@@ -297,7 +307,7 @@ impl std::fmt::Debug for Webhook {
 
 /// A JSON error answer. `message` is ours: never a store's or a driver's text,
 /// which can name hosts, tables or credentials.
-fn json_error(status: StatusCode, answer: Answer, message: String) -> Response {
+pub(crate) fn json_error(status: StatusCode, answer: Answer, message: String) -> Response {
     let mut response = (
         status,
         axum::Json(serde_json::json!({ "error": answer.as_str(), "message": message })),
@@ -340,12 +350,25 @@ fn counted(namespace: &str, started: Instant, response: Response) -> Response {
 }
 
 /// A request that passed every check before the claim.
-struct Accepted {
-    body: Bytes,
-    payload: Bytes,
-    derived: DerivedKey,
+pub(crate) struct AcceptedDelivery {
+    pub(crate) body: Bytes,
+    pub(crate) payload: Bytes,
+    pub(crate) derived: DerivedKey,
     fingerprint: Option<Fingerprint>,
     on_mismatch: OnMismatch,
+}
+
+impl AcceptedDelivery {
+    #[cfg(test)]
+    pub(crate) fn for_tests(body: Bytes, payload: Bytes, derived: DerivedKey) -> Self {
+        Self {
+            body,
+            payload,
+            derived,
+            fingerprint: None,
+            on_mismatch: OnMismatch::Refuse,
+        }
+    }
 }
 
 impl Webhook {
@@ -382,6 +405,7 @@ impl Webhook {
             read_timeout: Self::DEFAULT_READ_TIMEOUT,
             on_failure: OnFailure::Release,
             slots: None,
+            inbox: None,
         }
     }
 
@@ -547,6 +571,13 @@ impl Webhook {
         if let Some(d) = &accepted.derived.delivery_id {
             span.record("delivery", d.as_str());
         }
+        if let Some(inbox) = &self.inbox {
+            // Inbox mode: one accept, answered at once; the handler runs on
+            // a worker.
+            let response = Self::enqueue(inbox.as_ref(), accepted, &parts.headers).await;
+            drop(permit);
+            return counted(namespace, started, response);
+        }
         // From here the delivery is a task of its own: dropping this request
         // (the provider gave up) neither stops the handler nor frees its claim.
         let delivery = Delivery {
@@ -592,7 +623,7 @@ impl Webhook {
         rule: &KeyRule,
         headers: &http::HeaderMap,
         body: Body,
-    ) -> Result<Accepted, Response> {
+    ) -> Result<AcceptedDelivery, Response> {
         let limit = self.body_limit_bytes();
         let declared = headers
             .get(header::CONTENT_LENGTH)
@@ -654,7 +685,7 @@ impl Webhook {
         let derived = rule
             .derive_verified(headers, &payload, verified.as_ref())
             .map_err(|e| bad(e.to_string()))?;
-        Ok(Accepted {
+        Ok(AcceptedDelivery {
             fingerprint: rule.fingerprint_of(&payload),
             on_mismatch: rule.mismatch_policy(derived.signed),
             body,
@@ -686,7 +717,7 @@ impl Delivery {
     /// settle it; or answer what the claim found.
     async fn process<F, Fut>(
         self,
-        accepted: Accepted,
+        accepted: AcceptedDelivery,
         mut parts: http::request::Parts,
         handler: F,
     ) -> Response
@@ -694,7 +725,7 @@ impl Delivery {
         F: FnOnce(Request<Body>) -> Fut,
         Fut: Future<Output = Response>,
     {
-        let Accepted {
+        let AcceptedDelivery {
             body,
             payload,
             derived,
@@ -949,7 +980,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyError> {
     Ok(Bytes::from(buf))
 }
 
-fn store_error(e: &Error) -> Response {
+pub(crate) fn store_error(e: &Error) -> Response {
     if e.is_retryable() {
         tracing::warn!(error = %e, "store unavailable");
         come_back(
