@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod conformance;
+mod inbox;
 mod race;
 mod records;
 mod serve;
@@ -58,6 +59,12 @@ enum Command {
     /// Remove a key's record whatever its state, so its next delivery runs
     /// (exit 1 when there was none).
     Forget(records::KeyArgs),
+    /// The inbox's items: list them, replay a dead one, forget one, count
+    /// them per state.
+    Inbox {
+        #[command(subcommand)]
+        command: inbox::InboxCommand,
+    },
 }
 
 /// Parses `--store` here rather than in clap, whose error would repeat the
@@ -93,6 +100,7 @@ async fn main() -> ExitCode {
         Command::Inspect(args) => records::inspect(args).await,
         Command::Purge(args) => records::purge(args).await,
         Command::Forget(args) => records::forget(args).await,
+        Command::Inbox { command } => inbox::inbox(command).await,
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -966,3 +966,174 @@ async fn shutdown_past_the_grace_aborts_releases_and_exits() {
     let kept = inspect(&url, "hooks", "evt_long");
     assert!(kept.is_none(), "the aborted claim was kept: {kept:?}");
 }
+
+/// `dedupe inbox ...` on `url`: its exit status and stdout.
+fn inbox_cli(url: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+        .arg("inbox")
+        .args(&args[..1])
+        .args(["--store", url])
+        .args(&args[1..])
+        .output()
+        .expect("dedupe inbox");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The items `dedupe inbox list --json` shows for `namespace`.
+fn listed(url: &str, namespace: &str, state: Option<&str>) -> Vec<Value> {
+    let mut args = vec!["list", "--namespace", namespace, "--json"];
+    if let Some(state) = state {
+        args.extend(["--state", state]);
+    }
+    let (ok, out) = inbox_cli(url, &args);
+    assert!(ok, "{out}");
+    serde_json::from_str::<Value>(&out)
+        .unwrap_or_else(|e| panic!("{e}: {out}"))
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..1000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}");
+}
+
+/// `dedupe serve --inbox` and `dedupe inbox`: a delivery slower to process
+/// than a provider waits is answered 202 at once and processed once in the
+/// background (one ledger row), its resends answered 200 from the inbox; a
+/// delivery whose stored headers make the step fail is retried and ends dead
+/// after `--max-attempts`, listed with its error, counted by `stats`, run
+/// again by `replay`, and removed by `forget`.
+async fn inbox_path(url: &str) {
+    let serve = Serve::with(
+        url,
+        700,
+        &[
+            "--secret",
+            &format!("stripe={STRIPE_SECRET}"),
+            "--unsigned",
+            "hooks",
+            "--inbox",
+            "--workers",
+            "4",
+            "--lease-ms",
+            "5000",
+            "--max-attempts",
+            "3",
+            "--retry-backoff-ms",
+            "20",
+        ],
+        &[],
+    );
+    let http = client();
+    let stripe = format!("{}/hooks/stripe", serve.base);
+    let id = unique("inbox");
+    let body = format!(r#"{{"id":"{id}","type":"charge.succeeded"}}"#);
+    let signed = Verifier::new(Scheme::Stripe, [STRIPE_SECRET])
+        .expect("verifier")
+        .sign("unused", now_secs(), body.as_bytes());
+    let started = std::time::Instant::now();
+    let (status, _, text) = deliver(&http, &stripe, &body, "del_i1", &signed).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    assert!(
+        started.elapsed() < Duration::from_millis(600),
+        "202 took {:?}, the step takes 700 ms",
+        started.elapsed()
+    );
+    let (status, _, text) = deliver(&http, &stripe, &body, "del_i2", &signed).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let state = serde_json::from_str::<Value>(&text).expect("json")["state"].clone();
+    assert!(state == "pending" || state == "running", "{text}");
+    let key = format!("stripe:{id}");
+    eventually("the item was never processed", async || {
+        !rows(&http, &serve.admin, Some(&key)).await.is_empty()
+    })
+    .await;
+    eventually("the item was never done", async || {
+        listed(url, "stripe", None).is_empty()
+    })
+    .await;
+    let (status, _, text) = deliver(&http, &stripe, &body, "del_i3", &signed).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).expect("json")["state"],
+        "done"
+    );
+    let ledger = rows(&http, &serve.admin, Some(&key)).await;
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0]["delivery_id"], "del_i1");
+
+    // A poison delivery: its stored header fails the step on every attempt.
+    let poison_id = unique("poison");
+    let poison = format!(r#"{{"id":"{poison_id}","type":"x"}}"#);
+    let hooks = format!("{}/hooks", serve.base);
+    let fail = [("x-test-fail", "1".to_string())];
+    let (status, _, text) = deliver(&http, &hooks, &poison, "del_p1", &fail).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let dead = async || listed(url, "hooks", Some("dead")).len() == 1;
+    eventually("the poison item never died", dead).await;
+    let shown = listed(url, "hooks", Some("dead"));
+    let item = &shown[0];
+    assert_eq!(
+        (item["namespace"].as_str(), item["id"].as_str()),
+        (Some("hooks"), Some(poison_id.as_str())),
+        "{item}"
+    );
+    assert_eq!(item["state"], "dead");
+    assert_eq!(item["attempts"], 3);
+    assert!(
+        item["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("fail-on-header")),
+        "{item}"
+    );
+    assert!(
+        item["due_at"].as_str().is_some_and(|d| d.ends_with('Z')),
+        "{item}"
+    );
+    let (ok, out) = inbox_cli(url, &["stats", "--namespace", "hooks", "--json"]);
+    assert!(ok, "{out}");
+    let stats: Value = serde_json::from_str(&out).expect("stats json");
+    assert_eq!(stats[0]["dead"], 1, "{stats}");
+    assert_eq!(stats[0]["pending"], 0, "{stats}");
+    let (ok, out) = inbox_cli(url, &["replay", "hooks", &poison_id]);
+    assert!(ok, "{out}");
+    eventually("the replayed item did not run and die again", async || {
+        listed(url, "hooks", Some("dead"))
+            .first()
+            .is_some_and(|i| i["attempts"] == 4)
+    })
+    .await;
+    let (ok, out) = inbox_cli(url, &["replay", "hooks", "evt_none"]);
+    assert!(!ok, "{out}");
+    let (ok, out) = inbox_cli(url, &["forget", "hooks", &poison_id]);
+    assert!(ok, "{out}");
+    assert!(listed(url, "hooks", None).is_empty());
+    assert!(
+        rows(&http, &serve.admin, Some(&format!("hooks:{poison_id}")))
+            .await
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_inbox_on_sqlite() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("inbox.db").display());
+    inbox_path(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_inbox_on_redis() {
+    let server = support::redis::RedisServer::start();
+    inbox_path(&server.url()).await;
+}

@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dedupe_core::{DedupeStore, Error};
+use dedupe_core::{DedupeStore, Error, Inbox};
 use dedupe_url::{Opener, Target};
 use dedupe_webhook::WebhookEvent;
 use serde::Serialize;
@@ -130,7 +130,7 @@ fn dynamo_err<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
 
 impl Ledger {
     /// The store the receiver claims on, and the ledger beside it.
-    pub async fn open(opener: &Opener) -> Result<(Arc<dyn DedupeStore>, Self), Error> {
+    pub async fn open(opener: &Opener) -> Result<(Arc<dyn Inbox>, Self), Error> {
         Ok(match opener.url().target() {
             Target::Sqlite { .. } => {
                 let store = opener
@@ -192,9 +192,12 @@ impl Ledger {
                 )
             }
             _ => {
-                let store = opener.handle().await?;
+                let inbox = opener.inbox_handle().await?.ok_or_else(|| {
+                    Error::config(format!("{} stores have no inbox", opener.url().scheme()))
+                })?;
+                let store: Arc<dyn DedupeStore> = inbox.clone();
                 (
-                    Arc::clone(&store),
+                    inbox,
                     Ledger::InProcess {
                         store,
                         rows: Mutex::new(InProcessRows::default()),

@@ -21,7 +21,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use dedupe_core::Error;
+use dedupe_core::{Error, InboxWorker, Taken};
 use dedupe_url::Opener;
 use dedupe_webhook::{Completed, KeyRule, Scheme, Webhook, WebhookEvent};
 use http::{header, StatusCode};
@@ -49,9 +49,31 @@ pub struct ServeArgs {
     /// two consumers, and each runs its own handler for every event.
     #[arg(long = "route", value_name = "NAME=PROVIDER")]
     routes: Vec<String>,
-    /// How long the business step takes, to widen race windows.
+    /// How long the business step takes, to widen race windows (in inbox
+    /// mode: on the worker).
     #[arg(long, default_value_t = 0)]
     work_ms: u64,
+    /// Inbox mode: each verified delivery is stored in the store's inbox and
+    /// answered 202 at once (a resend of a known event 200, nothing run); the
+    /// business step runs on workers in this process, retried with a backoff
+    /// and dead after --max-attempts (see `dedupe inbox`).
+    #[arg(long)]
+    inbox: bool,
+    /// Inbox mode: items worked at once, per route.
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "inbox")]
+    workers: usize,
+    /// The lease of a claim (or, in inbox mode, of a taken item), in
+    /// milliseconds, extended while the step runs (default: the URL's
+    /// `lease=`, else 60 s).
+    #[arg(long, value_name = "MS")]
+    lease_ms: Option<u64>,
+    /// Inbox mode: attempts before an item is dead.
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "inbox")]
+    max_attempts: u32,
+    /// Inbox mode: the delay after an item's first failure, in milliseconds;
+    /// it doubles per attempt (jittered, at most 10 minutes).
+    #[arg(long, value_name = "MS", default_value_t = 1000, requires = "inbox")]
+    retry_backoff_ms: u64,
     /// A signing secret: `ROUTE=SECRET`, where ROUTE is `stripe`, `github`,
     /// `shopify`, `standard` (for /hooks and /hooks/standard) or a --route
     /// name (which otherwise takes its provider's secret); a bare secret is a
@@ -91,7 +113,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     shutdown_grace_secs: f64,
     /// Test hook, not for production: a request carrying this header fails in
-    /// its business step (500), as a crashing handler would.
+    /// its business step (500), as a crashing handler would; in inbox mode
+    /// the stored delivery keeps the header, so it fails on every attempt.
     #[arg(long, value_name = "HEADER")]
     fail_on_header: Option<String>,
     /// Test hook, not for production: the business step appends a line
@@ -154,6 +177,7 @@ struct App {
     fail_on: Option<http::HeaderName>,
     effect_log: Option<std::path::PathBuf>,
     metrics: PrometheusHandle,
+    retention: Duration,
 }
 
 pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
@@ -163,7 +187,8 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
     let url = crate::store_url(&args.store)?;
     let shown = url.to_string();
     let opener = Opener::new(url).await?;
-    let (store, ledger) = Ledger::open(&opener).await?;
+    let (inbox, ledger) = Ledger::open(&opener).await?;
+    let store: Arc<dyn dedupe_core::DedupeStore> = inbox.clone();
 
     // Routes: the built-in ones, then the named ones.
     let mut routes: Vec<(String, Provider)> = vec![
@@ -208,7 +233,11 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
     if open {
         eprintln!("warning: no secret given: signatures are not checked on any route");
     }
-    let lease = opener.url().lease().unwrap_or(Webhook::DEFAULT_LEASE);
+    let lease = match args.lease_ms {
+        Some(0) => return Err(Error::config("--lease-ms 0: a lease is at least 1 ms")),
+        Some(ms) => Duration::from_millis(ms),
+        None => opener.url().lease().unwrap_or(Webhook::DEFAULT_LEASE),
+    };
     let retention = opener
         .url()
         .retention()
@@ -218,9 +247,12 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         .map(dedupe_webhook::ConcurrencyLimit::new);
     let mut receivers = HashMap::new();
     for (name, provider) in &routes {
-        let mut hook = Webhook::new(Arc::clone(&store), provider.rule(name))
-            .lease(lease)
-            .retention(retention);
+        let hook = if args.inbox {
+            Webhook::inbox(Arc::clone(&inbox), provider.rule(name))
+        } else {
+            Webhook::new(Arc::clone(&store), provider.rule(name))
+        };
+        let mut hook = hook.lease(lease).retention(retention);
         if let Some(limit) = args.body_limit {
             hook = hook.body_limit(limit);
         }
@@ -265,7 +297,53 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         },
         effect_log: args.effect_log.clone(),
         metrics,
+        retention,
     });
+    // Inbox mode: a worker per served route's namespace (/hooks/standard is
+    // /hooks), running the business step on each taken item.
+    let workers: Vec<(InboxWorker, tokio::task::JoinHandle<Result<(), Error>>)> = if args.inbox {
+        if args.retry_backoff_ms == 0 {
+            return Err(Error::config(
+                "--retry-backoff-ms 0: a delay is at least 1 ms",
+            ));
+        }
+        let mut served: Vec<&str> = app
+            .routes
+            .iter()
+            .filter(|(name, hook)| hook.is_some() && name.as_str() != "standard")
+            .map(|(name, _)| name.as_str())
+            .collect();
+        served.sort_unstable();
+        served
+            .into_iter()
+            .map(|namespace| {
+                let worker = InboxWorker::on(Arc::clone(&inbox), namespace)
+                    .with_lease(lease)
+                    .with_concurrency(args.workers)
+                    .with_max_attempts(args.max_attempts)
+                    .with_backoff(dedupe_core::Backoff {
+                        first: Duration::from_millis(args.retry_backoff_ms),
+                        max: Duration::from_secs(600),
+                    })
+                    .with_retention(retention)
+                    .with_poll_interval(Duration::from_millis(50));
+                let running = tokio::spawn({
+                    let (worker, app) = (worker.clone(), Arc::clone(&app));
+                    async move {
+                        worker
+                            .run(move |taken| {
+                                let app = Arc::clone(&app);
+                                async move { inbox_step(app, taken).await }
+                            })
+                            .await
+                    }
+                });
+                (worker, running)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let admin = Router::new()
         .route("/hooks", get(ledger_rows))
         .route("/metrics", get(metrics_text))
@@ -350,18 +428,23 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
                 .filter(|(name, _)| name.as_str() != "standard")
                 .filter_map(|(_, hook)| hook.as_ref())
                 .map(|hook| hook.shutdown(grace));
-            let (drained, served) = tokio::join!(
+            let worked = workers.iter().map(|(worker, _)| worker.shutdown(grace));
+            let (drained, worked, served) = tokio::join!(
                 futures_util::future::join_all(drains),
+                futures_util::future::join_all(worked),
                 tokio::time::timeout(grace + Duration::from_secs(1), &mut server),
             );
             if served.is_err() {
                 eprintln!("connections still open past the grace; closing them");
             }
-            drained.iter().map(|d| d.aborted).sum::<usize>()
+            drained.iter().chain(&worked).map(|d| d.aborted).sum::<usize>()
         }
     };
     pruner.abort();
     upkeep.abort();
+    for (_, running) in workers {
+        running.abort();
+    }
     if let Some((_, task)) = admin_task {
         task.abort();
     }
@@ -438,13 +521,22 @@ async fn route(app: Arc<App>, name: &str, req: Request) -> Response {
     }
 }
 
+/// Why the business step did not record an event.
+enum StepError {
+    /// The request carried `--fail-on-header` (a test hook).
+    Refused,
+    /// The ledger write and completion did not commit.
+    NotRecorded(Error),
+}
+
 /// The business step: note the effect (test hook), wait `--work-ms`, then
-/// append the ledger row and complete the claim together; answer what a
-/// provider expects.
-async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
-    let Some(event) = req.extensions().get::<WebhookEvent>().cloned() else {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "no claimed event").into_response();
-    };
+/// append the ledger row and complete the lease together. Answers the
+/// response body and the outcome stored.
+async fn business(
+    app: &App,
+    event: &WebhookEvent,
+    headers: &http::HeaderMap,
+) -> Result<Vec<u8>, StepError> {
     if let Some(path) = &app.effect_log {
         let line = format!(
             "{} {}\n",
@@ -469,12 +561,8 @@ async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
         tokio::time::sleep(app.work).await;
     }
     if let Some(name) = &app.fail_on {
-        if req.headers().contains_key(name) {
-            return (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Json(serde_json::json!({"error": "business step failed", "key": event.key.to_string()})),
-            )
-                .into_response();
+        if headers.contains_key(name) {
+            return Err(StepError::Refused);
         }
     }
     let body = serde_json::json!({
@@ -485,18 +573,39 @@ async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
     });
     let bytes = serde_json::to_vec(&body).unwrap_or_default();
     let outcome = WebhookEvent::outcome_for(StatusCode::OK, Some("application/json"), &bytes);
-    match app.ledger.record(&event, &outcome).await {
-        Ok(()) => (
+    match app.ledger.record(event, &outcome).await {
+        Ok(()) => Ok(bytes),
+        Err(e) => {
+            // Nothing committed. The store's text stays in the log: it can
+            // name hosts and tables.
+            tracing::warn!(key = %event.key, error = %e, "ledger write and completion failed");
+            Err(StepError::NotRecorded(e))
+        }
+    }
+}
+
+/// The business step in the request: answers what a provider expects.
+async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
+    let Some(event) = req.extensions().get::<WebhookEvent>().cloned() else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "no claimed event").into_response();
+    };
+    match business(&app, &event, req.headers()).await {
+        Ok(bytes) => (
             Completed,
             [(header::CONTENT_TYPE, "application/json")],
             bytes,
         )
             .into_response(),
-        Err(e) => {
-            // Nothing committed: the receiver releases the claim, and the
-            // provider's retry processes the event. The store's text stays in
-            // the log: it can name hosts and tables.
-            tracing::warn!(key = %event.key, error = %e, "ledger write and completion failed");
+        Err(StepError::Refused) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(
+                serde_json::json!({"error": "business step failed", "key": event.key.to_string()}),
+            ),
+        )
+            .into_response(),
+        Err(StepError::NotRecorded(e)) => {
+            // The receiver releases the claim, and the provider's retry
+            // processes the event.
             let status = if e.is_retryable() {
                 StatusCode::SERVICE_UNAVAILABLE
             } else {
@@ -513,6 +622,26 @@ async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
                     .insert(header::RETRY_AFTER, http::HeaderValue::from(1));
             }
             response
+        }
+    }
+}
+
+/// The business step on an inbox worker: the stored delivery, run as in the
+/// request. The ledger completes the item with the row; the worker's own
+/// completion with the same outcome then answers Ok (asked twice, answered
+/// once). A failure is the item's failure: due again after the backoff.
+async fn inbox_step(app: Arc<App>, taken: Taken) -> Result<Vec<u8>, String> {
+    let (event, headers) =
+        WebhookEvent::from_item(&taken, app.retention).map_err(|e| e.to_string())?;
+    match business(&app, &event, &headers).await {
+        Ok(bytes) => Ok(WebhookEvent::outcome_for(
+            StatusCode::OK,
+            Some("application/json"),
+            &bytes,
+        )),
+        Err(StepError::Refused) => Err("business step failed (--fail-on-header)".to_string()),
+        Err(StepError::NotRecorded(_)) => {
+            Err("the ledger write and completion failed (see the log)".to_string())
         }
     }
 }
