@@ -20,6 +20,7 @@
 //! - an outcome whose completion no surviving log shows belongs to a worker
 //!   killed right after asking for it;
 //! - every takeover was counted in the record's attempts;
+//! - nothing won an event after its successful completion was asked for;
 //! - at least one kill landed between a claim and its completion, and at least
 //!   one stalled worker's completion was refused.
 //!
@@ -781,6 +782,23 @@ fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashR
                     return Err(Failure::new(format!(
                         "event {event}: {token} completed, asked {} ms after its lease had passed",
                         asked - deadline
+                    )));
+                }
+            }
+        }
+        // Nothing runs an event again once it is done: no win logged after
+        // the successful completion was asked for (the side effects are the
+        // first run plus one per holder that was killed or lost its lease).
+        if let Some(done) = e.completed.first() {
+            if let Some(asked) = e.asked.iter().find(|(t, _)| t == done).map(|a| a.1) {
+                if let Some((late, at, _)) = e
+                    .held
+                    .iter()
+                    .find(|(t, at, _)| t != done && *at > asked + tol)
+                {
+                    return Err(Failure::new(format!(
+                        "event {event}: {late} won it {} ms after {done} completed it",
+                        at - asked
                     )));
                 }
             }

@@ -44,6 +44,16 @@ impl Serve {
     /// `dedupe serve` on `store` with the test hooks, an admin listener and
     /// `extra` arguments and environment variables.
     fn with(store: &str, work_ms: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(
+            store,
+            work_ms,
+            &[&["--fail-on-header", "x-test-fail"], extra].concat(),
+            env,
+        )
+    }
+
+    /// The same without the failing-step hook: a healthy server.
+    fn spawn(store: &str, work_ms: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dedupe"))
             .args([
                 "serve",
@@ -55,8 +65,6 @@ impl Serve {
                 "127.0.0.1:0",
                 "--work-ms",
                 &work_ms.to_string(),
-                "--fail-on-header",
-                "x-test-fail",
             ])
             .args(extra)
             .envs(env.iter().copied())
@@ -1007,36 +1015,55 @@ async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
     panic!("{what}");
 }
 
-/// `dedupe serve --inbox` and `dedupe inbox`: a delivery slower to process
-/// than a provider waits is answered 202 at once and processed once in the
-/// background (one ledger row), its resends answered 200 from the inbox; a
-/// delivery whose stored headers make the step fail is retried and ends dead
-/// after `--max-attempts`, listed with its error, counted by `stats`, run
-/// again by `replay`, and removed by `forget`.
+/// `dedupe serve --inbox` and `dedupe inbox`, the business step's side
+/// effect counted in a file outside the store:
+/// - a delivery whose step takes 1.5 s is answered 202 within 0.5 s, and its
+///   resend 200 from the inbox;
+/// - the server is SIGKILLed mid-step; a new process (no new delivery)
+///   takes the item over when its lease passes and finishes it, once: one
+///   ledger row, two starts of the step (the killed one and the finishing
+///   one), a later resend answered "done" with no third start;
+/// - a delivery whose stored header fails the step on every attempt is dead
+///   after `--max-attempts` 3, listed by `dedupe inbox list --state dead
+///   --json` with its attempts and error and counted by `stats`; replayed on
+///   a healthy server (no failure hook) it is processed once.
 async fn inbox_path(url: &str) {
-    let serve = Serve::with(
-        url,
-        700,
-        &[
-            "--secret",
-            &format!("stripe={STRIPE_SECRET}"),
-            "--unsigned",
-            "hooks",
-            "--inbox",
-            "--workers",
-            "4",
-            "--lease-ms",
-            "5000",
-            "--max-attempts",
-            "3",
-            "--retry-backoff-ms",
-            "20",
-        ],
-        &[],
-    );
+    let dir = tempfile::tempdir().expect("dir");
+    let log = dir.path().join("effects.log");
+    let log_arg = log.display().to_string();
+    let inbox_args = |fail: bool| {
+        let mut args = vec![
+            "--secret".to_string(),
+            format!("stripe={STRIPE_SECRET}"),
+            "--unsigned".into(),
+            "hooks".into(),
+            "--inbox".into(),
+            "--workers".into(),
+            "4".into(),
+            "--lease-ms".into(),
+            "1000".into(),
+            "--max-attempts".into(),
+            "3".into(),
+            "--retry-backoff-ms".into(),
+            "20".into(),
+            "--effect-log".into(),
+            log_arg.clone(),
+        ];
+        if fail {
+            args.extend(["--fail-on-header".into(), "x-test-fail".into()]);
+        }
+        args
+    };
+    let start = |work_ms: u64, fail: bool| {
+        let args = inbox_args(fail);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Serve::spawn(url, work_ms, &args, &[])
+    };
     let http = client();
+    let mut serve = start(1500, false);
     let stripe = format!("{}/hooks/stripe", serve.base);
     let id = unique("inbox");
+    let key = format!("stripe:{id}");
     let body = format!(r#"{{"id":"{id}","type":"charge.succeeded"}}"#);
     let signed = Verifier::new(Scheme::Stripe, [STRIPE_SECRET])
         .expect("verifier")
@@ -1045,17 +1072,23 @@ async fn inbox_path(url: &str) {
     let (status, _, text) = deliver(&http, &stripe, &body, "del_i1", &signed).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{text}");
     assert!(
-        started.elapsed() < Duration::from_millis(600),
-        "202 took {:?}, the step takes 700 ms",
+        started.elapsed() < Duration::from_millis(500),
+        "202 took {:?}; the step takes 1.5 s",
         started.elapsed()
     );
     let (status, _, text) = deliver(&http, &stripe, &body, "del_i2", &signed).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let state = serde_json::from_str::<Value>(&text).expect("json")["state"].clone();
     assert!(state == "pending" || state == "running", "{text}");
-    let key = format!("stripe:{id}");
-    eventually("the item was never processed", async || {
-        !rows(&http, &serve.admin, Some(&key)).await.is_empty()
+    eventually("the step never started", async || effects(&log, &key) == 1).await;
+    serve.child.kill().expect("SIGKILL");
+    serve.child.wait().expect("reaped");
+    drop(serve);
+
+    let serve = start(200, false);
+    let stripe = format!("{}/hooks/stripe", serve.base);
+    eventually("the new process never finished the item", async || {
+        rows(&http, &serve.admin, Some(&key)).await.len() == 1
     })
     .await;
     eventually("the item was never done", async || {
@@ -1068,19 +1101,28 @@ async fn inbox_path(url: &str) {
         serde_json::from_str::<Value>(&text).expect("json")["state"],
         "done"
     );
-    let ledger = rows(&http, &serve.admin, Some(&key)).await;
-    assert_eq!(ledger.len(), 1, "{ledger:?}");
-    assert_eq!(ledger[0]["delivery_id"], "del_i1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        effects(&log, &key),
+        2,
+        "the killed start and the finishing one"
+    );
+    assert_eq!(rows(&http, &serve.admin, Some(&key)).await.len(), 1);
+    drop(serve);
 
     // A poison delivery: its stored header fails the step on every attempt.
+    let serve = start(0, true);
     let poison_id = unique("poison");
+    let poison_key = format!("hooks:{poison_id}");
     let poison = format!(r#"{{"id":"{poison_id}","type":"x"}}"#);
     let hooks = format!("{}/hooks", serve.base);
     let fail = [("x-test-fail", "1".to_string())];
     let (status, _, text) = deliver(&http, &hooks, &poison, "del_p1", &fail).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{text}");
-    let dead = async || listed(url, "hooks", Some("dead")).len() == 1;
-    eventually("the poison item never died", dead).await;
+    eventually("the poison item never died", async || {
+        listed(url, "hooks", Some("dead")).len() == 1
+    })
+    .await;
     let shown = listed(url, "hooks", Some("dead"));
     let item = &shown[0];
     assert_eq!(
@@ -1088,8 +1130,11 @@ async fn inbox_path(url: &str) {
         (Some("hooks"), Some(poison_id.as_str())),
         "{item}"
     );
-    assert_eq!(item["state"], "dead");
-    assert_eq!(item["attempts"], 3);
+    assert_eq!(
+        (&item["state"], &item["attempts"]),
+        (&"dead".into(), &3.into()),
+        "{item}"
+    );
     assert!(
         item["last_error"]
             .as_str()
@@ -1100,29 +1145,36 @@ async fn inbox_path(url: &str) {
         item["due_at"].as_str().is_some_and(|d| d.ends_with('Z')),
         "{item}"
     );
+    assert_eq!(effects(&log, &poison_key), 3);
     let (ok, out) = inbox_cli(url, &["stats", "--namespace", "hooks", "--json"]);
     assert!(ok, "{out}");
     let stats: Value = serde_json::from_str(&out).expect("stats json");
-    assert_eq!(stats[0]["dead"], 1, "{stats}");
-    assert_eq!(stats[0]["pending"], 0, "{stats}");
+    assert_eq!(
+        (&stats[0]["dead"], &stats[0]["pending"]),
+        (&1.into(), &0.into()),
+        "{stats}"
+    );
+    drop(serve);
+
+    // On a healthy server the replayed item is processed, once.
+    let serve = start(0, false);
     let (ok, out) = inbox_cli(url, &["replay", "hooks", &poison_id]);
     assert!(ok, "{out}");
-    eventually("the replayed item did not run and die again", async || {
-        listed(url, "hooks", Some("dead"))
-            .first()
-            .is_some_and(|i| i["attempts"] == 4)
+    eventually("the replayed item was never processed", async || {
+        rows(&http, &serve.admin, Some(&poison_key)).await.len() == 1
     })
     .await;
-    let (ok, out) = inbox_cli(url, &["replay", "hooks", "evt_none"]);
+    eventually("the replayed item was never done", async || {
+        listed(url, "hooks", None).is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(effects(&log, &poison_key), 4);
+    assert_eq!(rows(&http, &serve.admin, Some(&poison_key)).await.len(), 1);
+    let (ok, out) = inbox_cli(url, &["replay", "hooks", &poison_id]);
+    assert!(!ok, "a done item replayed: {out}");
+    let (ok, out) = inbox_cli(url, &["forget", "hooks", "evt_none"]);
     assert!(!ok, "{out}");
-    let (ok, out) = inbox_cli(url, &["forget", "hooks", &poison_id]);
-    assert!(ok, "{out}");
-    assert!(listed(url, "hooks", None).is_empty());
-    assert!(
-        rows(&http, &serve.admin, Some(&format!("hooks:{poison_id}")))
-            .await
-            .is_empty()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -833,8 +833,13 @@ async fn a_lost_claim_answer_is_reclaimed_by_its_claim_id() {
 }
 
 dedupe_testkit::crash_tests! {
+    // An append-only file fsynced on every write, as a deployment that must
+    // not lose a completion runs.
     setup: || {
-        let server = RedisServer::start();
+        let server = RedisServer::start_with(dedupe_testkit::redis::RedisOptions {
+            aof: true,
+            ..dedupe_testkit::redis::RedisOptions::default()
+        });
         let env = vec![("DEDUPE_CHILD_REDIS", server.url())];
         (server, env)
     },
