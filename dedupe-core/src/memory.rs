@@ -1,6 +1,6 @@
 //! The in-memory store: the reference implementation of the contract.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -164,7 +164,81 @@ impl Entry {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
-    records: Arc<Mutex<HashMap<Key, Entry>>>,
+    records: Arc<Mutex<Records>>,
+}
+
+/// The entries, and per namespace the inbox items a take may hand out
+/// (pending, failed, running) ordered by due time: a take reads the front of
+/// its namespace's set, not every record. Every change of an entry goes
+/// through [`Records::change`], [`Records::insert`] or [`Records::remove`],
+/// which keep the set in step.
+#[derive(Debug, Default)]
+struct Records {
+    map: HashMap<Key, Entry>,
+    due: HashMap<String, BTreeSet<(SystemTime, String)>>,
+}
+
+impl Records {
+    /// Where the entry stands in its namespace's set, if it is in it.
+    fn slot(entry: &Entry) -> Option<SystemTime> {
+        entry
+            .item
+            .as_ref()
+            .filter(|i| i.wait != Wait::Dead)
+            .map(|_| entry.expires_at)
+    }
+
+    fn unindex(&mut self, key: &Key) {
+        let Some(at) = self.map.get(key).and_then(Self::slot) else {
+            return;
+        };
+        if let Some(set) = self.due.get_mut(key.namespace()) {
+            set.remove(&(at, key.id().to_string()));
+            if set.is_empty() {
+                self.due.remove(key.namespace());
+            }
+        }
+    }
+
+    fn index(&mut self, key: &Key) {
+        if let Some(at) = self.map.get(key).and_then(Self::slot) {
+            self.due
+                .entry(key.namespace().to_string())
+                .or_default()
+                .insert((at, key.id().to_string()));
+        }
+    }
+
+    /// Changes the entry of `key` (if any) with `f`.
+    fn change<R>(&mut self, key: &Key, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
+        self.unindex(key);
+        let result = self.map.get_mut(key).map(f);
+        self.index(key);
+        result
+    }
+
+    fn insert(&mut self, key: Key, entry: Entry) {
+        self.unindex(&key);
+        self.map.insert(key.clone(), entry);
+        self.index(&key);
+    }
+
+    fn remove(&mut self, key: &Key) -> Option<Entry> {
+        self.unindex(key);
+        self.map.remove(key)
+    }
+
+    /// The keys of `namespace`'s items due by `now`, oldest first, at most `max`.
+    fn due_by(&self, namespace: &str, now: SystemTime, max: usize) -> Vec<Key> {
+        self.due
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .take_while(|(at, _)| *at <= now)
+            .take(max)
+            .filter_map(|(_, id)| Key::new(namespace, id).ok())
+            .collect()
+    }
 }
 
 impl MemoryStore {
@@ -175,26 +249,26 @@ impl MemoryStore {
 
     /// Number of records held, live or expired-but-not-removed.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
     /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().map.is_empty()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, Records> {
         // No operation panics while holding the lock, so a poisoned map is intact.
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn claim_locked(
-        map: &mut HashMap<Key, Entry>,
+        map: &mut Records,
         key: &Key,
         opts: &ClaimOptions,
         now: SystemTime,
     ) -> ClaimOutcome {
-        let previous = match map.get(key) {
+        let previous = match map.map.get(key) {
             Some(entry) if entry.is_live(now) => return entry.record(key).into_claim_answer(opts),
             other => other,
         };
@@ -233,11 +307,13 @@ impl DedupeStore for MemoryStore {
         self.capabilities().check_outcome(outcome)?;
         let now = SystemTime::now();
         let mut map = self.lock();
-        match map.get_mut(&lease.key) {
+        match map.map.get(&lease.key) {
             Some(entry) if entry.holds(lease, now) => {
-                entry.done = Some((now, outcome.to_vec()));
-                entry.expires_at = now + retention;
-                entry.item = None;
+                map.change(&lease.key, |entry| {
+                    entry.done = Some((now, outcome.to_vec()));
+                    entry.expires_at = now + retention;
+                    entry.item = None;
+                });
                 Ok(())
             }
             // This lease already stored this outcome (a retried complete).
@@ -249,17 +325,18 @@ impl DedupeStore for MemoryStore {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = SystemTime::now();
         let mut map = self.lock();
-        match map.get_mut(&lease.key) {
+        match map.map.get(&lease.key) {
             Some(entry) if entry.holds(lease, now) => {
-                match &mut entry.item {
+                if entry.item.is_some() {
                     // An item is given back, due now, its attempts kept.
-                    Some(item) => {
-                        item.wait = Wait::Due;
+                    map.change(&lease.key, |entry| {
+                        if let Some(item) = entry.item.as_mut() {
+                            item.wait = Wait::Due;
+                        }
                         entry.expires_at = now;
-                    }
-                    None => {
-                        map.remove(&lease.key);
-                    }
+                    });
+                } else {
+                    map.remove(&lease.key);
                 }
                 Ok(())
             }
@@ -275,11 +352,13 @@ impl DedupeStore for MemoryStore {
         check_ttl("lease ttl", ttl)?;
         let now = SystemTime::now();
         let mut map = self.lock();
-        match map.get_mut(&lease.key) {
-            Some(entry) if entry.holds(lease, now) => {
-                entry.expires_at = now + ttl;
-                Ok(entry.lease(&lease.key))
-            }
+        match map.map.get(&lease.key) {
+            Some(entry) if entry.holds(lease, now) => Ok(map
+                .change(&lease.key, |entry| {
+                    entry.expires_at = now + ttl;
+                    entry.lease(&lease.key)
+                })
+                .unwrap_or_else(|| lease.clone())),
             _ => Err(Error::lease_lost(&lease.key)),
         }
     }
@@ -287,15 +366,17 @@ impl DedupeStore for MemoryStore {
     async fn expire(&self) -> Result<u64> {
         let now = SystemTime::now();
         let mut map = self.lock();
-        let before = map.len();
-        map.retain(|_, entry| entry.is_live(now));
-        Ok((before - map.len()) as u64)
+        let before = map.map.len();
+        // Items are always live: the due index is left as it is.
+        map.map.retain(|_, entry| entry.is_live(now));
+        Ok((before - map.map.len()) as u64)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let now = SystemTime::now();
         Ok(self
             .lock()
+            .map
             .get(key)
             .filter(|entry| entry.is_live(now))
             .map(|entry| entry.record(key)))
@@ -330,7 +411,7 @@ impl Inbox for MemoryStore {
         check_payload(payload)?;
         let now = SystemTime::now();
         let mut map = self.lock();
-        let previous = match map.get(key) {
+        let previous = match map.map.get(key) {
             Some(entry) if entry.is_live(now) => {
                 return Ok(if let Some(item) = entry.item_view(key) {
                     Accepted::Item(item)
@@ -378,26 +459,22 @@ impl Inbox for MemoryStore {
         check_take(max, lease)?;
         let now = SystemTime::now();
         let mut map = self.lock();
-        let mut due: Vec<(SystemTime, Key)> = map
-            .iter()
-            .filter(|(k, e)| k.namespace() == namespace && e.is_due(now))
-            .map(|(k, e)| (e.expires_at, k.clone()))
-            .collect();
-        due.sort();
-        let mut taken = Vec::with_capacity(max.min(due.len()));
-        for (_, key) in due.into_iter().take(max) {
-            let Some(entry) = map.get_mut(&key) else {
-                continue;
-            };
-            let Some(item) = entry.item.as_mut() else {
-                continue;
-            };
-            item.wait = Wait::Held;
-            entry.token = LeaseToken::generate();
-            entry.expires_at = now + lease;
-            entry.attempts = entry.attempts.saturating_add(1);
-            let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
-            taken.push(Taken::new(entry.lease(&key), payload, last_error));
+        let due = map.due_by(namespace, now, max);
+        let mut taken = Vec::with_capacity(due.len());
+        for key in due {
+            let leased = map.change(&key, |entry| {
+                if !entry.is_due(now) {
+                    return None;
+                }
+                let item = entry.item.as_mut()?;
+                item.wait = Wait::Held;
+                let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
+                entry.token = LeaseToken::generate();
+                entry.expires_at = now + lease;
+                entry.attempts = entry.attempts.saturating_add(1);
+                Some(Taken::new(entry.lease(&key), payload, last_error))
+            });
+            taken.extend(leased.flatten());
         }
         Ok(taken)
     }
@@ -408,24 +485,24 @@ impl Inbox for MemoryStore {
         }
         let now = SystemTime::now();
         let mut map = self.lock();
-        match map.get_mut(&lease.key) {
+        match map.map.get(&lease.key) {
             Some(entry) if entry.holds(lease, now) => {
-                let Some(item) = entry.item.as_mut() else {
+                if entry.item.is_none() {
                     return Err(Error::config(
                         "fail is for inbox items; a claim is released instead",
                     ));
-                };
-                item.last_error = Some(cut_error(error));
-                match retry {
-                    Retry::After(delay) => {
-                        item.wait = Wait::Due;
-                        entry.expires_at = now + delay;
-                    }
-                    Retry::Dead => {
-                        item.wait = Wait::Dead;
-                        entry.expires_at = now;
-                    }
                 }
+                map.change(&lease.key, |entry| {
+                    let (wait, due) = match retry {
+                        Retry::After(delay) => (Wait::Due, now + delay),
+                        Retry::Dead => (Wait::Dead, now),
+                    };
+                    if let Some(item) = entry.item.as_mut() {
+                        item.last_error = Some(cut_error(error));
+                        item.wait = wait;
+                    }
+                    entry.expires_at = due;
+                });
                 Ok(())
             }
             _ => Err(Error::lease_lost(&lease.key)),
@@ -433,13 +510,14 @@ impl Inbox for MemoryStore {
     }
 
     async fn item(&self, key: &Key) -> Result<Option<Item>> {
-        Ok(self.lock().get(key).and_then(|e| e.item_view(key)))
+        Ok(self.lock().map.get(key).and_then(|e| e.item_view(key)))
     }
 
     async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
         query.validate()?;
         let map = self.lock();
         let mut items: Vec<Item> = map
+            .map
             .iter()
             .filter(|(k, _)| {
                 k.namespace() == query.namespace
@@ -457,17 +535,20 @@ impl Inbox for MemoryStore {
     async fn replay(&self, key: &Key) -> Result<bool> {
         let now = SystemTime::now();
         let mut map = self.lock();
-        let Some(entry) = map.get_mut(key) else {
-            return Ok(false);
-        };
-        let Some(item) = entry.item.as_mut() else {
-            return Ok(false);
-        };
-        let replayable =
-            item.wait == Wait::Dead || (item.wait == Wait::Due && item.last_error.is_some());
+        let replayable = map
+            .map
+            .get(key)
+            .and_then(|e| e.item.as_ref())
+            .is_some_and(|item| {
+                item.wait == Wait::Dead || (item.wait == Wait::Due && item.last_error.is_some())
+            });
         if replayable {
-            item.wait = Wait::Due;
-            entry.expires_at = now;
+            map.change(key, |entry| {
+                if let Some(item) = entry.item.as_mut() {
+                    item.wait = Wait::Due;
+                }
+                entry.expires_at = now;
+            });
         }
         Ok(replayable)
     }
@@ -475,7 +556,7 @@ impl Inbox for MemoryStore {
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
         let map = self.lock();
         let mut counts = InboxCounts::default();
-        for (k, e) in map.iter().filter(|(k, _)| k.namespace() == namespace) {
+        for (k, e) in map.map.iter().filter(|(k, _)| k.namespace() == namespace) {
             let Some(item) = e.item_view(k) else {
                 continue;
             };

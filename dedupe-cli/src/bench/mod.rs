@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Key};
+use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, Key};
 use dedupe_url::{Opener, Target};
 use hdrhistogram::Histogram;
 
@@ -34,7 +34,9 @@ pub struct BenchArgs {
     pub stores: Vec<String>,
     /// Workloads: claim (new keys), duplicate (keys already done), cycle
     /// (claim then complete), batch (claim_many of --batch new keys), mixed
-    /// (cycle on keys that repeat with --dup-ratio).
+    /// (cycle on keys that repeat with --dup-ratio), accept (inbox accepts of
+    /// new keys), work (inbox take-and-complete of --inbox-items accepted
+    /// first), inbox (accept then work).
     #[arg(
         long,
         value_delimiter = ',',
@@ -72,6 +74,10 @@ pub struct BenchArgs {
     /// Share of operations on a key seen before, in the mixed workload.
     #[arg(long, default_value_t = 0.5)]
     pub dup_ratio: f64,
+    /// Items accepted (uncounted) before each work row, which its tasks then
+    /// take and complete until the row's time is up or none is left.
+    #[arg(long, default_value_t = 20_000)]
+    pub inbox_items: u64,
     /// Records stored before measuring (in flight, long leases), in the
     /// store and in the raw table: how claims move from 10^4 to 10^6 keys.
     #[arg(long, default_value_t = 0)]
@@ -105,6 +111,12 @@ pub enum Workload {
     Cycle,
     Batch,
     Mixed,
+    /// Inbox accepts of new keys.
+    Accept,
+    /// Inbox take-and-complete, one item a take.
+    Work,
+    /// `accept` then `work` (expanded before the run).
+    Inbox,
 }
 
 impl Workload {
@@ -115,6 +127,9 @@ impl Workload {
             Workload::Cycle => "cycle",
             Workload::Batch => "batch",
             Workload::Mixed => "mixed",
+            Workload::Accept => "accept",
+            Workload::Work => "work",
+            Workload::Inbox => "inbox",
         }
     }
 }
@@ -178,7 +193,11 @@ impl KeyStream {
                 };
                 vec![format!("{}-{n}", self.label)]
             }
-            Workload::Claim | Workload::Cycle => vec![format!("{}-{i}", self.label)],
+            Workload::Claim | Workload::Cycle | Workload::Accept | Workload::Inbox => {
+                vec![format!("{}-{i}", self.label)]
+            }
+            // A take chooses its item.
+            Workload::Work => Vec::new(),
         }
     }
 }
@@ -193,8 +212,13 @@ fn splitmix(mut x: u64) -> u64 {
 /// One task's side of a row.
 enum Side {
     Store(Arc<dyn DedupeStore>),
+    /// The store, for the inbox workloads.
+    Inbox(Arc<dyn Inbox>),
     Raw(RawHandle),
 }
+
+/// The payload of a benchmark item: about what a small webhook carries.
+const PAYLOAD: &[u8] = &[b'x'; 512];
 
 impl Side {
     /// Runs one operation; the keys it won.
@@ -218,6 +242,43 @@ impl Side {
                             store.complete(&lease, b"ok", RETENTION).await?;
                         }
                         won.push(key.id().to_string());
+                    }
+                }
+                Ok(won)
+            }
+            Side::Inbox(inbox) => match workload {
+                Workload::Work => match inbox.take("bench", 1, LEASE).await?.pop() {
+                    Some(taken) => {
+                        inbox.complete(&taken.lease, b"ok", RETENTION).await?;
+                        Ok(vec![taken.lease.key.id().to_string()])
+                    }
+                    None => Ok(Vec::new()),
+                },
+                _ => {
+                    let mut won = Vec::new();
+                    for k in keys {
+                        let key = Key::new("bench", k.as_str())?;
+                        if inbox.accept(&key, PAYLOAD).await?.is_new() {
+                            won.push(k.clone());
+                        }
+                    }
+                    Ok(won)
+                }
+            },
+            Side::Raw(raw) if matches!(workload, Workload::Accept | Workload::Work) => {
+                if workload == Workload::Work {
+                    return match raw.take(LEASE).await? {
+                        Some(key) => {
+                            raw.complete(&key, RETENTION).await?;
+                            Ok(vec![key])
+                        }
+                        None => Ok(Vec::new()),
+                    };
+                }
+                let mut won = Vec::new();
+                for k in keys {
+                    if raw.accept(k).await? {
+                        won.push(k.clone());
                     }
                 }
                 Ok(won)
@@ -282,11 +343,13 @@ async fn run_row(
                     let keys = stream.keys(i);
                     let t = Instant::now();
                     match side.op(workload, &keys).await {
+                        // Nothing left to take: this task's part of the row is done.
+                        Ok(won) if workload == Workload::Work && won.is_empty() => break,
                         Ok(won) => {
                             if let Some(h) = m.latency.as_mut() {
                                 let _ = h.record(t.elapsed().as_micros().max(1) as u64);
                             }
-                            m.ops += keys.len() as u64;
+                            m.ops += keys.len().max(won.len()) as u64;
                             for k in won {
                                 *m.wins.entry(k).or_default() += 1;
                             }
@@ -358,6 +421,22 @@ pub(crate) async fn store_handle(opener: &Opener) -> Result<Arc<dyn DedupeStore>
             connections: None, ..
         } => Ok(Arc::new(opener.postgres_dedicated(1).await?)),
         _ => opener.handle().await,
+    }
+}
+
+/// The store's inbox for one benchmark task, on handles as [`store_handle`]'s.
+async fn inbox_handle(opener: &Opener) -> Result<Arc<dyn Inbox>, Error> {
+    match opener.url().target() {
+        Target::Sqlite {
+            connections: None, ..
+        } => Ok(Arc::new(opener.sqlite(1).await?)),
+        Target::Postgres {
+            connections: None, ..
+        } => Ok(Arc::new(opener.postgres_dedicated(1).await?)),
+        _ => opener
+            .inbox_handle()
+            .await?
+            .ok_or_else(|| Error::config("this store has no inbox")),
     }
 }
 
@@ -485,12 +564,39 @@ async fn measure_store(
                             dup_ratio: args.dup_ratio,
                         })
                     };
+                    let inbox = matches!(workload, Workload::Accept | Workload::Work);
                     let mut sides = Vec::with_capacity(concurrency);
                     for _ in 0..concurrency {
                         sides.push(match mode {
+                            "store" if inbox => Side::Inbox(inbox_handle(opener).await?),
                             "store" => Side::Store(store_handle(opener).await?),
                             _ => Side::Raw(raw.handle(opener).await?),
                         });
+                    }
+                    if workload == Workload::Work {
+                        // The items the row works through, accepted uncounted
+                        // on the same handles.
+                        let fill = Arc::new(KeyStream {
+                            label: label("items"),
+                            done_keys: 0,
+                            batch: 1,
+                            next: AtomicU64::new(0),
+                            workload: Workload::Accept,
+                            dup_ratio: 0.0,
+                        });
+                        let limits = Limits {
+                            period: Duration::from_secs(3600),
+                            ops: Some(args.inbox_items),
+                        };
+                        let (filled, _, back) = run_row(sides, fill, limits, None).await;
+                        if let Some(e) = filled.first_error {
+                            return Err(Error::backend(
+                                format!("accepting the work row's items: {e}"),
+                                true,
+                                None,
+                            ));
+                        }
+                        sides = back;
                     }
                     // The warm-up runs on keys of its own, then the same handles measure.
                     let (_, _, sides) =
@@ -525,7 +631,16 @@ async fn measure_store(
     Ok(())
 }
 
-pub async fn bench(args: BenchArgs) -> Result<bool, Error> {
+pub async fn bench(mut args: BenchArgs) -> Result<bool, Error> {
+    // `inbox` is `accept` then `work`.
+    args.workload = args
+        .workload
+        .iter()
+        .flat_map(|w| match w {
+            Workload::Inbox => vec![Workload::Accept, Workload::Work],
+            other => vec![*other],
+        })
+        .collect();
     let urls = if args.stores.is_empty() {
         vec!["memory:".to_string(), "sqlite:".to_string()]
     } else {

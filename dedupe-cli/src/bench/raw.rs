@@ -12,6 +12,15 @@
 //!
 //! A claim answers whether it won; `complete` marks the key done (an `UPDATE`,
 //! a `SET ... XX`, an `UpdateItem`) for the `cycle` workload.
+//!
+//! For the inbox workloads, `accept` is the same insert with the key put in a
+//! due queue (a `due` column under a partial index; a sorted set beside the
+//! key; the table's due index on DynamoDB; a queue in memory), and `take`
+//! the minimal taking of the oldest due key (`UPDATE ... WHERE k = (SELECT
+//! ... ORDER BY due LIMIT 1 [FOR UPDATE SKIP LOCKED]) RETURNING k`;
+//! `ZPOPMIN`; a query of the index then an `UpdateItem` conditioned on the
+//! key still being due), completed by `complete`. The raw take keeps no
+//! lease a dead worker's key could be taken over by: it is the floor.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,7 +36,7 @@ fn fail(what: &'static str) -> impl Fn(Box<dyn std::error::Error + Send + Sync>)
 /// The raw baseline's shared setup (a table, a key prefix).
 #[derive(Debug, Clone)]
 pub enum RawStore {
-    Memory(Arc<Mutex<HashMap<String, bool>>>),
+    Memory(Arc<Mutex<HashMap<String, bool>>>, Queue),
     Sqlite {
         path: std::path::PathBuf,
     },
@@ -45,9 +54,12 @@ pub enum RawStore {
     },
 }
 
+/// The memory baseline's due queue.
+pub type Queue = Arc<Mutex<std::collections::VecDeque<String>>>;
+
 /// One task's raw connection.
 pub enum RawHandle {
-    Memory(Arc<Mutex<HashMap<String, bool>>>),
+    Memory(Arc<Mutex<HashMap<String, bool>>>, Queue),
     Sqlite(dedupe_sqlite::rusqlite::Connection),
     Postgres {
         conn: dedupe_postgres::sqlx::PgConnection,
@@ -65,7 +77,7 @@ impl RawStore {
     /// Creates what the baseline needs beside the store's own records.
     pub async fn prepare(opener: &Opener) -> Result<Self, Error> {
         Ok(match opener.url().target() {
-            Target::Memory => Self::Memory(Arc::default()),
+            Target::Memory => Self::Memory(Arc::default(), Arc::default()),
             Target::Sqlite { .. } => {
                 let path = opener
                     .sqlite_path()
@@ -76,7 +88,10 @@ impl RawStore {
                     let conn = sqlite_conn(&p)?;
                     conn.execute_batch(
                         "CREATE TABLE IF NOT EXISTS dedupe_raw_bench \
-                         (k TEXT PRIMARY KEY, exp INTEGER NOT NULL, done INTEGER NOT NULL DEFAULT 0)",
+                         (k TEXT PRIMARY KEY, exp INTEGER NOT NULL, done INTEGER NOT NULL DEFAULT 0, \
+                          due INTEGER); \
+                         CREATE INDEX IF NOT EXISTS dedupe_raw_bench_due ON dedupe_raw_bench (due) \
+                          WHERE due IS NOT NULL",
                     )
                     .map_err(|e| fail("sqlite")(Box::new(e)))
                 })
@@ -92,7 +107,9 @@ impl RawStore {
                 let store = opener.postgres(1).await?;
                 dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS {table} \
-                     (k text PRIMARY KEY, exp timestamptz NOT NULL, done boolean NOT NULL DEFAULT false)"
+                     (k text PRIMARY KEY, exp timestamptz NOT NULL, done boolean NOT NULL DEFAULT false, \
+                      due timestamptz); \
+                     CREATE INDEX IF NOT EXISTS dedupe_raw_bench_due ON {table} (due) WHERE due IS NOT NULL"
                 )))
                 .execute(store.pool())
                 .await
@@ -129,7 +146,7 @@ impl RawStore {
     /// A connection of its own for one task.
     pub async fn handle(&self, opener: &Opener) -> Result<RawHandle, Error> {
         Ok(match self {
-            Self::Memory(map) => RawHandle::Memory(Arc::clone(map)),
+            Self::Memory(map, queue) => RawHandle::Memory(Arc::clone(map), Arc::clone(queue)),
             Self::Sqlite { path } => RawHandle::Sqlite(sqlite_conn(path)?),
             Self::Postgres { url, table } => {
                 use dedupe_postgres::sqlx::Connection;
@@ -215,7 +232,7 @@ impl RawHandle {
     pub async fn claim(&mut self, keys: &[String], lease: Duration) -> Result<Vec<bool>, Error> {
         let lease_ms = lease.as_millis() as i64;
         match self {
-            Self::Memory(map) => {
+            Self::Memory(map, _) => {
                 let mut map = map.lock().map_err(|_| Error::config("poisoned"))?;
                 Ok(keys
                     .iter()
@@ -345,7 +362,7 @@ impl RawHandle {
     pub async fn complete(&mut self, key: &str, retention: Duration) -> Result<(), Error> {
         let ms = retention.as_millis() as i64;
         match self {
-            Self::Memory(map) => {
+            Self::Memory(map, _) => {
                 map.lock()
                     .map_err(|_| Error::config("poisoned"))?
                     .insert(key.to_string(), true);
@@ -394,6 +411,209 @@ impl RawHandle {
                     .await
                     .map(|_| ())
                     .map_err(|e| fail("dynamodb")(Box::new(e)))
+            }
+        }
+    }
+
+    /// Inserts `key` due now (the inbox's accept): whether it was new.
+    pub async fn accept(&mut self, key: &str) -> Result<bool, Error> {
+        let now = now_ms();
+        match self {
+            Self::Memory(map, queue) => {
+                let mut map = map.lock().map_err(|_| Error::config("poisoned"))?;
+                if map.contains_key(key) {
+                    return Ok(false);
+                }
+                map.insert(key.to_string(), false);
+                queue
+                    .lock()
+                    .map_err(|_| Error::config("poisoned"))?
+                    .push_back(key.to_string());
+                Ok(true)
+            }
+            Self::Sqlite(conn) => {
+                let sqlite = |e: dedupe_sqlite::rusqlite::Error| fail("sqlite")(Box::new(e));
+                let mut stmt = conn
+                    .prepare_cached(
+                        "INSERT INTO dedupe_raw_bench (k, exp, due) VALUES (?1, 0, ?2) \
+                         ON CONFLICT DO NOTHING RETURNING k",
+                    )
+                    .map_err(sqlite)?;
+                let mut rows = stmt.query((key, now)).map_err(sqlite)?;
+                Ok(rows.next().map_err(sqlite)?.is_some())
+            }
+            Self::Postgres { conn, table } => {
+                let sql = format!(
+                    "INSERT INTO {table} (k, exp, due) VALUES ($1, now(), now()) \
+                     ON CONFLICT DO NOTHING RETURNING k"
+                );
+                let row: Option<(String,)> =
+                    dedupe_postgres::sqlx::query_as(dedupe_postgres::sqlx::AssertSqlSafe(sql))
+                        .bind(key)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| fail("postgres")(Box::new(e)))?;
+                Ok(row.is_some())
+            }
+            Self::Redis(conn, prefix) => {
+                let (set, _): (Option<String>, i64) = dedupe_redis::redis::pipe()
+                    .cmd("SET")
+                    .arg(format!("{prefix}{key}"))
+                    .arg(0)
+                    .arg("NX")
+                    .cmd("ZADD")
+                    .arg(format!("{prefix}{{queue}}"))
+                    .arg("NX")
+                    .arg(now)
+                    .arg(key)
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| fail("redis")(Box::new(e)))?;
+                Ok(set.is_some())
+            }
+            Self::RedisCluster(conn, prefix) => {
+                let set: Option<String> = dedupe_redis::redis::cmd("SET")
+                    .arg(format!("{prefix}{key}"))
+                    .arg(0)
+                    .arg("NX")
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| fail("redis")(Box::new(e)))?;
+                if set.is_some() {
+                    dedupe_redis::redis::cmd("ZADD")
+                        .arg(format!("{prefix}{{queue}}"))
+                        .arg("NX")
+                        .arg(now)
+                        .arg(key)
+                        .query_async::<i64>(conn)
+                        .await
+                        .map_err(|e| fail("redis")(Box::new(e)))?;
+                }
+                Ok(set.is_some())
+            }
+            Self::Dynamo(client, table) => {
+                use dedupe_dynamo::aws_sdk_dynamodb::types::AttributeValue;
+                let put = client
+                    .put_item()
+                    .table_name(table.as_str())
+                    .item("pk", AttributeValue::S(key.to_string()))
+                    .item("dl", AttributeValue::N(now.to_string()))
+                    .item("iq", AttributeValue::S("q".into()))
+                    .condition_expression("attribute_not_exists(pk)")
+                    .send()
+                    .await;
+                match put {
+                    Ok(_) => Ok(true),
+                    Err(e)
+                        if dedupe_dynamo::aws_sdk_dynamodb::error::ProvideErrorMetadata::code(
+                            &e,
+                        ) == Some("ConditionalCheckFailedException") =>
+                    {
+                        Ok(false)
+                    }
+                    Err(e) => Err(fail("dynamodb")(Box::new(e))),
+                }
+            }
+        }
+    }
+
+    /// Takes the oldest due key out of the queue, leased: `None` when none
+    /// is due.
+    pub async fn take(&mut self, lease: Duration) -> Result<Option<String>, Error> {
+        let lease_ms = lease.as_millis() as i64;
+        match self {
+            Self::Memory(_, queue) => Ok(queue
+                .lock()
+                .map_err(|_| Error::config("poisoned"))?
+                .pop_front()),
+            Self::Sqlite(conn) => {
+                let sqlite = |e: dedupe_sqlite::rusqlite::Error| fail("sqlite")(Box::new(e));
+                let now = now_ms();
+                let mut stmt = conn
+                    .prepare_cached(
+                        "UPDATE dedupe_raw_bench SET exp = ?1, due = NULL WHERE k = \
+                         (SELECT k FROM dedupe_raw_bench WHERE due IS NOT NULL AND due <= ?2 \
+                          ORDER BY due LIMIT 1) RETURNING k",
+                    )
+                    .map_err(sqlite)?;
+                let mut rows = stmt.query((now + lease_ms, now)).map_err(sqlite)?;
+                match rows.next().map_err(sqlite)? {
+                    Some(row) => Ok(Some(row.get(0).map_err(sqlite)?)),
+                    None => Ok(None),
+                }
+            }
+            Self::Postgres { conn, table } => {
+                let sql = format!(
+                    "UPDATE {table} SET exp = now() + $1::interval, due = NULL WHERE k = \
+                     (SELECT k FROM {table} WHERE due IS NOT NULL AND due <= now() \
+                      ORDER BY due LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING k"
+                );
+                let row: Option<(String,)> =
+                    dedupe_postgres::sqlx::query_as(dedupe_postgres::sqlx::AssertSqlSafe(sql))
+                        .bind(lease)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| fail("postgres")(Box::new(e)))?;
+                Ok(row.map(|r| r.0))
+            }
+            Self::Redis(conn, prefix) => {
+                let popped: Vec<String> = dedupe_redis::redis::cmd("ZPOPMIN")
+                    .arg(format!("{prefix}{{queue}}"))
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| fail("redis")(Box::new(e)))?;
+                Ok(popped.into_iter().next())
+            }
+            Self::RedisCluster(conn, prefix) => {
+                let popped: Vec<String> = dedupe_redis::redis::cmd("ZPOPMIN")
+                    .arg(format!("{prefix}{{queue}}"))
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| fail("redis")(Box::new(e)))?;
+                Ok(popped.into_iter().next())
+            }
+            Self::Dynamo(client, table) => {
+                use dedupe_dynamo::aws_sdk_dynamodb::types::AttributeValue;
+                for _ in 0..8 {
+                    let now = now_ms();
+                    let found = client
+                        .query()
+                        .table_name(table.as_str())
+                        .index_name("dedupe_due")
+                        .key_condition_expression("iq = :q AND dl <= :now")
+                        .expression_attribute_values(":q", AttributeValue::S("q".into()))
+                        .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
+                        .limit(1)
+                        .send()
+                        .await
+                        .map_err(|e| fail("dynamodb")(Box::new(e)))?;
+                    let Some(pk) = found.items().first().and_then(|i| i.get("pk")).cloned() else {
+                        return Ok(None);
+                    };
+                    let leased = client
+                        .update_item()
+                        .table_name(table.as_str())
+                        .key("pk", pk.clone())
+                        .update_expression("SET dl = :until REMOVE iq")
+                        .condition_expression("attribute_exists(iq) AND dl <= :now")
+                        .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
+                        .expression_attribute_values(
+                            ":until",
+                            AttributeValue::N((now + lease_ms).to_string()),
+                        )
+                        .send()
+                        .await;
+                    match leased {
+                        Ok(_) => return Ok(pk.as_s().ok().cloned()),
+                        Err(e)
+                            if dedupe_dynamo::aws_sdk_dynamodb::error::ProvideErrorMetadata::code(
+                                &e,
+                            )
+                                == Some("ConditionalCheckFailedException") => {}
+                        Err(e) => return Err(fail("dynamodb")(Box::new(e))),
+                    }
+                }
+                Ok(None)
             }
         }
     }
