@@ -573,9 +573,14 @@ async fn measure_store(
                             _ => Side::Raw(raw.handle(opener).await?),
                         });
                     }
+                    // The warm-up runs on keys of its own, then the same handles measure.
+                    let (_, _, sides) =
+                        run_row(sides, stream("warm"), args.warmup_limits(), None).await;
+                    let mut sides = sides;
                     if workload == Workload::Work {
                         // The items the row works through, accepted uncounted
-                        // on the same handles.
+                        // on the same handles, after the warm-up (which takes
+                        // what earlier rows left).
                         let fill = Arc::new(KeyStream {
                             label: label("items"),
                             done_keys: 0,
@@ -598,9 +603,7 @@ async fn measure_store(
                         }
                         sides = back;
                     }
-                    // The warm-up runs on keys of its own, then the same handles measure.
-                    let (_, _, sides) =
-                        run_row(sides, stream("warm"), args.warmup_limits(), None).await;
+
                     let (measured, elapsed, _) =
                         run_row(sides, stream(""), args.limits(), None).await;
                     doubles.extend(judge(&measured, workload, &format!("{shown} {mode}")));
