@@ -202,6 +202,18 @@ impl KeyStream {
     }
 }
 
+/// An error and the errors under it, `: `-separated (a raw driver's error is
+/// its source).
+fn with_sources(e: &Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
 fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -356,7 +368,7 @@ async fn run_row(
                         }
                         Err(e) => {
                             m.errors += 1;
-                            m.first_error.get_or_insert_with(|| e.to_string());
+                            m.first_error.get_or_insert_with(|| with_sources(&e));
                         }
                     }
                 }
