@@ -142,7 +142,7 @@ async fn redelivered_messages_run_once() {
                     let n: usize = id.trim_start_matches("ord-").parse().unwrap_or(1);
                     // The first delivery of every third message: accepted,
                     // then "crashed" before the ack.
-                    let lose = n % 3 == 0 && matches!(answer, Ok(Accepted::New));
+                    let lose = n.is_multiple_of(3) && matches!(answer, Ok(Accepted::New));
                     if lose {
                         held_back.lock().expect("held").push(id);
                     }
