@@ -203,8 +203,9 @@ impl InboxWorker {
     }
 
     /// Takes and runs due items until [`shutdown`](Self::shutdown). Errors
-    /// the store may recover from are logged and retried after the poll
-    /// interval; any other error of a take ends the run with it.
+    /// the store may recover from, and corrupt items a take met, are logged
+    /// and the take retried after the poll interval; any other error of a
+    /// take (a configuration error) ends the run with it.
     pub async fn run<H, Fut, E>(&self, handler: H) -> Result<()>
     where
         H: Fn(Taken) -> Fut + Send + Sync + 'static,
@@ -232,7 +233,9 @@ impl InboxWorker {
             let want = (1 + extra).min(MAX_TAKE);
             let taken = match inner.inbox.take(&inner.namespace, want, inner.lease).await {
                 Ok(taken) => taken,
-                Err(e) if e.is_retryable() => {
+                // A corrupt item is the store's to report, not a reason to stop
+                // working the namespace's other items.
+                Err(e) if e.is_retryable() || matches!(e, Error::CorruptRecord { .. }) => {
                     tracing::warn!(namespace = %inner.namespace, error = %e, "take failed; trying again");
                     drop(first);
                     self.pause().await;

@@ -575,10 +575,25 @@ impl Inbox for DynamoStore {
                 .buffered(self.inner.fan_out)
                 .collect()
                 .await;
-            leased
-                .into_iter()
-                .filter_map(Result::transpose)
-                .collect::<Result<Vec<_>>>()
+            // Items already leased are handed out even when another
+            // candidate's update failed: dropping them would hold them from
+            // every worker for their whole lease, an attempt counted.
+            let mut taken = Vec::with_capacity(leased.len());
+            let mut first_error = None;
+            for result in leased {
+                match result {
+                    Ok(Some(item)) => taken.push(item),
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(namespace, error = %e, "a candidate of a take failed");
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            match first_error {
+                Some(e) if taken.is_empty() => Err(e),
+                _ => Ok(taken),
+            }
         })
         .await
     }
@@ -718,10 +733,16 @@ impl Inbox for DynamoStore {
                 (":q", waiting(key.namespace())),
                 (":lk", list_key(ItemStatus::Failed, key)),
             ]);
-            Ok(matches!(
-                self.update(key, WAITING, REPLAYABLE, vals, false).await?,
-                Updated::Done(_)
-            ))
+            match self.update(key, WAITING, REPLAYABLE, vals, false).await? {
+                Updated::Done(_) => Ok(true),
+                // Not replayable; a stored value that does not decode is
+                // answered as corrupt, never as "no such item".
+                Updated::Failed(Some(old)) => {
+                    decode_item(&self.inner.names, key, &old)?;
+                    Ok(false)
+                }
+                Updated::Failed(None) => Ok(false),
+            }
         })
         .await
     }

@@ -459,8 +459,15 @@ impl DynamoStore {
                     .create(create.build().map_err(|e| Error::config(e.to_string()))?)
                     .build(),
             );
+        // The definitions of the table's key and of this index's keys only:
+        // DynamoDB refuses definitions no key uses yet.
+        let used: Vec<&str> = std::iter::once(self.inner.names.partition_key.as_str())
+            .chain(index.key_schema().iter().map(|k| k.attribute_name()))
+            .collect();
         for definition in self.attribute_definitions()? {
-            update = update.attribute_definitions(definition);
+            if used.contains(&definition.attribute_name()) {
+                update = update.attribute_definitions(definition);
+            }
         }
         match update.send().await {
             Ok(_) => Ok(()),

@@ -105,7 +105,11 @@ impl Inbox for RedisStore {
         let (answer, acked) = self.write(invocation, key).await?;
         match parts(answer) {
             Some((1, None)) => {
-                self.replicated(acked, "accept", "accept again (it answers New again)")?;
+                self.replicated(
+                    acked,
+                    "accept",
+                    "accept again (it answers the item it finds, which this accept stored)",
+                )?;
                 Ok(Accepted::New)
             }
             Some((2, Some(value))) => match codec::decode_item(key, &value)? {
@@ -153,18 +157,25 @@ impl Inbox for RedisStore {
         let Value::Array(values) = answer else {
             return Err(Self::unexpected(&probe, "take"));
         };
-        if let [Value::Int(-1), id] = values.as_slice() {
-            let key = text(id)
-                .and_then(|id| Key::new(namespace, id).ok())
-                .unwrap_or(probe);
-            return Err(Error::corrupt(
-                &key,
-                "an inbox item that does not decode; left in place for an operator",
-            ));
-        }
-        if values.len() % 6 != 0 {
+        let corrupt = match values.first() {
+            Some(Value::Int(n)) => {
+                usize::try_from(*n).map_err(|_| Self::unexpected(&probe, "take"))?
+            }
+            _ => return Err(Self::unexpected(&probe, "take")),
+        };
+        if values.len() < 1 + corrupt || (values.len() - 1 - corrupt) % 6 != 0 {
             return Err(Self::unexpected(&probe, "take"));
         }
+        for id in &values[1..1 + corrupt] {
+            // Left in place, not handed out, and not in the way of the
+            // others: an operator removes it (`DEL` of its key).
+            tracing::error!(
+                namespace,
+                id = text(id).unwrap_or_default(),
+                "an inbox item that does not decode; left in place for an operator"
+            );
+        }
+        let values = &values[1 + corrupt..];
         let taken = values
             .chunks_exact(6)
             .map(|v| {
@@ -187,13 +198,13 @@ impl Inbox for RedisStore {
             })
             .collect::<Result<Vec<_>>>()?;
         if !taken.is_empty() {
-            // The items are leased on the primary: a failover that loses the
-            // take hands them out again, as a lease that passed would.
-            self.replicated(
-                acked,
-                "take",
-                "the items are leased; work them or take again",
-            )?;
+            // The items are leased on the primary; an error here would keep
+            // them from every worker for their whole lease. They are handed
+            // out: a failover that loses the take hands them out again, as a
+            // lease that passed would.
+            if let Err(e) = self.replicated(acked, "take", "the items are handed out anyway") {
+                tracing::warn!(namespace, error = %e, "a take reached fewer replicas than asked");
+            }
         }
         Ok(taken)
     }

@@ -393,21 +393,22 @@ return {1}
 
 /// KEYS the index keys {waiting, held, ids}; ARGV the record keys' base
 /// (`<prefix><namespace>:`), max, lease ms, then `max` tokens. Leases the
-/// due items, oldest due first: the first `max` of the waiting set due by
-/// now and of the held set past their deadline, merged by score. Every
-/// candidate is read and decoded before any is written: an item that does
-/// not decode answers `{-1, id}` with nothing written. An index entry whose
-/// key holds no item (written around the scripts) is dropped. Answers six
+/// due items, oldest due first: the first `max` (and a few more, so that
+/// items that do not decode cannot hold the queue) of the waiting set due by
+/// now and of the held set past their deadline, merged by score. An item
+/// that does not decode is left in place and named in the answer; an index
+/// entry whose key holds no item (written around the scripts) is dropped.
+/// Answers the count of items that did not decode and their ids, then six
 /// values per item taken: id, token, deadline, attempt, payload, last error
 /// (nil when none).
 const TAKE: &str = r#"
 local ks = {KEYS[1], KEYS[2], KEYS[3]}
 local max, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local function due(k)
-  return redis.call('ZRANGEBYSCORE', k, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, max)
+  return redis.call('ZRANGEBYSCORE', k, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, max + 8)
 end
 local a, b = due(KEYS[1]), due(KEYS[2])
-local ia, ib, picked = 1, 1, {}
+local ia, ib, picked, corrupt = 1, 1, {}, {}
 while #picked < max and (ia <= #a or ib <= #b) do
   local id
   if ib > #b or (ia <= #a and tonumber(a[ia + 1]) <= tonumber(b[ib + 1])) then
@@ -418,15 +419,16 @@ while #picked < max and (ia <= #a or ib <= #b) do
   local v = redis.call('GET', ARGV[1] .. id)
   if v and is_item(v) then
     local r = idecode(v)
-    if not r then return {-1, id} end
-    if r.wait ~= 2 and r.due <= now then picked[#picked + 1] = {id, r} end
+    if not r then corrupt[#corrupt + 1] = id
+    elseif r.wait ~= 2 and r.due <= now then picked[#picked + 1] = {id, r} end
   else
     for _, st in ipairs({'p', 'r', 'f', 'd'}) do redis.call('ZREM', KEYS[3], st .. ':' .. id) end
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', KEYS[2], id)
   end
 end
-local out = {}
+local out = {#corrupt}
+for _, id in ipairs(corrupt) do out[#out + 1] = id end
 for i, pick in ipairs(picked) do
   local id, r = pick[1], pick[2]
   local new = icopy(r)
@@ -473,7 +475,11 @@ return 1
 /// due now, its attempts and error kept; `0` no such item; `-1` corrupt.
 const REPLAY: &str = r#"
 local v = redis.call('GET', KEYS[1])
-if not v or not is_item(v) then return 0 end
+if not v then return 0 end
+if not is_item(v) then
+  if decode(v) then return 0 end
+  return -1
+end
 local r = idecode(v)
 if not r then return -1 end
 if not (r.wait == 2 or (r.wait == 1 and r.err)) then return 0 end

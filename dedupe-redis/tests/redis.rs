@@ -461,6 +461,33 @@ async fn values_that_are_not_records_are_corrupt_not_claimable() {
     }
     assert_eq!(cli(&["GET", "dedupe:redis:garbage"]), "not a record");
     assert_eq!(cli(&["HGET", "dedupe:redis:hash", "state"]), "0");
+
+    // The inbox: an item whose value was broken is left in place and named
+    // in the log, and the namespace's other items are still handed out; a
+    // replay of a value that is no record is corrupt, not "no such item".
+    use dedupe_core::Inbox;
+    for id in ["item-a", "item-b", "item-c"] {
+        assert!(store
+            .accept(&key(id), b"body")
+            .await
+            .expect("accept")
+            .is_new());
+    }
+    cli(&["SET", "dedupe:redis:item-a", "i1:1:not an item"]);
+    let taken = store
+        .take("redis", 10, Duration::from_secs(30))
+        .await
+        .expect("a take past the broken item");
+    let ids: Vec<&str> = taken.iter().map(|t| t.lease.key.id()).collect();
+    assert_eq!(ids, ["item-b", "item-c"]);
+    assert_eq!(cli(&["GET", "dedupe:redis:item-a"]), "i1:1:not an item");
+    assert!(
+        matches!(
+            store.replay(&key("garbage")).await,
+            Err(Error::CorruptRecord { .. })
+        ),
+        "a replay of a value that is no record"
+    );
 }
 
 /// Prefixes that are not plain, and prefixes under which two stores could
