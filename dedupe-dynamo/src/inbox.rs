@@ -17,7 +17,7 @@
 //! Cost: an item's writes touch one or two index entries (a write unit each,
 //! on top of the item's); a take is two queries (read units for at most
 //! `2 x max` keys) and one `UpdateItem` per item; counts read every index key
-//! of the namespace's items (about 4 KB of keys per read unit).
+//! of the namespace's items.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -282,6 +282,23 @@ impl DynamoStore {
         Key::new(namespace, id).map_err(|e| Error::corrupt(&probe, e.to_string()))
     }
 
+    /// A query of the items index for `namespace`'s items in `status`.
+    fn status_query(
+        &self,
+        namespace: &str,
+        status: ItemStatus,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        self.inner
+            .client
+            .query()
+            .table_name(&self.inner.table)
+            .index_name(ITEMS_INDEX)
+            .key_condition_expression(LIST_QUERY)
+            .set_expression_attribute_names(self.names(&[LIST_QUERY]))
+            .expression_attribute_values(":ns", s(namespace))
+            .expression_attribute_values(":p", s(&format!("{}:", letter(status))))
+    }
+
     /// Every index key of `status` in `namespace` after `after`, up to
     /// `limit`, in id order.
     async fn listed(
@@ -308,15 +325,7 @@ impl DynamoStore {
         let mut keys = Vec::new();
         while keys.len() < limit {
             let out = self
-                .inner
-                .client
-                .query()
-                .table_name(&self.inner.table)
-                .index_name(ITEMS_INDEX)
-                .key_condition_expression(LIST_QUERY)
-                .set_expression_attribute_names(self.names(&[LIST_QUERY]))
-                .expression_attribute_values(":ns", s(namespace))
-                .expression_attribute_values(":p", s(&format!("{}:", letter(status))))
+                .status_query(namespace, status)
                 .set_exclusive_start_key(start.take())
                 .limit(i32::try_from(limit - keys.len()).unwrap_or(i32::MAX))
                 .send()
@@ -339,15 +348,7 @@ impl DynamoStore {
         let mut total = 0u64;
         loop {
             let out = self
-                .inner
-                .client
-                .query()
-                .table_name(&self.inner.table)
-                .index_name(ITEMS_INDEX)
-                .key_condition_expression(LIST_QUERY)
-                .set_expression_attribute_names(self.names(&[LIST_QUERY]))
-                .expression_attribute_values(":ns", s(namespace))
-                .expression_attribute_values(":p", s(&format!("{}:", letter(status))))
+                .status_query(namespace, status)
                 .select(Select::Count)
                 .set_exclusive_start_key(start.take())
                 .send()
@@ -491,20 +492,7 @@ impl Inbox for DynamoStore {
                     return Ok(Accepted::Item(item));
                 }
                 if deadline_of(&record) > from_millis(self.now_ms()) {
-                    return Ok(match record.state {
-                        RecordState::Done {
-                            outcome,
-                            completed_at,
-                            ..
-                        } => Accepted::Done {
-                            outcome,
-                            completed_at,
-                        },
-                        RecordState::InFlight { lease_deadline } => Accepted::InFlight {
-                            deadline: lease_deadline,
-                            attempt: record.attempts,
-                        },
-                    });
+                    return Ok(backend::accepted_over(record));
                 }
                 replacing = match record.state {
                     RecordState::InFlight { .. } => Some(record),

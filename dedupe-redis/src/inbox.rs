@@ -11,19 +11,18 @@
 //!   status is one `ZRANGEBYLEX` from the cursor (O(log n + page)), a count
 //!   one `ZLEXCOUNT` (O(log n)).
 //!
-//! Each index entry costs about 60 bytes of server memory plus the id, twice
-//! per item. On a Cluster the records and the index must share a slot: the
+//! Each item has two index entries. On a Cluster the records and the index must share a slot: the
 //! store needs [`namespace_hash_tags`](crate::RedisBuilder::namespace_hash_tags)
 //! (a namespace's keys then live on one node), and refuses the inbox without.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedupe_core::backend::{check_ttl, duration_millis, new_tokens, taken_item};
+use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, taken_item};
 use dedupe_core::inbox::{check_payload, check_take, cut_error};
 use dedupe_core::{
-    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key, Lease,
-    RecordState, Result, Retry, Taken,
+    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, Result,
+    Retry, Taken,
 };
 use redis::Value;
 
@@ -116,20 +115,7 @@ impl Inbox for RedisStore {
                 Some(item) => Ok(Accepted::Item(item)),
                 None => Err(Self::unexpected(key, "accept")),
             },
-            Some((3, Some(value))) => Ok(match codec::decode(key, &value)?.state {
-                RecordState::Done {
-                    outcome,
-                    completed_at,
-                    ..
-                } => Accepted::Done {
-                    outcome,
-                    completed_at,
-                },
-                RecordState::InFlight { lease_deadline } => Accepted::InFlight {
-                    deadline: lease_deadline,
-                    attempt: codec::decode(key, &value)?.attempts,
-                },
-            }),
+            Some((3, Some(value))) => Ok(backend::accepted_over(codec::decode(key, &value)?)),
             Some((-1, value)) => {
                 codec::decode(key, &value.unwrap_or_default())?;
                 Err(Error::corrupt(key, "not a dedupe record"))

@@ -110,6 +110,25 @@ pub fn stored_token(token: impl Into<String>) -> LeaseToken {
     LeaseToken::from_stored(token)
 }
 
+/// What an inbox accept answers about a live record that is not an item:
+/// its outcome when done, the claim holding it when in flight.
+pub fn accepted_over(record: Record) -> crate::inbox::Accepted {
+    match record.state {
+        RecordState::Done {
+            outcome,
+            completed_at,
+            ..
+        } => crate::inbox::Accepted::Done {
+            outcome,
+            completed_at,
+        },
+        RecordState::InFlight { lease_deadline } => crate::inbox::Accepted::InFlight {
+            deadline: lease_deadline,
+            attempt: record.attempts,
+        },
+    }
+}
+
 /// The answer a claim gets from the live record that stopped it: `Mismatch` when
 /// both sides carry fingerprints that differ, `Duplicate` with the stored outcome
 /// when done, `Claimed` with the stored lease (token, deadline, attempt) when in
