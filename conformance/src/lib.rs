@@ -105,6 +105,8 @@ macro_rules! __with_check_names {
             inbox_failures_and_replay,
             inbox_items_never_expire,
             inbox_list_and_counts,
+            inbox_accepts_race_claims,
+            inbox_calls_asked_twice,
         }
     };
 }

@@ -113,6 +113,22 @@ enum Flaw {
     DeadReturnsLater,
     /// A take of one namespace hands out other namespaces' items too.
     TakeIgnoresNamespace,
+    /// A fail sent again after its answer was lost is `LeaseLost`.
+    FailAgainIsLeaseLost,
+    /// A release of an item sent again is `LeaseLost`.
+    ItemReleaseAgainIsLeaseLost,
+    /// A failure's retry comes after twice the delay asked.
+    FailDelayDoubled,
+    /// A replay answers true at once and makes the item due 300 ms later.
+    ReplayDueLater,
+    /// An accept of a dead item's key starts the item over.
+    AcceptResetsDead,
+    /// An accept over a claim whose lease passed answers `InFlight`.
+    AcceptLapsedClaimInFlight,
+    /// A listing filtered by status starts every page from the beginning.
+    FilteredListIgnoresCursor,
+    /// A completed item is still listed, as it was before the completion.
+    CompletedStillListed,
 }
 
 impl Flaw {
@@ -131,6 +147,14 @@ impl Flaw {
                 | Flaw::OldestDueIsNewest
                 | Flaw::DeadReturnsLater
                 | Flaw::TakeIgnoresNamespace
+                | Flaw::FailAgainIsLeaseLost
+                | Flaw::ItemReleaseAgainIsLeaseLost
+                | Flaw::FailDelayDoubled
+                | Flaw::ReplayDueLater
+                | Flaw::AcceptResetsDead
+                | Flaw::AcceptLapsedClaimInFlight
+                | Flaw::FilteredListIgnoresCursor
+                | Flaw::CompletedStillListed
         )
     }
 }
@@ -143,6 +167,8 @@ struct Broken {
     physical: Arc<Mutex<HashSet<Key>>>,
     /// Keys ever completed.
     done: Arc<Mutex<HashSet<Key>>>,
+    /// Items as they were before their completion (`CompletedStillListed`).
+    completed_items: Arc<Mutex<Vec<Item>>>,
 }
 
 impl Broken {
@@ -259,6 +285,16 @@ impl DedupeStore for Broken {
 
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         let lease = self.inner_lease(lease);
+        if self.flaw == Flaw::CompletedStillListed {
+            if let Some(item) = self.inner.item(&lease.key).await? {
+                self.inner.complete(&lease, outcome, retention).await?;
+                self.completed_items
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(item);
+                return Ok(());
+            }
+        }
         if self.flaw == Flaw::CompleteIgnoresToken {
             if let Some(current) = self.current_lease(&lease.key).await? {
                 return self.inner.complete(&current, outcome, retention).await;
@@ -295,6 +331,15 @@ impl DedupeStore for Broken {
                 Ok(())
             }
             Flaw::ReleaseKeepsRecord => Ok(()),
+            Flaw::ItemReleaseAgainIsLeaseLost
+                if self
+                    .inner
+                    .item(&lease.key)
+                    .await?
+                    .is_some_and(|i| i.status != ItemStatus::Running) =>
+            {
+                Err(Error::lease_lost(&lease.key))
+            }
             _ => {
                 self.inner.release(&lease).await?;
                 self.physical().remove(&lease.key);
@@ -424,6 +469,7 @@ impl StoreFactory for BrokenFactory {
             flaw: self.0,
             physical: Arc::default(),
             done: Arc::default(),
+            completed_items: Arc::default(),
         })))
     }
 }
@@ -467,6 +513,25 @@ impl Inbox for Broken {
                     self.inner.forget(key).await?;
                 }
                 self.inner.accept(key, payload).await
+            }
+            Flaw::AcceptResetsDead => {
+                if self
+                    .inner
+                    .item(key)
+                    .await?
+                    .is_some_and(|i| i.status == ItemStatus::Dead)
+                {
+                    self.inner.forget(key).await?;
+                }
+                self.inner.accept(key, payload).await
+            }
+            Flaw::AcceptLapsedClaimInFlight
+                if self.physical().contains(key) && self.inner.get(key).await?.is_none() =>
+            {
+                Ok(Accepted::InFlight {
+                    deadline: SystemTime::now(),
+                    attempt: 1,
+                })
             }
             Flaw::PayloadTruncated64K => {
                 self.inner
@@ -522,7 +587,21 @@ impl Inbox for Broken {
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        self.inner.fail(lease, error, retry).await
+        match (self.flaw, retry) {
+            (Flaw::FailAgainIsLeaseLost, _)
+                if self
+                    .inner
+                    .item(&lease.key)
+                    .await?
+                    .is_some_and(|i| i.status != ItemStatus::Running) =>
+            {
+                Err(Error::lease_lost(&lease.key))
+            }
+            (Flaw::FailDelayDoubled, Retry::After(delay)) => {
+                self.inner.fail(lease, error, Retry::After(delay * 2)).await
+            }
+            _ => self.inner.fail(lease, error, retry).await,
+        }
     }
 
     async fn item(&self, key: &Key) -> Result<Option<Item>> {
@@ -530,6 +609,30 @@ impl Inbox for Broken {
     }
 
     async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        if self.flaw == Flaw::FilteredListIgnoresCursor && query.status.is_some() {
+            return self
+                .inner
+                .list(&ItemQuery {
+                    after: None,
+                    ..query.clone()
+                })
+                .await;
+        }
+        if self.flaw == Flaw::CompletedStillListed {
+            let mut page = self.inner.list(query).await?;
+            let completed = self
+                .completed_items
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            page.items.extend(completed.into_iter().filter(|i| {
+                i.key.namespace() == query.namespace
+                    && query.status.is_none_or(|s| s == i.status)
+                    && query.after.as_deref().is_none_or(|a| i.key.id() > a)
+            }));
+            page.items.sort_by(|a, b| a.key.id().cmp(b.key.id()));
+            return Ok(page);
+        }
         if self.flaw == Flaw::ListCursorInclusive {
             if let Some(after) = &query.after {
                 // Starts at the cursor: one id back.
@@ -552,6 +655,21 @@ impl Inbox for Broken {
     }
 
     async fn replay(&self, key: &Key) -> Result<bool> {
+        if self.flaw == Flaw::ReplayDueLater {
+            let replayable = self
+                .inner
+                .item(key)
+                .await?
+                .is_some_and(|i| matches!(i.status, ItemStatus::Dead | ItemStatus::Failed));
+            if replayable {
+                let (inner, key) = (self.inner.clone(), key.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let _ = inner.replay(&key).await;
+                });
+            }
+            return Ok(replayable);
+        }
         if self.flaw == Flaw::ReplayStartsOver {
             if let Some(item) = self.inner.item(key).await? {
                 if item.status == ItemStatus::Dead {
@@ -675,7 +793,10 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         &["single_winner_takeover_race"],
     ),
     (Flaw::CompletionGrace, &["lease_is_lost_at_its_deadline"]),
-    (Flaw::AcceptCheckThenInsert, &["inbox_accepts_once"]),
+    (
+        Flaw::AcceptCheckThenInsert,
+        &["inbox_accepts_once", "inbox_accepts_race_claims"],
+    ),
     (Flaw::AcceptOverwritesPending, &["inbox_accepts_once"]),
     (
         Flaw::TakeWithoutLeasing,
@@ -693,6 +814,17 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::OldestDueIsNewest, &["inbox_list_and_counts"]),
     (Flaw::DeadReturnsLater, &["inbox_failures_and_replay"]),
     (Flaw::TakeIgnoresNamespace, &["inbox_takes_oldest_first"]),
+    (Flaw::FailAgainIsLeaseLost, &["inbox_calls_asked_twice"]),
+    (
+        Flaw::ItemReleaseAgainIsLeaseLost,
+        &["inbox_calls_asked_twice"],
+    ),
+    (Flaw::FailDelayDoubled, &["inbox_failures_and_replay"]),
+    (Flaw::ReplayDueLater, &["inbox_failures_and_replay"]),
+    (Flaw::AcceptResetsDead, &["inbox_failures_and_replay"]),
+    (Flaw::AcceptLapsedClaimInFlight, &["inbox_accepts_once"]),
+    (Flaw::FilteredListIgnoresCursor, &["inbox_list_and_counts"]),
+    (Flaw::CompletedStillListed, &["inbox_list_and_counts"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -756,6 +888,14 @@ broken_store_tests!(
     rejects_oldest_due_as_the_newest => OldestDueIsNewest,
     rejects_dead_items_taken_later => DeadReturnsLater,
     rejects_take_ignoring_the_namespace => TakeIgnoresNamespace,
+    rejects_a_fail_asked_again_answering_lease_lost => FailAgainIsLeaseLost,
+    rejects_an_item_release_asked_again_answering_lease_lost => ItemReleaseAgainIsLeaseLost,
+    rejects_fail_delay_doubled => FailDelayDoubled,
+    rejects_replay_due_later => ReplayDueLater,
+    rejects_accept_resetting_a_dead_item => AcceptResetsDead,
+    rejects_accept_of_a_lapsed_claim_answering_in_flight => AcceptLapsedClaimInFlight,
+    rejects_filtered_list_ignoring_the_cursor => FilteredListIgnoresCursor,
+    rejects_completed_items_still_listed => CompletedStillListed,
 );
 
 /// Which checks each independently written broken store must trip: the check

@@ -304,6 +304,11 @@ pub struct InboxCounts {
 /// again now, its attempts kept), remove it with [`DedupeStore::forget`].
 /// All of them, and [`fail`](Self::fail), are fenced: a worker whose lease
 /// passed or was taken over gets `LeaseLost` and changes nothing.
+///
+/// A call sent again after its answer was lost is answered as the first was
+/// (CONTRACT.md, rule 10): a release that finds the item due under its own
+/// token answers Ok, and so does a fail that finds the item failed (or dead)
+/// under its token with the same error; neither changes anything.
 #[async_trait]
 pub trait Inbox: DedupeStore {
     /// Stores `payload` under `key` as a pending item, due now, when nothing
@@ -319,7 +324,9 @@ pub trait Inbox: DedupeStore {
 
     /// The work of a taken item failed: keeps `error` (cut to
     /// [`MAX_ERROR_BYTES`]) and the attempts, and makes the item due again
-    /// after the delay, or dead.
+    /// after the delay, or dead. Sent again under the same lease with the
+    /// same error and decision, it answers Ok and changes nothing; any other
+    /// call from a lease that no longer holds the item is `LeaseLost`.
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()>;
 
     /// The item under `key`, if the inbox holds one (not once it is done).

@@ -89,6 +89,28 @@ impl Entry {
             .is_some_and(|i| i.wait != Wait::Dead && self.expires_at <= now)
     }
 
+    /// An item this lease gave back already: waiting under its token and due
+    /// (what its release left; the same release sent again finds this).
+    fn given_back_by(&self, lease: &Lease, now: SystemTime) -> bool {
+        self.token == lease.token
+            && self.expires_at <= now
+            && self.item.as_ref().is_some_and(|i| i.wait == Wait::Due)
+    }
+
+    /// An item this lease failed already with `error` (cut) and `retry`'s
+    /// decision: the same fail sent again finds this.
+    fn failed_by(&self, lease: &Lease, error: &str, retry: Retry) -> bool {
+        let wait = match retry {
+            Retry::After(_) => Wait::Due,
+            Retry::Dead => Wait::Dead,
+        };
+        self.token == lease.token
+            && self
+                .item
+                .as_ref()
+                .is_some_and(|i| i.wait == wait && i.last_error.as_deref() == Some(error))
+    }
+
     fn completed_by(&self, lease: &Lease, outcome: &[u8], now: SystemTime) -> bool {
         self.token == lease.token
             && self.is_live(now)
@@ -340,6 +362,8 @@ impl DedupeStore for MemoryStore {
                 }
                 Ok(())
             }
+            // Given back by this very release, sent again.
+            Some(entry) if entry.given_back_by(lease, now) => Ok(()),
             // Held by another lease, or done.
             Some(entry) if entry.is_live(now) => Err(Error::lease_lost(&lease.key)),
             // Nothing live holds the key: what release asks for (a retried
@@ -483,6 +507,7 @@ impl Inbox for MemoryStore {
         if let Retry::After(delay) = retry {
             check_ttl("retry delay", delay)?;
         }
+        let error = cut_error(error);
         let now = SystemTime::now();
         let mut map = self.lock();
         match map.map.get(&lease.key) {
@@ -498,13 +523,15 @@ impl Inbox for MemoryStore {
                         Retry::Dead => (Wait::Dead, now),
                     };
                     if let Some(item) = entry.item.as_mut() {
-                        item.last_error = Some(cut_error(error));
+                        item.last_error = Some(error);
                         item.wait = wait;
                     }
                     entry.expires_at = due;
                 });
                 Ok(())
             }
+            // Failed so by this very fail, sent again: nothing changes.
+            Some(entry) if entry.failed_by(lease, &error, retry) => Ok(()),
             _ => Err(Error::lease_lost(&lease.key)),
         }
     }

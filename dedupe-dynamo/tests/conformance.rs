@@ -113,6 +113,7 @@ const RACES_AND_VOLUME: &[&str] = &[
     "expire_races_takeovers",
     "ten_thousand_distinct_keys",
     "inbox_one_taker_race",
+    "inbox_accepts_race_claims",
 ];
 
 async fn suite_on(emulator: Emulator, select: impl Fn(&str) -> bool) {

@@ -300,8 +300,12 @@ impl Statements {
                                 WHERE {is_bound} AND token = $3 AND state = 0 AND expires_at > now()
                                   AND wait IS NULL
                                 RETURNING 1),
-                      given AS (UPDATE {t} SET wait = 1, expires_at = now(), due_at = now()
-                                WHERE {is_bound} AND token = $3 AND wait = 0 AND expires_at > now()
+                      given AS (UPDATE {t} SET wait = 1,
+                                       expires_at = CASE WHEN wait = 0 THEN now() ELSE expires_at END,
+                                       due_at = CASE WHEN wait = 0 THEN now() ELSE due_at END
+                                WHERE {is_bound} AND token = $3
+                                  AND ((wait = 0 AND expires_at > now())
+                                       OR (wait = 1 AND expires_at <= now()))
                                 RETURNING 1)
                  SELECT EXISTS (SELECT 1 FROM gone) OR EXISTS (SELECT 1 FROM given)
                         OR NOT EXISTS (SELECT 1 FROM {t} WHERE {is_bound} AND {live_row})"
@@ -387,10 +391,15 @@ impl Statements {
                 expires = ms("t.expires_at")
             )
             .into(),
+            // An item failed so under this token already (the same fail sent
+            // again) matches too, and is left as it is.
             fail: format!(
-                "UPDATE {t} SET wait = $4::int2, expires_at = now() + $5::interval, last_error = $6::text,
-                        due_at = CASE WHEN $4::int2 = 2 THEN NULL ELSE now() + $5::interval END
-                 WHERE {is_bound} AND token = $3 AND wait = 0 AND expires_at > now()"
+                "UPDATE {t} SET wait = $4::int2, last_error = $6::text,
+                        expires_at = CASE WHEN wait = 0 THEN now() + $5::interval ELSE expires_at END,
+                        due_at = CASE WHEN wait <> 0 THEN due_at
+                                      WHEN $4::int2 = 2 THEN NULL ELSE now() + $5::interval END
+                 WHERE {is_bound} AND token = $3
+                   AND ((wait = 0 AND expires_at > now()) OR (wait = $4::int2 AND last_error = $6::text))"
             )
             .into(),
             // $3: -1 every status, 0 pending, 1 running, 2 failed, 3 dead.

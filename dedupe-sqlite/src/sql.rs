@@ -124,10 +124,13 @@ impl Statements {
                  WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now
                    AND wait IS NULL"
             ),
-            // An item's release gives it back, due now, its attempts kept.
+            // An item's release gives it back, due now, its attempts kept. One
+            // given back under this token already (the same release sent
+            // again) matches too, and is left as it is.
             release_item: format!(
-                "UPDATE {t} SET wait = 1, expires_at = :now
-                 WHERE namespace = :ns AND id = :id AND token = :token AND wait = 0 AND expires_at > :now"
+                "UPDATE {t} SET wait = 1, expires_at = CASE WHEN wait = 0 THEN :now ELSE expires_at END
+                 WHERE namespace = :ns AND id = :id AND token = :token
+                   AND ((wait = 0 AND expires_at > :now) OR (wait = 1 AND expires_at <= :now))"
             ),
             // After a release removed nothing: whether a live record (another
             // lease's, or done) is under the key.
@@ -179,9 +182,13 @@ impl Statements {
                  WHERE namespace = :ns AND id = :id AND wait IN (0, 1) AND expires_at <= :now
                  RETURNING token, expires_at, attempts, payload, last_error"
             ),
+            // An item failed so under this token already (the same fail sent
+            // again) matches too, and is left as it is.
             fail: format!(
-                "UPDATE {t} SET wait = :wait, expires_at = :due, last_error = :error
-                 WHERE namespace = :ns AND id = :id AND token = :token AND wait = 0 AND expires_at > :now"
+                "UPDATE {t} SET wait = :wait, last_error = :error,
+                        expires_at = CASE WHEN wait = 0 THEN :due ELSE expires_at END
+                 WHERE namespace = :ns AND id = :id AND token = :token
+                   AND ((wait = 0 AND expires_at > :now) OR (wait = :wait AND last_error = :error))"
             ),
             // :st: -1 every status, 0 pending, 1 running, 2 failed, 3 dead.
             list: format!(
