@@ -68,12 +68,19 @@ impl Statements {
                     wait         INTEGER,           -- an inbox item: 0 held by a worker, 1 due at expires_at, 2 dead
                     last_error   TEXT,              -- an inbox item's last failure
                     PRIMARY KEY (namespace, id)
-                ) WITHOUT ROWID;
-                CREATE INDEX IF NOT EXISTS \"{table}_expires_at\" ON {t} (expires_at);"
+                ) WITHOUT ROWID;"
             ),
+            // Made once the inbox columns exist (a table from before the inbox
+            // gets them first): `take`'s index of due items, items only, and
+            // `expire()`'s of records, items left out, so that a purge never
+            // walks the dead and waiting items it may not remove. A table
+            // from before had `expire()`'s index over every row; it goes.
             inbox_index: format!(
                 "CREATE INDEX IF NOT EXISTS \"{table}_due\" ON {t} (namespace, expires_at)
-                 WHERE wait IN (0, 1)"
+                 WHERE wait IN (0, 1);
+                 CREATE INDEX IF NOT EXISTS \"{table}_expiry\" ON {t} (expires_at)
+                 WHERE wait IS NULL;
+                 DROP INDEX IF EXISTS \"{table}_expires_at\";"
             ),
             columns: format!("SELECT name FROM pragma_table_info('{table}')"),
             // For a table made before the inbox (the columns, then the index
@@ -221,5 +228,52 @@ impl Statements {
 impl Statements {
     pub(crate) fn table(&self) -> &str {
         &self.table
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan SQLite makes for `sql` on a fresh table, one line a step,
+    /// and the definition of every index the plan names.
+    fn plan(sql: &str) -> (String, Vec<String>) {
+        let s = Statements::new("records").expect("statements");
+        let conn = rusqlite::Connection::open_in_memory().expect("open");
+        conn.execute_batch(&s.create).expect("create");
+        conn.execute_batch(&s.inbox_index).expect("indexes");
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("explain");
+        let rows = stmt
+            .query_map(
+                rusqlite::named_params! {":now": 0i64, ":batch": 64i64},
+                |row| row.get::<_, String>(3),
+            )
+            .expect("plan");
+        let plan = rows.map(|r| r.expect("row")).collect::<Vec<_>>().join("\n");
+        let mut defs = conn
+            .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+            .expect("indexes");
+        let used = defs
+            .query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)))
+            .expect("index definitions")
+            .map(|r| r.expect("row"))
+            .filter(|(name, _)| plan.contains(&format!("INDEX {name} ")))
+            .map(|(_, sql)| sql)
+            .collect();
+        (plan, used)
+    }
+
+    /// `expire()` finds expired records by the index that holds no items: a
+    /// namespace of dead items costs its purges nothing.
+    #[test]
+    fn expire_reads_the_index_that_leaves_items_out() {
+        let s = Statements::new("records").expect("statements");
+        let (plan, used) = plan(&s.expire_batch);
+        assert!(
+            !used.is_empty() && used.iter().all(|sql| sql.ends_with("WHERE wait IS NULL")),
+            "expire() reads {used:?}:\n{plan}"
+        );
     }
 }

@@ -941,5 +941,7 @@ async fn a_table_from_before_the_inbox_is_migrated() {
         .prepare("SELECT name FROM sqlite_master WHERE type = 'index' ORDER BY name")
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .expect("indexes");
-    assert_eq!(indexes, ["dedupe_records_due", "dedupe_records_expires_at"]);
+    // The index over every row `expire()` read before gives way to one that
+    // leaves items out.
+    assert_eq!(indexes, ["dedupe_records_due", "dedupe_records_expiry"]);
 }
