@@ -185,6 +185,17 @@ impl Accepted {
     pub fn is_new(&self) -> bool {
         matches!(self, Accepted::New)
     }
+
+    /// The answer's name, for logs and metrics: `new`, `item`, `done`,
+    /// `in_flight`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Accepted::New => "new",
+            Accepted::Item(_) => "item",
+            Accepted::Done { .. } => "done",
+            Accepted::InFlight { .. } => "in_flight",
+        }
+    }
 }
 
 /// An item handed to a worker by [`Inbox::take`].
@@ -342,6 +353,38 @@ pub trait Inbox: DedupeStore {
     /// How many items of the namespace stand where.
     async fn counts(&self, namespace: &str) -> Result<InboxCounts>;
 }
+
+macro_rules! forward_inbox {
+    ($($ty:ty),*) => {$(
+        #[deny(clippy::missing_trait_methods)]
+        #[async_trait]
+        impl<S: Inbox + ?Sized> Inbox for $ty {
+            async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+                (**self).accept(key, payload).await
+            }
+            async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+                (**self).take(namespace, max, lease).await
+            }
+            async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+                (**self).fail(lease, error, retry).await
+            }
+            async fn item(&self, key: &Key) -> Result<Option<Item>> {
+                (**self).item(key).await
+            }
+            async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+                (**self).list(query).await
+            }
+            async fn replay(&self, key: &Key) -> Result<bool> {
+                (**self).replay(key).await
+            }
+            async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+                (**self).counts(namespace).await
+            }
+        }
+    )*};
+}
+
+forward_inbox!(std::sync::Arc<S>, Box<S>);
 
 /// Checks a payload against [`MAX_PAYLOAD_BYTES`].
 pub fn check_payload(payload: &[u8]) -> Result<()> {

@@ -128,11 +128,12 @@ impl InboxWorker {
         Self::on(Arc::new(inbox), namespace)
     }
 
-    /// A worker on an inbox the caller already shares.
+    /// A worker on an inbox the caller already shares. Its calls go through
+    /// a [`TracedStore`](crate::TracedStore): each is a span and a metric.
     pub fn on(inbox: Arc<dyn Inbox>, namespace: impl Into<String>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                inbox,
+                inbox: Arc::new(crate::TracedStore::new(inbox)),
                 namespace: namespace.into(),
                 lease: Self::DEFAULT_LEASE,
                 max_attempts: Self::DEFAULT_MAX_ATTEMPTS,

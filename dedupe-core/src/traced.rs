@@ -9,6 +9,7 @@ use tracing::{Instrument, Span};
 use crate::capabilities::Capabilities;
 use crate::claim::{ClaimOptions, ClaimOutcome, Lease};
 use crate::error::{Error, Result};
+use crate::inbox::{Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Retry, Taken};
 use crate::key::Key;
 use crate::record::Record;
 use crate::store::DedupeStore;
@@ -26,6 +27,13 @@ use crate::store::DedupeStore;
 /// |---|---|---|
 /// | `dedupe_store_calls_total` | `operation`, `answer` | calls by answer: `claimed`, `in_flight`, `duplicate`, `mismatch` (claims; a batch counts each key), `ok`, `lease_lost`, `error` |
 /// | `dedupe_store_call_seconds` | `operation` | how long each call took (histogram) |
+///
+/// Over a store that offers an [`Inbox`], the inbox's calls are traced and
+/// counted the same way (`dedupe.accept` answering `new`, `item`, `done` or
+/// `in_flight`; `dedupe.take` with the namespace and the number taken;
+/// `dedupe.fail`, `dedupe.item`, `dedupe.list`, `dedupe.replay`,
+/// `dedupe.counts`); the [`InboxWorker`](crate::inbox_worker::InboxWorker) and
+/// the webhook receiver's inbox mode put their inbox behind one.
 ///
 /// [`Deduper`](crate::Deduper) wraps its store in one, so every store, a third
 /// party's included, is traced the same way without writing a line of tracing.
@@ -215,5 +223,96 @@ impl<S: DedupeStore> DedupeStore for TracedStore<S> {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: Inbox> Inbox for TracedStore<S> {
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        let started = Instant::now();
+        let span = span!("dedupe.accept", key = key);
+        let result = self
+            .inner
+            .accept(key, payload)
+            .instrument(span.clone())
+            .await;
+        measure("accept", started, &result, |a, count| count(a.kind()));
+        finish(&span, result, |a| a.kind().to_string())
+    }
+
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        let started = Instant::now();
+        let span =
+            tracing::info_span!("dedupe.take", namespace, max, answer = Empty, error = Empty);
+        let result = self
+            .inner
+            .take(namespace, max, lease)
+            .instrument(span.clone())
+            .await;
+        measure("take", started, &result, |taken, count| {
+            taken.iter().for_each(|_| count("taken"))
+        });
+        finish(&span, result, |taken| format!("{} taken", taken.len()))
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+        let started = Instant::now();
+        let span = span!("dedupe.fail", key = lease.key);
+        let result = self
+            .inner
+            .fail(lease, error, retry)
+            .instrument(span.clone())
+            .await;
+        measure("fail", started, &result, |_, count| count("ok"));
+        finish(&span, result, |()| match retry {
+            Retry::After(delay) => format!("due in {delay:?}"),
+            Retry::Dead => "dead".into(),
+        })
+    }
+
+    async fn item(&self, key: &Key) -> Result<Option<Item>> {
+        let started = Instant::now();
+        let span = span!("dedupe.item", key = key);
+        let result = self.inner.item(key).instrument(span.clone()).await;
+        measure("item", started, &result, |_, count| count("ok"));
+        finish(&span, result, |i| match i {
+            Some(item) => item.status.as_str().to_string(),
+            None => "absent".into(),
+        })
+    }
+
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            "dedupe.list",
+            namespace = %query.namespace,
+            answer = Empty,
+            error = Empty
+        );
+        let result = self.inner.list(query).instrument(span.clone()).await;
+        measure("list", started, &result, |_, count| count("ok"));
+        finish(&span, result, |page| format!("{} listed", page.items.len()))
+    }
+
+    async fn replay(&self, key: &Key) -> Result<bool> {
+        let started = Instant::now();
+        let span = span!("dedupe.replay", key = key);
+        let result = self.inner.replay(key).instrument(span.clone()).await;
+        measure("replay", started, &result, |_, count| count("ok"));
+        finish(&span, result, |replayed| format!("replayed={replayed}"))
+    }
+
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+        let started = Instant::now();
+        let span = tracing::info_span!("dedupe.counts", namespace, answer = Empty, error = Empty);
+        let result = self.inner.counts(namespace).instrument(span.clone()).await;
+        measure("counts", started, &result, |_, count| count("ok"));
+        finish(&span, result, |c| {
+            format!(
+                "{} pending, {} running, {} failed, {} dead",
+                c.pending, c.running, c.failed, c.dead
+            )
+        })
     }
 }

@@ -256,7 +256,9 @@ mod tests {
             .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
             .expect("indexes");
         let used = defs
-            .query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)))
+            .query_map([], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+            })
             .expect("index definitions")
             .map(|r| r.expect("row"))
             .filter(|(name, _)| plan.contains(&format!("INDEX {name} ")))

@@ -181,7 +181,8 @@ impl Webhook {
     pub fn inbox(inbox: Arc<dyn Inbox>, rule: KeyRule) -> Self {
         let store: Arc<dyn DedupeStore> = inbox.clone();
         let mut hook = Self::new(store, rule);
-        hook.inbox = Some(inbox);
+        // Traced as the receiver's claims are (`Self::new` wraps those).
+        hook.inbox = Some(Arc::new(dedupe_core::TracedStore::new(inbox)));
         hook
     }
 
