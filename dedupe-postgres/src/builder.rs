@@ -86,6 +86,7 @@ impl PgBuilder {
             held: Arc::new(Held {
                 idle: parking_lot::Mutex::new(Vec::new()),
                 keep: self.hold,
+                waiting: Default::default(),
             }),
             pool: self.pool,
             sql: Arc::new(sql),

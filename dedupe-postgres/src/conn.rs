@@ -29,6 +29,24 @@ pub(crate) struct Held {
     /// parked here.
     pub(crate) idle: parking_lot::Mutex<Vec<(PooledConn, Instant, Instant)>>,
     pub(crate) keep: usize,
+    /// Calls waiting on the pool for a connection. While any waits, a
+    /// connection whose call ended goes back to the pool, where the waiter
+    /// gets it: parked here, it would reach only calls that start later, and
+    /// with every connection held the waiters starved until their acquire
+    /// timed out (32 concurrent claims on a store holding its 4 connections:
+    /// 27 timed out).
+    pub(crate) waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a call in [`Held::waiting`] while it lives.
+struct Waiting<'a>(&'a Held);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Held {
@@ -78,38 +96,28 @@ impl Checkout {
         held: &Arc<Held>,
         timeout: Duration,
     ) -> Result<Checkout> {
-        let kept = loop {
-            let Some((conn, since, parked)) = held.idle.lock().pop() else {
-                break None;
-            };
-            if parked.elapsed() < Held::IDLE_FOR
-                && since.elapsed() < PgStore::MAX_CONNECTION_LIFETIME
-                && !pool.is_closed()
-            {
-                break Some((conn, since));
-            }
-            // Idle too long, too old, or its pool closed: back to the pool
-            // through the bounded check.
-            drop(Checkout {
-                conn: Some(conn),
-                since,
-                bound: timeout,
-                held: Arc::clone(held),
-                clean: false,
-            });
-        };
-        let (conn, since) = match kept {
+        let (conn, since) = match Self::pop_idle(pool, held, timeout) {
             Some(kept) => kept,
-            // Boxed: sqlx's acquire future is 8.6 KB, and unboxed it made
-            // every call's future 18 KB, copied at each await layer (about
-            // 1 µs of memmove a claim). A store that holds its connections
-            // rarely takes this path.
-            None => (
-                Box::pin(pool.acquire())
-                    .await
-                    .map_err(|e| crate::error::map(e, timeout))?,
-                Instant::now(),
-            ),
+            None => {
+                held.waiting
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _waiting = Waiting(held);
+                // One parked before this call was counted would wait for
+                // calls that start later: take it.
+                match Self::pop_idle(pool, held, timeout) {
+                    Some(kept) => kept,
+                    // Boxed: sqlx's acquire future is 8.6 KB, and unboxed it
+                    // made every call's future 18 KB, copied at each await
+                    // layer (about 1 µs of memmove a claim). A store that holds
+                    // its connections rarely takes this path.
+                    None => (
+                        Box::pin(pool.acquire())
+                            .await
+                            .map_err(|e| crate::error::map(e, timeout))?,
+                        Instant::now(),
+                    ),
+                }
+            }
         };
         Ok(Checkout {
             conn: Some(conn),
@@ -118,6 +126,31 @@ impl Checkout {
             held: Arc::clone(held),
             clean: false,
         })
+    }
+
+    /// A held connection fit for a call (not idle too long, not too old, its
+    /// pool open); unfit ones go back to the pool through the bounded check.
+    fn pop_idle(
+        pool: &PgPool,
+        held: &Arc<Held>,
+        timeout: Duration,
+    ) -> Option<(PooledConn, Instant)> {
+        loop {
+            let (conn, since, parked) = held.idle.lock().pop()?;
+            if parked.elapsed() < Held::IDLE_FOR
+                && since.elapsed() < PgStore::MAX_CONNECTION_LIFETIME
+                && !pool.is_closed()
+            {
+                return Some((conn, since));
+            }
+            drop(Checkout {
+                conn: Some(conn),
+                since,
+                bound: timeout,
+                held: Arc::clone(held),
+                clean: false,
+            });
+        }
     }
 
     /// Records whether the call left the connection clean: it answered, or the
@@ -154,7 +187,8 @@ impl Drop for Checkout {
         };
         if self.clean && self.since.elapsed() < PgStore::MAX_CONNECTION_LIFETIME {
             let mut idle = self.held.idle.lock();
-            if idle.len() < self.held.keep {
+            let waited_for = self.held.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0;
+            if idle.len() < self.held.keep && !waited_for {
                 idle.push((conn, self.since, Instant::now()));
                 return;
             }
