@@ -1,0 +1,679 @@
+//! The layer: which requests it guards, how it keys and fingerprints them,
+//! and what it answers.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use dedupe_core::{ClaimOptions, ClaimOutcome, Deduper, Fingerprint, Key, Lease, Settle, Worked};
+use futures_util::future::BoxFuture;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use sha2::{Digest, Sha256};
+use tower::{Layer, Service, ServiceExt};
+
+use crate::header::{IdempotencyKey, KeyError};
+use crate::problem::Problem;
+use crate::stored::{StoredResponse, REPLAYED};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Whether a request needs an `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPolicy {
+    /// Without a key: 400 (the draft's answer).
+    Required,
+    /// With a key: run once; without: run as usual.
+    Optional,
+    /// The layer lets the request through untouched, key or not.
+    Ignored,
+}
+
+/// What to do with a response over [`Idempotency::max_response_bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LargeResponse {
+    /// Answer 500 (a problem saying so) in its place and keep that problem as
+    /// the request's outcome: the handler ran once and never runs again for
+    /// this key; its response is lost, so raise the limit for such routes.
+    /// The default: a retry never runs the work twice.
+    Refuse,
+    /// Send the response and release the claim: nothing is kept, and a retry
+    /// with the key runs the handler again.
+    PassAndRelease,
+}
+
+type PolicyFn = dyn Fn(&Parts) -> KeyPolicy + Send + Sync;
+type ScopeFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// `Idempotency-Key` for an HTTP API, on any dedupe store: the first request
+/// with a key runs the handler; a retry of the same request gets the stored
+/// response (marked `Idempotent-Replayed: true`); one sent while the first
+/// runs gets 409 with `Retry-After`; the same key on another request, 422;
+/// a store outage, 503 and nothing run.
+///
+/// The lifecycle is the [`Deduper`]'s: the handler runs in a task of its own
+/// (a client that disconnects does not stop it, and its claim is settled
+/// when it ends), its lease beats beside it, a panic releases the claim.
+///
+/// ```
+/// use dedupe_core::{Deduper, MemoryStore};
+/// use dedupe_http::{Idempotency, KeyPolicy};
+/// use http::Method;
+///
+/// let layer = Idempotency::new(Deduper::new(MemoryStore::new()))
+///     // Keys are per caller: one client can neither replay nor block
+///     // another's requests.
+///     .scope(|req| req.headers.get("authorization")?.to_str().ok().map(String::from))
+///     .policy(|req| match req.method {
+///         Method::POST => KeyPolicy::Required,
+///         _ => KeyPolicy::Ignored,
+///     })
+///     .layer();
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+pub struct Idempotency {
+    deduper: Deduper,
+    namespace: String,
+    policy: Arc<PolicyFn>,
+    scope: Option<Arc<ScopeFn>>,
+    fingerprint: Option<Vec<HeaderName>>,
+    retention: Duration,
+    stored_statuses: Arc<StatusFn>,
+    max_request_bytes: usize,
+    max_response_bytes: usize,
+    large_response: LargeResponse,
+    wait: Option<Duration>,
+    never_replayed: Vec<HeaderName>,
+}
+
+impl fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("namespace", &self.namespace)
+            .field("scoped", &self.scope.is_some())
+            .field("fingerprint", &self.fingerprint)
+            .field("retention", &self.retention)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("large_response", &self.large_response)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The statuses kept by default: 2xx, and 4xx but those a retry may answer
+/// otherwise (408 Request Timeout, 409 Conflict, 425 Too Early, 429 Too Many
+/// Requests). A 5xx is never kept by default: the claim is released and the
+/// client's retry runs again.
+pub fn stored_by_default(status: StatusCode) -> bool {
+    status.is_success()
+        || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 425 | 429))
+}
+
+impl Idempotency {
+    /// Default retention of a stored response: 24 hours (Stripe's).
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+    /// Default request body limit: 1 MiB.
+    pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
+    /// Default response body limit: 256 KiB.
+    pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 256 * 1024;
+
+    /// The layer's settings over `deduper` (its store, lease, heartbeat and
+    /// time bound): namespace `http`; keys optional on POST and PATCH and
+    /// ignored on other methods; no scope; the fingerprint over method, path
+    /// and query, `Content-Type` and the body; the defaults above.
+    pub fn new(deduper: Deduper) -> Self {
+        Self {
+            deduper,
+            namespace: "http".into(),
+            policy: Arc::new(|req: &Parts| match req.method {
+                Method::POST | Method::PATCH => KeyPolicy::Optional,
+                _ => KeyPolicy::Ignored,
+            }),
+            scope: None,
+            fingerprint: Some(vec![http::header::CONTENT_TYPE]),
+            retention: Self::DEFAULT_RETENTION,
+            stored_statuses: Arc::new(stored_by_default),
+            max_request_bytes: Self::DEFAULT_MAX_REQUEST_BYTES,
+            max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
+            large_response: LargeResponse::Refuse,
+            wait: None,
+            never_replayed: Vec::new(),
+        }
+    }
+
+    /// The store namespace of the keys (default `http`).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Which requests need a key, which may carry one, which the layer
+    /// leaves alone.
+    pub fn policy(mut self, policy: impl Fn(&Parts) -> KeyPolicy + Send + Sync + 'static) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    /// The caller a request comes from (an authenticated principal, an API
+    /// key, a tenant): keys are scoped by it, and by method and path, so one
+    /// caller's key never meets another's. Without a scope (the default),
+    /// every caller shares one key space: two clients that pick the same key
+    /// for the same path meet, and the second gets the first's response or a
+    /// 422. `None` from the extractor is a scope of its own (the anonymous
+    /// callers). The scope is hashed into the store key, never stored as is.
+    pub fn scope(
+        mut self,
+        scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.scope = Some(Arc::new(scope));
+        self
+    }
+
+    /// The request headers, besides method, path, query and body, that make
+    /// two requests the same (default: `Content-Type`).
+    pub fn fingerprint_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.fingerprint = Some(headers.into_iter().collect());
+        self
+    }
+
+    /// No fingerprint: a key reused with another request gets the first
+    /// request's response instead of 422.
+    pub fn without_fingerprint(mut self) -> Self {
+        self.fingerprint = None;
+        self
+    }
+
+    /// How long a stored response answers retries (default 24 hours).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Which statuses are kept as the request's outcome; any other releases
+    /// the claim, so the retry runs the handler again (default:
+    /// [`stored_by_default`]).
+    pub fn stored_statuses(
+        mut self,
+        stored: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.stored_statuses = Arc::new(stored);
+        self
+    }
+
+    /// The largest request body read (default 1 MiB; larger: 413, nothing
+    /// written).
+    pub fn max_request_bytes(mut self, limit: usize) -> Self {
+        self.max_request_bytes = limit;
+        self
+    }
+
+    /// The largest response body kept (default 256 KiB), and what to do with
+    /// a larger one.
+    pub fn max_response_bytes(mut self, limit: usize, larger: LargeResponse) -> Self {
+        self.max_response_bytes = limit;
+        self.large_response = larger;
+        self
+    }
+
+    /// A request sent while the first with its key runs waits up to `bound`
+    /// for the first's outcome (its replay), instead of 409 at once; past the
+    /// bound, 409.
+    pub fn wait_for_in_flight(mut self, bound: Duration) -> Self {
+        self.wait = Some(bound);
+        self
+    }
+
+    /// Response headers never replayed, besides
+    /// [`NEVER_REPLAYED`](crate::NEVER_REPLAYED).
+    pub fn never_replay(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.never_replayed.extend(headers);
+        self
+    }
+
+    /// The tower layer.
+    pub fn layer(self) -> IdempotencyLayer {
+        IdempotencyLayer {
+            config: Arc::new(self),
+        }
+    }
+
+    /// The store key of a request: `namespace` and the SHA-256 (hex) of the
+    /// scope, method, path and client key, each length-prefixed. For an
+    /// operator who wants to `dedupe forget` one request's record.
+    pub fn store_key(
+        &self,
+        scope: Option<&str>,
+        method: &Method,
+        path: &str,
+        key: &IdempotencyKey,
+    ) -> Result<Key, dedupe_core::KeyError> {
+        let mut hash = Sha256::new();
+        match scope {
+            Some(scope) => {
+                hash.update([1]);
+                part(&mut hash, scope.as_bytes());
+            }
+            None => hash.update([0]),
+        }
+        part(&mut hash, method.as_str().as_bytes());
+        part(&mut hash, path.as_bytes());
+        part(&mut hash, key.as_str().as_bytes());
+        Key::new(&self.namespace, hex::encode(hash.finalize()))
+    }
+
+    fn fingerprint_of(&self, req: &Parts, body: &[u8]) -> Option<Fingerprint> {
+        let headers = self.fingerprint.as_ref()?;
+        let mut hash = Sha256::new();
+        part(&mut hash, req.method.as_str().as_bytes());
+        part(
+            &mut hash,
+            req.uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .as_bytes(),
+        );
+        for name in headers {
+            part(&mut hash, name.as_str().as_bytes());
+            for value in req.headers.get_all(name) {
+                part(&mut hash, value.as_bytes());
+            }
+            hash.update([0xff]);
+        }
+        part(&mut hash, body);
+        Some(Fingerprint::sha256(&hash.finalize()))
+    }
+}
+
+fn part(hash: &mut Sha256, bytes: &[u8]) {
+    hash.update((bytes.len() as u64).to_be_bytes());
+    hash.update(bytes);
+}
+
+/// What the handler of a keyed request finds in its request's extensions:
+/// its lease, for a handler that completes inside its own SQL transaction
+/// (`complete_in` of the Postgres or SQLite store) so that its writes and
+/// the stored response commit together.
+///
+/// ```no_run
+/// # async fn handler(
+/// #     idem: dedupe_http::Idempotent,
+/// #     store: dedupe_postgres::PgStore,
+/// #     pool: sqlx::PgPool,
+/// # ) -> Result<http::Response<http_body_util::Full<bytes::Bytes>>, Box<dyn std::error::Error>> {
+/// use dedupe_http::StoredResponse;
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO orders (item) VALUES ('book')").execute(&mut *tx).await?;
+/// let response = StoredResponse::new(http::StatusCode::CREATED).body("{\"id\":1}");
+/// store.complete_in(&mut tx, idem.lease(), &response.encode(), idem.retention()).await?;
+/// tx.commit().await?;
+/// idem.completed(); // the layer stores nothing more
+/// Ok(response.into_response())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Idempotent {
+    lease: Lease,
+    retention: Duration,
+    settled: Arc<AtomicBool>,
+}
+
+impl Idempotent {
+    /// The request's lease.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// How long the layer keeps responses.
+    pub fn retention(&self) -> Duration {
+        self.retention
+    }
+
+    /// Says the handler completed (or released) the lease itself: the layer
+    /// sends the handler's response as it is and settles nothing. Call it
+    /// after the commit.
+    pub fn completed(&self) {
+        self.settled.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The tower layer [`Idempotency::layer`] makes.
+#[derive(Debug, Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Idempotency>,
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            config: Arc::clone(&self.config),
+            inner,
+        }
+    }
+}
+
+/// The service [`IdempotencyLayer`] makes, over any service whose request
+/// and response bodies are built from bytes (axum's `Body`, http-body-util's
+/// `Full`).
+#[derive(Debug, Clone)]
+pub struct IdempotencyService<S> {
+    config: Arc<Idempotency>,
+    inner: S,
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for IdempotencyService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<ResB>, S::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is checked on the clone that runs the request (`oneshot`).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let config = Arc::clone(&self.config);
+        let inner = self.inner.clone();
+        Box::pin(handle(config, inner, req))
+    }
+}
+
+/// What the held work hands back.
+enum Ran<ResB, E> {
+    /// The response to send.
+    Respond(Response<ResB>),
+    /// The inner service failed: its error is the layer's.
+    Failed(E),
+}
+
+async fn handle<S, ReqB, ResB>(
+    config: Arc<Idempotency>,
+    inner: S,
+    req: Request<ReqB>,
+) -> Result<Response<ResB>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let policy = (config.policy)(&parts);
+    if policy == KeyPolicy::Ignored {
+        return inner.oneshot(Request::from_parts(parts, body)).await;
+    }
+    let key = match IdempotencyKey::from_headers(&parts.headers) {
+        Ok(Some(key)) => key,
+        Ok(None) if policy == KeyPolicy::Optional => {
+            return inner.oneshot(Request::from_parts(parts, body)).await
+        }
+        Ok(None) => return Ok(bad_key(&KeyError::Missing)),
+        Err(e) => return Ok(bad_key(&e)),
+    };
+    let body = match Limited::new(body, config.max_request_bytes).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Ok(Problem::BodyTooLarge.response(
+                &format!(
+                    "the request body is over {} bytes; nothing was run",
+                    config.max_request_bytes
+                ),
+                None,
+            ))
+        }
+        Err(e) => {
+            return Ok(Problem::BodyUnreadable.response(&format!("{e}; nothing was run"), None))
+        }
+    };
+    let scope = config.scope.as_ref().map(|f| f(&parts));
+    let store_key = match config.store_key(
+        scope.as_ref().map(|s| s.as_deref().unwrap_or("")),
+        &parts.method,
+        parts.uri.path(),
+        &key,
+    ) {
+        Ok(k) => k,
+        Err(e) => return Ok(bad_key(&e)),
+    };
+    let mut opts = ClaimOptions::new(config.deduper.lease_ttl());
+    if let Some(fp) = config.fingerprint_of(&parts, &body) {
+        opts = opts.with_fingerprint(fp);
+    }
+    let waiting_until = config.wait.map(|bound| Instant::now() + bound);
+    let mut poll = Duration::from_millis(25);
+    loop {
+        let answer = config.deduper.store().claim(&store_key, &opts).await;
+        match answer {
+            Err(e) => {
+                tracing::warn!(key = %store_key, error = %e, "idempotency store unavailable: answering 503");
+                return Ok(Problem::StoreUnavailable.response(
+                    &format!("{e}; nothing was run"),
+                    Some(Duration::from_secs(1)),
+                ));
+            }
+            Ok(ClaimOutcome::Duplicate { outcome, .. }) => return Ok(replay(&config, &outcome)),
+            Ok(ClaimOutcome::Mismatch { .. }) => {
+                return Ok(Problem::KeyReused.response(
+                    &format!(
+                        "the Idempotency-Key {:?} was used with another request (method, path, \
+                         headers or body differ); nothing was run",
+                        key.as_str()
+                    ),
+                    None,
+                ))
+            }
+            Ok(ClaimOutcome::InFlight { deadline, .. }) => {
+                if waiting_until.is_some_and(|until| Instant::now() + poll < until) {
+                    tokio::time::sleep(poll).await;
+                    poll = (poll * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+                let left = deadline
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default()
+                    .min(Duration::from_secs(60));
+                return Ok(Problem::InFlight.response(
+                    "the first request with this Idempotency-Key is still being processed; \
+                     retry after the time given",
+                    Some(left),
+                ));
+            }
+            Ok(ClaimOutcome::Claimed(lease)) => {
+                return run(config, inner, parts, body, lease).await;
+            }
+        }
+    }
+}
+
+/// Runs the handler under `lease` in a task of the `Deduper`, then stores
+/// its response, or releases the claim, as the settings say.
+async fn run<S, ReqB, ResB>(
+    config: Arc<Idempotency>,
+    inner: S,
+    mut parts: Parts,
+    body: Bytes,
+    lease: Lease,
+) -> Result<Response<ResB>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: From<Bytes> + Send + 'static,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    let idem = Idempotent {
+        lease: lease.clone(),
+        retention: config.retention,
+        settled: Arc::new(AtomicBool::new(false)),
+    };
+    parts.extensions.insert(idem.clone());
+    let req = Request::from_parts(parts, ReqB::from(body));
+    let deduper = config.deduper.clone();
+    let this = Arc::clone(&config);
+    let work = async move {
+        let response = match inner.oneshot(req).await {
+            Ok(response) => response,
+            Err(e) => return (Ran::Failed(e), Settle::Release),
+        };
+        if idem.settled.load(Ordering::SeqCst) {
+            return (Ran::Respond(response), Settle::Settled);
+        }
+        let (head, body) = response.into_parts();
+        if !(this.stored_statuses)(head.status) {
+            return (
+                Ran::Respond(Response::from_parts(head, body)),
+                Settle::Release,
+            );
+        }
+        let limit = match this.large_response {
+            LargeResponse::Refuse => this.max_response_bytes,
+            // Read whole: it is sent as it is, and not kept.
+            LargeResponse::PassAndRelease => usize::MAX,
+        };
+        let bytes = match Limited::new(body, limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) => {
+                let detail = if e.is::<http_body_util::LengthLimitError>() {
+                    format!(
+                        "the handler ran, and its response is over the {} bytes kept for \
+                         retries; it was not sent, and a retry answers this again",
+                        this.max_response_bytes
+                    )
+                } else {
+                    format!("the handler's response body failed: {e}")
+                };
+                // The problem is what the key answers from now on.
+                let problem = Problem::ResponseTooLarge.stored(&detail, None);
+                return (
+                    Ran::Respond(problem.clone().into_response()),
+                    Settle::Complete {
+                        outcome: problem.encode(),
+                        retention: this.retention,
+                    },
+                );
+            }
+        };
+        if bytes.len() > this.max_response_bytes {
+            // PassAndRelease: sent, not kept.
+            return (
+                Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
+                Settle::Release,
+            );
+        }
+        let outcome = StoredResponse::from_parts(
+            head.status,
+            &head.headers,
+            bytes.clone(),
+            &this.never_replayed,
+        )
+        .encode();
+        (
+            Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
+            Settle::Complete {
+                outcome,
+                retention: this.retention,
+            },
+        )
+    };
+    let held = deduper.clone();
+    let task = match deduper.spawn(async move { held.hold(lease, work).await }) {
+        Ok(task) => task,
+        Err(e) => {
+            return Ok(
+                Problem::StoreUnavailable.response(&e.to_string(), Some(Duration::from_secs(1)))
+            )
+        }
+    };
+    let worked = match task.await {
+        Ok(worked) => worked,
+        Err(e) => {
+            return Ok(
+                Problem::HandlerPanicked.response(&format!("the handler's task ended: {e}"), None)
+            )
+        }
+    };
+    match worked {
+        Worked::Returned { value, settled } => {
+            if let Err(e) = settled {
+                tracing::error!(error = %e, "the request ran but its claim could not be settled");
+            }
+            match value {
+                Ran::Respond(response) => Ok(response),
+                Ran::Failed(e) => Err(e),
+            }
+        }
+        Worked::Panicked { .. } => Ok(Problem::HandlerPanicked.response(
+            "the handler panicked; nothing was kept, and a retry runs it again",
+            None,
+        )),
+        Worked::TimedOut { limit, .. } => Ok(Problem::StoreUnavailable.response(
+            &format!(
+                "the handler ran past its {limit:?} bound and was stopped; a retry runs it again"
+            ),
+            Some(Duration::from_secs(1)),
+        )),
+        Worked::AlreadyRunning { deadline } => Ok(Problem::InFlight.response(
+            "the first request with this Idempotency-Key is still being processed",
+            Some(
+                deadline
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default(),
+            ),
+        )),
+        _ => Ok(Problem::StoreUnavailable.response(
+            "the server is shutting down; the request was stopped and a retry runs it again",
+            Some(Duration::from_secs(1)),
+        )),
+    }
+}
+
+fn bad_key<B: From<Bytes>>(error: &dyn std::error::Error) -> Response<B> {
+    Problem::BadKey.response(&format!("{error}; nothing was run"), None)
+}
+
+/// The stored response of a done request, marked as a replay.
+fn replay<B: From<Bytes>>(config: &Idempotency, outcome: &[u8]) -> Response<B> {
+    match StoredResponse::decode(outcome) {
+        Ok(stored) => {
+            let mut response: Response<B> = stored.into_response();
+            for name in &config.never_replayed {
+                response.headers_mut().remove(name);
+            }
+            response
+                .headers_mut()
+                .insert(REPLAYED, HeaderValue::from_static("true"));
+            response
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "a stored response does not decode");
+            Problem::CorruptStored.response(&format!("{e}; the request is not run again"), None)
+        }
+    }
+}
