@@ -7,6 +7,7 @@
 mod crash;
 pub mod dynamo;
 pub mod faults;
+pub mod mysql;
 pub mod postgres;
 pub mod proxy;
 pub mod redis;
@@ -15,6 +16,7 @@ pub mod rounds;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+pub use mysql::{server as mysql_server, MariaDbServer};
 pub use postgres::{server as postgres_server, unique_schema, PgCluster};
 
 #[doc(hidden)]
