@@ -32,7 +32,10 @@ enum Mode {
 }
 
 async fn create(Json(body): Json<serde_json::Value>) -> impl IntoResponse {
-    (StatusCode::CREATED, Json(json!({ "id": 1, "item": body["item"] })))
+    (
+        StatusCode::CREATED,
+        Json(json!({ "id": 1, "item": body["item"] })),
+    )
 }
 
 async fn listen(router: Router) -> String {

@@ -1,0 +1,68 @@
+//! Building a store on a pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_core::{Capabilities, Error, Result};
+use sqlx::MySqlPool;
+
+use crate::sql::Statements;
+use crate::store::MySqlStore;
+
+/// Settings of a [`MySqlStore`] on a pool.
+#[derive(Debug, Clone)]
+pub struct MySqlBuilder {
+    pool: MySqlPool,
+    table: String,
+    timeout: Duration,
+    max_outcome_bytes: usize,
+}
+
+impl MySqlBuilder {
+    pub(crate) fn new(pool: MySqlPool) -> Self {
+        Self {
+            pool,
+            table: MySqlStore::DEFAULT_TABLE.into(),
+            timeout: MySqlStore::DEFAULT_TIMEOUT,
+            max_outcome_bytes: dedupe_core::DEFAULT_MAX_OUTCOME_BYTES,
+        }
+    }
+
+    /// The table (default `dedupe_records`), in the pool's database: a letter
+    /// or `_`, then letters, digits or `_`.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// How long a call may take, in all (default 5 s): past it the call
+    /// fails with a retryable `Timeout`. On a pool from
+    /// [`MySqlStore::connect_pool`] the server stops a statement running
+    /// longer (MariaDB's `max_statement_time`).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Largest outcome `complete` accepts (default 256 KiB; the server's
+    /// `max_allowed_packet`, 16 MiB on MariaDB and 64 MiB on MySQL by
+    /// default, must hold it with the statement around it).
+    pub fn max_outcome_bytes(mut self, limit: usize) -> Self {
+        self.max_outcome_bytes = limit;
+        self
+    }
+
+    /// Validates the names and builds the store. No I/O: call
+    /// [`MySqlStore::migrate`] to create the table.
+    pub fn build(self) -> Result<MySqlStore> {
+        if self.timeout < Duration::from_millis(1) {
+            return Err(Error::config("timeout must be at least 1 ms"));
+        }
+        Ok(MySqlStore {
+            pool: self.pool,
+            sql: Arc::new(Statements::new(&self.table)?),
+            timeout: self.timeout,
+            caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
+        })
+    }
+}

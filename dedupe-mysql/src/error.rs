@@ -1,0 +1,62 @@
+//! Mapping sqlx's errors into the core's typed error.
+
+use std::time::Duration;
+
+use dedupe_core::Error;
+
+/// Maps a sqlx error by what retrying can do about it.
+///
+/// - connection trouble (I/O, TLS, a closed connection, the server going
+///   away: 2006, 2013, 1053, too many connections 1040) is a retryable
+///   [`Error::Unavailable`];
+/// - a pool that gave no connection in time, a statement stopped by
+///   `max_statement_time` (MariaDB 1969) or `max_execution_time` (MySQL
+///   3024), a lock wait timeout (1205) is a retryable [`Error::Timeout`];
+/// - a deadlock (1213) rolled back the whole statement: a retryable backend
+///   error (the store retries its own statements first);
+/// - a missing table (1146) says to run `migrate()`; anything else is not
+///   retryable.
+pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
+    match &e {
+        sqlx::Error::PoolTimedOut => Error::Timeout {
+            after: timeout,
+            source: Some(Box::new(e)),
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => {
+            Error::unavailable(format!("mysql connection failed: {e}"), Some(Box::new(e)))
+        }
+        sqlx::Error::Database(db) => {
+            let code = db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .map(|m| m.number())
+                .unwrap_or_default();
+            match code {
+                1969 | 3024 | 1205 => Error::Timeout {
+                    after: timeout,
+                    source: Some(Box::new(e)),
+                },
+                1040 | 1053 | 2006 | 2013 | 1927 => {
+                    Error::unavailable("mysql server unavailable", Some(Box::new(e)))
+                }
+                1213 => Error::backend("mysql deadlock", true, Some(Box::new(e) as _)),
+                1146 => Error::backend(
+                    "dedupe table missing: run MySqlStore::migrate()",
+                    false,
+                    Some(Box::new(e) as _),
+                ),
+                _ => Error::backend("mysql statement failed", false, Some(Box::new(e) as _)),
+            }
+        }
+        _ => Error::backend("mysql client error", false, Some(Box::new(e) as _)),
+    }
+}
+
+/// Whether `e` is a deadlock, which rolled back the statement whole.
+pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1213))
+}

@@ -1,0 +1,27 @@
+//! # dedupe-mysql
+//!
+//! A [`DedupeStore`](dedupe_core::DedupeStore) in a MySQL 8.0+ or MariaDB
+//! 10.6+ table, on sqlx's MySQL driver: one `INSERT ... ON DUPLICATE KEY
+//! UPDATE` per claim, judged by the server's clock, fenced completions, and
+//! claims and completions inside the caller's own transaction.
+//!
+//! ```no_run
+//! use dedupe_core::{ClaimOptions, DedupeStore, Key};
+//! use dedupe_mysql::MySqlStore;
+//! # async fn run() -> Result<(), dedupe_core::Error> {
+//! let store = MySqlStore::connect("mysql://app@127.0.0.1:3306/app").await?;
+//! store.migrate().await?;
+//! let answer = store.claim(&Key::new("stripe", "evt_1")?, &ClaimOptions::default()).await?;
+//! # let _ = answer; Ok(()) }
+//! ```
+
+mod builder;
+mod codec;
+mod error;
+mod ops;
+mod sql;
+mod store;
+
+pub use builder::MySqlBuilder;
+pub use sqlx;
+pub use store::MySqlStore;

@@ -1,0 +1,349 @@
+//! The store's statements on a connection the caller holds (one of the
+//! store's pool, or the caller's transaction), so the trait methods and the
+//! transactional `*_in` methods share one code path.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use dedupe_core::backend::{
+    self, check_batch, check_ttl, duration_millis, new_token, new_tokens, BatchKeys,
+};
+use dedupe_core::{
+    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
+    RecordState, Result,
+};
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySqlConnection, Row};
+
+use crate::codec::{self, Read};
+use crate::error::{is_deadlock, map};
+use crate::sql::{Statements, EXPIRE_BATCH};
+
+/// How often a statement a deadlock rolled back is sent again (the store's
+/// own connections only: in a caller's transaction a deadlock rolled the
+/// whole transaction back, which only the caller can redo).
+const DEADLOCK_RETRIES: usize = 5;
+
+/// How often a claim goes round when the record its upsert met was gone or
+/// expired by the time it was read back (a release or a lease passing in
+/// between): each time is a fresh claim.
+const CLAIM_ROUNDS: usize = 16;
+
+/// The statements of one store with its error mapping and limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ops<'a> {
+    pub(crate) sql: &'a Statements,
+    pub(crate) timeout: Duration,
+    pub(crate) caps: Capabilities,
+    /// On a caller's transaction: reads lock (`FOR UPDATE`, the row as it is
+    /// now, not the transaction's snapshot) and deadlocks are not retried.
+    pub(crate) in_transaction: bool,
+}
+
+impl Ops<'_> {
+    fn err(&self, e: sqlx::Error) -> Error {
+        map(e, self.timeout)
+    }
+
+    /// The record under `key`, live or not.
+    async fn read(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Read>> {
+        let sql = if self.in_transaction {
+            &self.sql.select_locking
+        } else {
+            &self.sql.select
+        };
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .bind(key.namespace().as_bytes())
+            .bind(key.id().as_bytes())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.map(|row| codec::read(key, &row, 0)).transpose()
+    }
+
+    /// Runs the upsert of `rows` keys, sending it again after a deadlock
+    /// (which rolled it back whole) on the store's own connections.
+    async fn upsert(
+        &self,
+        conn: &mut MySqlConnection,
+        keys: &[&Key],
+        tokens: &[String],
+        opts: &ClaimOptions,
+    ) -> Result<()> {
+        let sql = self.sql.upsert(keys.len());
+        let lease = duration_millis(opts.lease_ttl);
+        let claim_id = opts.claim_id.as_ref().map(ClaimId::as_str);
+        let fingerprint = opts.fingerprint.as_ref().map(Fingerprint::as_bytes);
+        let mut tries = 0;
+        loop {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+            for (key, token) in keys.iter().zip(tokens) {
+                query = query
+                    .bind(key.namespace().as_bytes())
+                    .bind(key.id().as_bytes())
+                    .bind(token.as_bytes())
+                    .bind(claim_id.map(str::as_bytes))
+                    .bind(fingerprint)
+                    .bind(lease);
+            }
+            match query.execute(&mut *conn).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_deadlock(&e) && !self.in_transaction && tries < DEADLOCK_RETRIES => {
+                    tries += 1;
+                    tracing::debug!(tries, "claim upsert deadlocked; sending it again");
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    /// The answer of a claim sending `token` from the row read back after its
+    /// upsert: `None` when the row was gone or expired by then.
+    fn answer(
+        read: Option<Read>,
+        token: &str,
+        opts: &ClaimOptions,
+    ) -> Result<Option<ClaimOutcome>> {
+        match read {
+            Some(read) if read.record.token.as_str() == token => {
+                backend::won_claim(read.record).map(Some)
+            }
+            Some(read) if read.live => Ok(Some(backend::losing_claim(read.record, opts))),
+            _ => Ok(None),
+        }
+    }
+
+    /// One upsert that inserts a new record or takes over one whose deadline
+    /// passed, on the primary key, judged by the server's clock; then the row
+    /// read back says who won.
+    pub(crate) async fn claim(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        opts.validate()?;
+        for _ in 0..CLAIM_ROUNDS {
+            let token = new_token().to_string();
+            self.upsert(conn, &[key], std::slice::from_ref(&token), opts)
+                .await?;
+            let read = self.read(conn, key).await?;
+            if let Some(answer) = Self::answer(read, &token, opts)? {
+                return Ok(answer);
+            }
+        }
+        Err(Error::backend(
+            "the key's record kept changing between the claim and its read-back",
+            true,
+            None,
+        ))
+    }
+
+    /// Every distinct key of the batch in one upsert (in key order, so racing
+    /// batches lock rows in one order), then one read of them all.
+    pub(crate) async fn claim_many(
+        &self,
+        conn: &mut MySqlConnection,
+        keys: &[Key],
+        opts: &ClaimOptions,
+    ) -> Result<Vec<ClaimOutcome>> {
+        check_batch(keys)?;
+        opts.validate()?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let batch = BatchKeys::new(keys);
+        let distinct = batch.distinct();
+        let mut order: Vec<usize> = (0..distinct.len()).collect();
+        order.sort_by(|&a, &b| {
+            (distinct[a].namespace(), distinct[a].id())
+                .cmp(&(distinct[b].namespace(), distinct[b].id()))
+        });
+        let sorted: Vec<&Key> = order.iter().map(|&i| distinct[i]).collect();
+        let tokens: Vec<String> = new_tokens(sorted.len())
+            .into_iter()
+            .map(|t| t.to_string())
+            .collect();
+        self.upsert(conn, &sorted, &tokens, opts).await?;
+        let sql = self.sql.select_many(sorted.len());
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+        for key in &sorted {
+            query = query
+                .bind(key.namespace().as_bytes())
+                .bind(key.id().as_bytes());
+        }
+        let rows: Vec<MySqlRow> = query.fetch_all(&mut *conn).await.map_err(|e| self.err(e))?;
+        let mut by_key: HashMap<(Vec<u8>, Vec<u8>), MySqlRow> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let ns: Vec<u8> = row.try_get(0).map_err(|e| self.err(e))?;
+            let id: Vec<u8> = row.try_get(1).map_err(|e| self.err(e))?;
+            by_key.insert((ns, id), row);
+        }
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; distinct.len()];
+        for (&at, (key, token)) in order.iter().zip(sorted.iter().zip(&tokens)) {
+            let row = by_key.remove(&(
+                key.namespace().as_bytes().to_vec(),
+                key.id().as_bytes().to_vec(),
+            ));
+            let read = row.map(|row| codec::read(key, &row, 2)).transpose()?;
+            answers[at] = match Self::answer(read, token, opts)? {
+                Some(answer) => Some(answer),
+                // Gone or expired since the upsert: claimed again on its own.
+                None => Some(self.claim(conn, key, opts).await?),
+            };
+        }
+        let first = answers
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::backend("a batch key went unanswered", false, None))?;
+        batch.answers(first, opts)
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
+        check_ttl("retention", retention)?;
+        self.caps.check_outcome(outcome)?;
+        let changed = sqlx::query(sqlx::AssertSqlSafe(self.sql.complete.as_str()))
+            .bind(outcome)
+            .bind(duration_millis(retention))
+            .bind(lease.key.namespace().as_bytes())
+            .bind(lease.key.id().as_bytes())
+            .bind(lease.token.as_str().as_bytes())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if changed > 0 {
+            return backend::one_row_changed(changed, &lease.key);
+        }
+        // The same complete sent again finds its outcome under its token.
+        match self.read(conn, &lease.key).await? {
+            Some(Read {
+                record:
+                    Record {
+                        state:
+                            RecordState::Done {
+                                outcome: stored, ..
+                            },
+                        token,
+                        ..
+                    },
+                live: true,
+            }) if token == lease.token && stored == outcome => Ok(()),
+            _ => Err(Error::lease_lost(&lease.key)),
+        }
+    }
+
+    pub(crate) async fn release(&self, conn: &mut MySqlConnection, lease: &Lease) -> Result<()> {
+        let changed = sqlx::query(sqlx::AssertSqlSafe(self.sql.release.as_str()))
+            .bind(lease.key.namespace().as_bytes())
+            .bind(lease.key.id().as_bytes())
+            .bind(lease.token.as_str().as_bytes())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if changed > 0 {
+            return backend::one_row_changed(changed, &lease.key);
+        }
+        match self.read(conn, &lease.key).await? {
+            Some(read) if read.live => Err(Error::lease_lost(&lease.key)),
+            // Nothing live holds the key: what release asks for.
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Lease> {
+        check_ttl("lease ttl", ttl)?;
+        let changed = sqlx::query(sqlx::AssertSqlSafe(self.sql.extend.as_str()))
+            .bind(duration_millis(ttl))
+            .bind(lease.key.namespace().as_bytes())
+            .bind(lease.key.id().as_bytes())
+            .bind(lease.token.as_str().as_bytes())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        backend::one_row_changed(changed, &lease.key)?;
+        match self.read(conn, &lease.key).await? {
+            Some(Read {
+                record:
+                    Record {
+                        state: RecordState::InFlight { lease_deadline },
+                        token,
+                        attempts,
+                        ..
+                    },
+                ..
+            }) if token == lease.token => Ok(Lease {
+                deadline: lease_deadline,
+                attempt: attempts,
+                ..lease.clone()
+            }),
+            _ => Err(Error::lease_lost(&lease.key)),
+        }
+    }
+
+    pub(crate) async fn expire(&self, conn: &mut MySqlConnection) -> Result<u64> {
+        let mut removed = 0;
+        loop {
+            let n = sqlx::query(sqlx::AssertSqlSafe(self.sql.expire_batch.as_str()))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            removed += n;
+            if n < EXPIRE_BATCH {
+                return Ok(removed);
+            }
+        }
+    }
+
+    pub(crate) async fn get(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+    ) -> Result<Option<Record>> {
+        Ok(self
+            .read(conn, key)
+            .await?
+            .filter(|read| read.live)
+            .map(|read| read.record))
+    }
+
+    /// Removes the record it read, by that record's token (never a newer
+    /// one), and answers whether it was live.
+    pub(crate) async fn forget(&self, conn: &mut MySqlConnection, key: &Key) -> Result<bool> {
+        for _ in 0..CLAIM_ROUNDS {
+            let Some(read) = self.read(conn, key).await? else {
+                return Ok(false);
+            };
+            let removed = sqlx::query(sqlx::AssertSqlSafe(self.sql.forget.as_str()))
+                .bind(key.namespace().as_bytes())
+                .bind(key.id().as_bytes())
+                .bind(read.record.token.as_str().as_bytes())
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            if removed > 0 {
+                return Ok(read.live);
+            }
+        }
+        Err(Error::backend(
+            "the key's record kept changing while it was being forgotten",
+            true,
+            None,
+        ))
+    }
+}

@@ -1,0 +1,147 @@
+//! The statement text of the store, built once per table name.
+//!
+//! Times are milliseconds since the Unix epoch in `BIGINT` columns, always
+//! from the server's clock (`NOW_MS`, one value for the whole statement), so
+//! no session time zone, DST hour or 2038 limit of `TIMESTAMP` can shift a
+//! deadline; `DATETIME(6)` would keep microseconds the contract does not
+//! need, and compares in the session's zone.
+
+use dedupe_core::backend::check_identifier;
+use dedupe_core::Result;
+
+/// The server's time in milliseconds. `NOW(3)` is the statement's start, the
+/// same at every use in one statement; the store's connections run in UTC
+/// (`time_zone = '+00:00'`), so the conversion has no DST hour.
+pub(crate) const NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+/// The record columns every read returns, in the order `codec::read` expects,
+/// and the server's time.
+pub(crate) const COLUMNS: &str = "state, token, claim_id, fingerprint, expires_at, completed_at, \
+     outcome, attempts, first_seen";
+
+/// Rows deleted per `expire()` statement: each a short transaction of its
+/// own, so a purge never holds many row locks against claims.
+pub(crate) const EXPIRE_BATCH: u64 = 500;
+
+/// The statements for one table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) table: String,
+    pub(crate) create: String,
+    pub(crate) select: String,
+    pub(crate) select_locking: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) extend: String,
+    pub(crate) expire_batch: String,
+    pub(crate) forget: String,
+    upsert_head: String,
+    upsert_tail: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &str) -> Result<Self> {
+        check_identifier("table", table)?;
+        let t = format!("`{table}`");
+        let now = NOW_MS;
+        // The takeover test, judged on the row as it was: every assignment
+        // below reads only `expires_at` and `state`, and those two are
+        // assigned last (`state`, then `expires_at`), because MySQL and
+        // MariaDB evaluate `ON DUPLICATE KEY UPDATE` assignments left to
+        // right, each seeing the columns assigned before it.
+        let gone = format!("expires_at <= {now}");
+        Ok(Self {
+            table: table.to_string(),
+            // VARBINARY keys compare byte for byte: no collation folds case,
+            // accents or trailing spaces (rule 2). InnoDB: row locks, crash
+            // recovery from the redo log.
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    namespace    VARBINARY(64)  NOT NULL,
+                    id           VARBINARY(512) NOT NULL,
+                    state        TINYINT        NOT NULL COMMENT '0 in flight, 1 done',
+                    token        VARBINARY(64)  NOT NULL,
+                    claim_id     VARBINARY(128) NULL,
+                    fingerprint  VARBINARY(64)  NULL,
+                    expires_at   BIGINT         NOT NULL COMMENT 'ms since epoch: lease, or retention once done',
+                    completed_at BIGINT         NULL,
+                    outcome      LONGBLOB       NULL,
+                    attempts     INT            NOT NULL,
+                    first_seen   BIGINT         NOT NULL,
+                    PRIMARY KEY (namespace, id),
+                    KEY `{table}_expires_at` (expires_at)
+                 ) ENGINE=InnoDB"
+            ),
+            select: format!("SELECT {COLUMNS}, {now} FROM {t} WHERE namespace = ? AND id = ?"),
+            select_locking: format!(
+                "SELECT {COLUMNS}, {now} FROM {t} WHERE namespace = ? AND id = ? FOR UPDATE"
+            ),
+            upsert_head: format!(
+                "INSERT INTO {t} (namespace, id, state, token, claim_id, fingerprint, expires_at,
+                                  completed_at, outcome, attempts, first_seen) VALUES "
+            ),
+            upsert_tail: format!(
+                " ON DUPLICATE KEY UPDATE
+                    attempts     = IF({gone}, IF(state = 0, attempts + 1, 1), attempts),
+                    first_seen   = IF({gone}, IF(state = 0, first_seen, VALUES(first_seen)), first_seen),
+                    token        = IF({gone}, VALUES(token), token),
+                    claim_id     = IF({gone}, VALUES(claim_id), claim_id),
+                    fingerprint  = IF({gone}, VALUES(fingerprint), fingerprint),
+                    completed_at = IF({gone}, NULL, completed_at),
+                    outcome      = IF({gone}, NULL, outcome),
+                    state        = IF({gone}, 0, state),
+                    expires_at   = IF({gone}, VALUES(expires_at), expires_at)"
+            ),
+            complete: format!(
+                "UPDATE {t} SET outcome = ?, completed_at = {now}, state = 1, expires_at = {now} + ?
+                 WHERE namespace = ? AND id = ? AND token = ? AND state = 0 AND expires_at > {now}"
+            ),
+            release: format!(
+                "DELETE FROM {t}
+                 WHERE namespace = ? AND id = ? AND token = ? AND state = 0 AND expires_at > {now}"
+            ),
+            extend: format!(
+                "UPDATE {t} SET expires_at = {now} + ?
+                 WHERE namespace = ? AND id = ? AND token = ? AND state = 0 AND expires_at > {now}"
+            ),
+            expire_batch: format!(
+                "DELETE FROM {t} WHERE expires_at <= {now} ORDER BY expires_at LIMIT {EXPIRE_BATCH}"
+            ),
+            forget: format!("DELETE FROM {t} WHERE namespace = ? AND id = ? AND token = ?"),
+        })
+    }
+
+    /// The claim upsert for `rows` keys: each row `(ns, id, 0, token,
+    /// claim id, fingerprint, now + lease, NULL, NULL, 1, now)`.
+    pub(crate) fn upsert(&self, rows: usize) -> String {
+        let row = format!("(?, ?, 0, ?, ?, ?, {NOW_MS} + ?, NULL, NULL, 1, {NOW_MS})");
+        let mut sql = String::with_capacity(
+            self.upsert_head.len() + rows * (row.len() + 2) + self.upsert_tail.len(),
+        );
+        sql.push_str(&self.upsert_head);
+        for i in 0..rows {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&row);
+        }
+        sql.push_str(&self.upsert_tail);
+        sql
+    }
+
+    /// Reads `rows` keys back: `(namespace, id)` then the columns.
+    pub(crate) fn select_many(&self, rows: usize) -> String {
+        let mut sql = format!(
+            "SELECT namespace, id, {COLUMNS}, {NOW_MS} FROM `{}` WHERE (namespace, id) IN (",
+            self.table
+        );
+        for i in 0..rows {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str("(?, ?)");
+        }
+        sql.push(')');
+        sql
+    }
+}

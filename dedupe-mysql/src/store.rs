@@ -1,0 +1,239 @@
+//! The store: its pool, its calls bounded in time, the trait, and the
+//! transactional methods.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedupe_core::{
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{Executor, MySqlConnection, MySqlPool};
+
+use crate::builder::MySqlBuilder;
+use crate::ops::Ops;
+use crate::sql::Statements;
+
+/// A dedupe store in a MySQL 8.0+ or MariaDB 10.6+ table (InnoDB).
+///
+/// Each claim is one `INSERT ... ON DUPLICATE KEY UPDATE` on the primary key
+/// that inserts a new record or takes over one whose deadline passed (judged
+/// by the server's `NOW(3)`), then a read of the row by key: the token it
+/// holds says whether this claim won. Complete, release and extend are single
+/// statements fenced by the token and the deadline.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pub(crate) pool: MySqlPool,
+    pub(crate) sql: Arc<Statements>,
+    pub(crate) timeout: Duration,
+    pub(crate) caps: Capabilities,
+}
+
+impl MySqlStore {
+    /// The table a store uses unless told otherwise.
+    pub const DEFAULT_TABLE: &'static str = "dedupe_records";
+    /// A call's time bound unless told otherwise.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Settings for a store on `pool`.
+    pub fn builder(pool: MySqlPool) -> MySqlBuilder {
+        MySqlBuilder::new(pool)
+    }
+
+    /// Connects a pool of 10 to `url` (`mysql://user:pass@host:port/db`) and
+    /// builds the store with the defaults. No table is made: call
+    /// [`migrate`](Self::migrate).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::builder(Self::connect_pool(url, 10, Self::DEFAULT_TIMEOUT).await?).build()
+    }
+
+    /// Connects a pool suited to the store: at most `max_connections`, each
+    /// session in UTC (`time_zone = '+00:00'`, which the deadlines' clock
+    /// needs), `READ COMMITTED` (no gap locks: claims of neighbouring keys
+    /// and the purge do not lock each other out), and on MariaDB a
+    /// `max_statement_time` of `timeout`, so a statement the client gave up
+    /// on stops on the server too.
+    pub async fn connect_pool(
+        url: &str,
+        max_connections: u32,
+        timeout: Duration,
+    ) -> Result<MySqlPool> {
+        if timeout < Duration::from_millis(1) {
+            return Err(Error::config("timeout must be at least 1 ms"));
+        }
+        let options: MySqlConnectOptions = url
+            .parse()
+            .map_err(|e| Error::config(format!("mysql URL: {e}")))?;
+        let options = options.timezone(Some("+00:00".to_string()));
+        let secs = timeout.as_secs_f64();
+        MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(timeout)
+            .test_before_acquire(false)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    // MariaDB's name; MySQL has max_execution_time (SELECTs only).
+                    let bound = format!("SET SESSION max_statement_time = {secs:.3}");
+                    let _ = conn.execute(sqlx::AssertSqlSafe(bound)).await;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(|e| crate::error::map(e, timeout))
+    }
+
+    /// The pool, for the caller's own transactions.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The table's name.
+    pub fn table_name(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Creates the table if it is not there. Safe to call again, from any
+    /// number of processes.
+    pub async fn migrate(&self) -> Result<()> {
+        self.bounded(async {
+            sqlx::query(sqlx::AssertSqlSafe(self.sql.create.as_str()))
+                .execute(&self.pool)
+                .await
+                .map(|_| ())
+                .map_err(|e| crate::error::map(e, self.timeout))
+        })
+        .await
+    }
+
+    /// Claims `key` inside the caller's transaction (`&mut *tx`), so the
+    /// claim, the caller's writes and [`complete_in`](Self::complete_in)
+    /// commit together or not at all. A concurrent transaction claiming the
+    /// same key waits on the row until this one ends. Not bounded by the
+    /// store's timeout (the caller owns the transaction); a deadlock rolled
+    /// the caller's whole transaction back and is answered as a retryable
+    /// error.
+    pub async fn claim_in(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        self.ops(true).claim(conn, key, opts).await
+    }
+
+    /// Completes a lease inside the caller's transaction.
+    pub async fn complete_in(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
+        self.ops(true)
+            .complete(conn, lease, outcome, retention)
+            .await
+    }
+
+    /// Releases a lease inside the caller's transaction.
+    pub async fn release_in(&self, conn: &mut MySqlConnection, lease: &Lease) -> Result<()> {
+        self.ops(true).release(conn, lease).await
+    }
+
+    fn ops(&self, in_transaction: bool) -> Ops<'_> {
+        Ops {
+            sql: &self.sql,
+            timeout: self.timeout,
+            caps: self.caps,
+            in_transaction,
+        }
+    }
+
+    async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.timeout, op)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                after: self.timeout,
+                source: None,
+            }))
+    }
+
+    /// Runs `f` on a connection of the pool, bounded by the timeout.
+    async fn call<T>(
+        &self,
+        f: impl AsyncFnOnce(Ops<'_>, &mut MySqlConnection) -> Result<T>,
+    ) -> Result<T> {
+        self.bounded(async {
+            let mut conn = self
+                .pool
+                .acquire()
+                .await
+                .map_err(|e| crate::error::map(e, self.timeout))?;
+            f(self.ops(false), &mut conn).await
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl DedupeStore for MySqlStore {
+    #[tracing::instrument(name = "dedupe.mysql.claim", skip_all, fields(key = %key))]
+    async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+        opts.validate()?;
+        self.call(async |ops, conn| ops.claim(conn, key, opts).await)
+            .await
+    }
+
+    #[tracing::instrument(name = "dedupe.mysql.complete", skip_all, fields(key = %lease.key))]
+    async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+        dedupe_core::backend::check_ttl("retention", retention)?;
+        self.caps.check_outcome(outcome)?;
+        self.call(async |ops, conn| ops.complete(conn, lease, outcome, retention).await)
+            .await
+    }
+
+    #[tracing::instrument(name = "dedupe.mysql.release", skip_all, fields(key = %lease.key))]
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.call(async |ops, conn| ops.release(conn, lease).await)
+            .await
+    }
+
+    #[tracing::instrument(name = "dedupe.mysql.extend", skip_all, fields(key = %lease.key))]
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        dedupe_core::backend::check_ttl("lease ttl", ttl)?;
+        self.call(async |ops, conn| ops.extend(conn, lease, ttl).await)
+            .await
+    }
+
+    #[tracing::instrument(name = "dedupe.mysql.expire", skip_all)]
+    async fn expire(&self) -> Result<u64> {
+        self.call(async |ops, conn| ops.expire(conn).await).await
+    }
+
+    #[tracing::instrument(name = "dedupe.mysql.get", skip_all, fields(key = %key))]
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        self.call(async |ops, conn| ops.get(conn, key).await).await
+    }
+
+    #[tracing::instrument(name = "dedupe.mysql.forget", skip_all, fields(key = %key))]
+    async fn forget(&self, key: &Key) -> Result<bool> {
+        self.call(async |ops, conn| ops.forget(conn, key).await)
+            .await
+    }
+
+    #[tracing::instrument(name = "dedupe.mysql.claim_many", skip_all, fields(keys = keys.len()))]
+    async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
+        dedupe_core::backend::check_batch(keys)?;
+        opts.validate()?;
+        self.call(async |ops, conn| ops.claim_many(conn, keys, opts).await)
+            .await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+}

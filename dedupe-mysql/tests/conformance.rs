@@ -1,0 +1,91 @@
+//! The MySQL store runs the whole conformance suite on a private MariaDB
+//! (`DEDUPE_TEST_MYSQL_URL` for a server of yours): each check gets a fresh
+//! table, and each racing handle a pool of its own.
+
+use dedupe_testkit as support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupe_conformance::{FaultyHandle, Fixture, StoreFactory};
+use dedupe_core::{async_trait, DedupeStore, Error};
+use dedupe_mysql::MySqlStore;
+use tokio::sync::OnceCell;
+
+/// Owns the server for the test (a private one is killed when it drops).
+struct MySqlFactory {
+    server: OnceCell<(Option<support::MariaDbServer>, String)>,
+}
+
+struct MySqlFixture {
+    url: String,
+    table: String,
+    store: MySqlStore,
+}
+
+async fn handle(
+    url: &str,
+    table: &str,
+    connections: u32,
+    timeout: Duration,
+) -> Result<MySqlStore, Error> {
+    let pool = MySqlStore::connect_pool(url, connections, timeout).await?;
+    MySqlStore::builder(pool)
+        .table(table)
+        .timeout(timeout)
+        .build()
+}
+
+#[async_trait]
+impl StoreFactory for MySqlFactory {
+    async fn create(&self) -> Result<Box<dyn Fixture>, Error> {
+        let (_, url) = self
+            .server
+            .get_or_init(|| async {
+                tokio::task::spawn_blocking(support::mysql_server)
+                    .await
+                    .expect("server")
+            })
+            .await;
+        let table = support::unique_schema("conf");
+        let store = handle(url, &table, 4, Duration::from_secs(20)).await?;
+        store.migrate().await?;
+        Ok(Box::new(MySqlFixture {
+            url: url.clone(),
+            table,
+            store,
+        }))
+    }
+}
+
+#[async_trait]
+impl Fixture for MySqlFixture {
+    fn store(&self) -> Arc<dyn DedupeStore> {
+        Arc::new(self.store.clone())
+    }
+
+    async fn open_handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
+        Ok(Arc::new(
+            handle(&self.url, &self.table, 1, Duration::from_secs(20)).await?,
+        ))
+    }
+
+    /// A handle whose connections go through a loopback proxy the fixture
+    /// owns, with a one-second timeout; the fault cuts every connection
+    /// through it and refuses new ones, as a server going away would.
+    async fn faulty_handle(&self) -> Result<Option<FaultyHandle>, Error> {
+        let (proxy, url) = support::proxied(&self.url)
+            .await
+            .map_err(|e| Error::unavailable("proxy", Some(Box::new(e))))?;
+        let timeout = Duration::from_secs(1);
+        Ok(Some(FaultyHandle {
+            store: Arc::new(handle(&url, &self.table, 2, timeout).await?),
+            switch: Box::new(support::ProxyFault(proxy)),
+            bound: timeout + Duration::from_millis(500),
+        }))
+    }
+}
+
+dedupe_conformance::suite!(MySqlFactory {
+    server: OnceCell::new(),
+});
