@@ -135,6 +135,41 @@ fn race_and_conformance_on_postgres() {
     );
 }
 
+/// The race and some checks on a private MariaDB, by `mysql://` and
+/// `mariadb://` URLs; the tables the commands create are dropped when they
+/// end.
+#[test]
+fn race_and_conformance_on_mariadb() {
+    let (server, url) = dedupe_testkit::mysql_server();
+    let (ok, out) = dedupe(&[
+        "race",
+        "--store",
+        &url,
+        "--fresh",
+        "--events",
+        "40",
+        "--copies",
+        "4",
+        "--workers",
+        "8",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("claims won (work ran):     40"), "{out}");
+    assert!(out.contains("duplicates answered:       120"), "{out}");
+    let mariadb = url.replacen("mysql://", "mariadb://", 1);
+    let mut args = vec!["conformance", "--store", &mariadb];
+    args.extend(SOME_CHECKS);
+    let (ok, out) = dedupe(&args);
+    assert!(ok, "{out}");
+    assert!(some_checks_passed(&out), "{out}");
+    if let Some(server) = server {
+        let left = server.sql(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'dedupe_cli_%'",
+        );
+        assert_eq!(left.trim(), "0", "the commands left tables behind");
+    }
+}
+
 /// User mistakes are one line, exit code 2, and never show a password.
 #[test]
 fn store_url_mistakes_are_one_clear_line() {

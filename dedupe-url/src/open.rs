@@ -74,6 +74,8 @@ impl Opener {
         match self.url.target() {
             #[cfg(feature = "postgres")]
             Target::Postgres { .. } => self.postgres(2).await?.migrate().await,
+            #[cfg(feature = "mysql")]
+            Target::Mysql { .. } => self.mysql(2).await?.migrate().await,
             #[cfg(feature = "dynamodb")]
             Target::Dynamo { .. } => self.dynamo().await?.create_table_if_missing().await,
             _ => self.handle().await.map(|_| ()),
@@ -122,6 +124,10 @@ impl Opener {
             #[cfg(feature = "postgres")]
             Target::Postgres { connections, .. } => {
                 Arc::new(self.postgres_dedicated(connections.unwrap_or(4)).await?)
+            }
+            #[cfg(feature = "mysql")]
+            Target::Mysql { connections, .. } => {
+                Arc::new(self.mysql(connections.unwrap_or(4)).await?)
             }
             #[cfg(feature = "redis")]
             Target::Redis { .. } => Arc::new(self.redis().await?),
@@ -172,6 +178,21 @@ impl Opener {
     ) -> Result<dedupe_postgres::PgStore, Error> {
         self.postgres_holding(connections, connections as usize)
             .await
+    }
+
+    /// A MySQL / MariaDB store with a pool of `connections`.
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn mysql(&self, connections: u32) -> Result<dedupe_mysql::MySqlStore, Error> {
+        let Target::Mysql { url, table, .. } = self.url.target() else {
+            return Err(Error::config("not a mysql URL"));
+        };
+        let pool = dedupe_mysql::MySqlStore::connect_pool(url, connections, self.timeout()).await?;
+        let mut builder = dedupe_mysql::MySqlStore::builder(pool).timeout(self.timeout());
+        if let Some(table) = table {
+            builder = builder.table(table);
+        }
+        builder.build()
     }
 
     /// A Postgres store with a pool of `connections`.
@@ -335,6 +356,18 @@ impl Opener {
                     ),
                 };
                 dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(statement))
+                    .execute(store.pool())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        Error::backend("dropping the namespace", true, Some(Box::new(e) as _))
+                    })
+            }
+            #[cfg(feature = "mysql")]
+            Target::Mysql { .. } => {
+                let store = self.mysql(1).await?;
+                let statement = format!("DROP TABLE IF EXISTS `{}`", store.table_name());
+                dedupe_mysql::sqlx::raw_sql(dedupe_mysql::sqlx::AssertSqlSafe(statement))
                     .execute(store.pool())
                     .await
                     .map(|_| ())

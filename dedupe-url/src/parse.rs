@@ -20,8 +20,8 @@ pub enum UrlError {
     },
     /// A scheme no store answers to.
     #[error(
-        "unknown store scheme {scheme:?}: use memory:, sqlite://, postgres://, redis://, \
-         rediss://, redis+cluster://, rediss+cluster:// or dynamodb://"
+        "unknown store scheme {scheme:?}: use memory:, sqlite://, postgres://, mysql://, \
+         mariadb://, redis://, rediss://, redis+cluster://, rediss+cluster:// or dynamodb://"
     )]
     UnknownScheme {
         /// The scheme given.
@@ -79,6 +79,16 @@ pub enum Target {
         url: String,
         /// `?schema=` (default: the store's, `public`).
         schema: Option<String>,
+        /// `?connections=`: pool size per handle.
+        connections: Option<u32>,
+    },
+    /// `mysql://user:pass@host:port/db?table=...` (or `mariadb://`).
+    Mysql {
+        /// The connection URL handed to sqlx (`mysql://`, without the options
+        /// dedupe reads).
+        url: String,
+        /// `?table=` (default `dedupe_records`).
+        table: Option<String>,
         /// `?connections=`: pool size per handle.
         connections: Option<u32>,
     },
@@ -157,6 +167,16 @@ const POSTGRES_PASS: &[&str] = &[
     "user",
     "password",
 ];
+/// Connection options sqlx reads from a MySQL URL, passed through.
+const MYSQL_PASS: &[&str] = &[
+    "ssl-mode",
+    "ssl-ca",
+    "charset",
+    "collation",
+    "statement-cache-capacity",
+    "socket",
+];
+
 /// Connection options redis-rs reads from a Redis URL, passed through.
 const REDIS_PASS: &[&str] = &["protocol"];
 
@@ -211,6 +231,18 @@ impl StoreUrl {
                 Target::Postgres {
                     url: format!("{scheme_lower}://{body}{}", options.passed_query()),
                     schema,
+                    connections,
+                }
+            }
+            "mysql" | "mariadb" => {
+                built("mysql", cfg!(feature = "mysql"))?;
+                let body = body.ok_or_else(|| malformed("expected mysql://host/db"))?;
+                options.only_or_pass("mysql", &["table", "connections"], MYSQL_PASS)?;
+                let table = options.take("table");
+                let connections = options.take_number("connections", 1, 1000)?;
+                Target::Mysql {
+                    url: format!("mysql://{body}{}", options.passed_query()),
+                    table,
                     connections,
                 }
             }
@@ -343,12 +375,13 @@ impl StoreUrl {
         &self.target
     }
 
-    /// `memory`, `sqlite`, `postgres`, `redis`, `redis cluster` or `dynamodb`.
+    /// `memory`, `sqlite`, `postgres`, `mysql`, `redis`, `redis cluster` or `dynamodb`.
     pub fn scheme(&self) -> &'static str {
         match &self.target {
             Target::Memory => "memory",
             Target::Sqlite { .. } => "sqlite",
             Target::Postgres { .. } => "postgres",
+            Target::Mysql { .. } => "mysql",
             Target::Redis { cluster: false, .. } => "redis",
             Target::Redis { cluster: true, .. } => "redis cluster",
             Target::Dynamo { .. } => "dynamodb",
@@ -379,6 +412,7 @@ impl StoreUrl {
             Target::Memory => {}
             Target::Sqlite { table, .. } => *table = Some(name.to_string()),
             Target::Postgres { schema, .. } => *schema = Some(name.to_string()),
+            Target::Mysql { table, .. } => *table = Some(name.to_string()),
             Target::Redis { prefix, .. } => *prefix = Some(format!("{name}:")),
             Target::Dynamo { table, .. } => *table = name.to_string(),
         }
@@ -661,6 +695,19 @@ mod tests {
                 connections: None,
             }
         );
+        for scheme in ["mysql", "mariadb"] {
+            assert_eq!(
+                parsed(&format!(
+                    "{scheme}://u:pw@h:3306/db?table=t&ssl-mode=disabled&connections=3"
+                ))
+                .target(),
+                &Target::Mysql {
+                    url: "mysql://u:pw@h:3306/db?ssl-mode=disabled".into(),
+                    table: Some("t".into()),
+                    connections: Some(3),
+                }
+            );
+        }
         assert_eq!(
             parsed("redis+cluster://a:1,b:2?prefix=p").target(),
             &Target::Redis {
