@@ -612,6 +612,17 @@ async fn completions_answered_with_waits_survive_a_failover() {
     let plain = store(&primary.url(), Duration::from_secs(2)).await;
     let lease = |answer: ClaimOutcome| answer.lease().cloned().expect("claimed");
     let day = Duration::from_secs(86_400);
+    // The replica is connected; on a loaded machine its first sync may still
+    // run: a fresh key's claim that replicates within the wait says it is done.
+    let mut tries = 0;
+    let synced = dedupe_testkit::eventually(Duration::from_secs(20), || {
+        tries += 1;
+        let k = key(&format!("warm-up-{tries}"));
+        let waiting = &waiting;
+        async move { waiting.claim(&k, &opts()).await.is_ok() }
+    })
+    .await;
+    assert!(synced, "no claim replicated within 20 s");
 
     let replicated = lease(waiting.claim(&key("a"), &opts()).await.expect("claim a"));
     waiting

@@ -42,9 +42,15 @@ impl MariaDbServer {
             .prefix("dedupe-mariadb-")
             .tempdir()
             .expect("temp dir");
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir_all(&tmp).expect("tmp dir");
+        // A tmpdir of its own: the bootstrap's temporary tables are named by
+        // pid and thread in the shared one, and installs running at once
+        // (tests in processes of their own) collided there.
         let out = Command::new("mariadb-install-db")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args([
                 "--user=root",
                 "--auth-root-authentication-method=normal",
@@ -101,6 +107,10 @@ impl MariaDbServer {
             .arg(format!(
                 "--log-error={}",
                 self.dir.path().join("error.log").display()
+            ))
+            .arg(format!(
+                "--tmpdir={}",
+                self.dir.path().join("tmp").display()
             ))
             .arg("--skip-name-resolve")
             .args(OPTIONS)
