@@ -560,17 +560,27 @@ where
         let bytes = match Limited::new(body, limit).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) => {
-                let detail = if e.is::<http_body_util::LengthLimitError>() {
-                    format!(
-                        "the handler ran, and its response is over the {} bytes kept for \
-                         retries; it was not sent, and a retry answers this again",
-                        this.max_response_bytes
+                let (kind, detail) = if e.is::<http_body_util::LengthLimitError>() {
+                    (
+                        Problem::ResponseTooLarge,
+                        format!(
+                            "the handler ran, and its response is over the {} bytes kept for \
+                             retries; it was not sent, and a retry answers this again",
+                            this.max_response_bytes
+                        ),
                     )
                 } else {
-                    format!("the handler's response body failed: {e}")
+                    (
+                        Problem::HandlerPanicked,
+                        format!(
+                            "the handler ran, and its response body failed ({e}); a retry \
+                             answers this again"
+                        ),
+                    )
                 };
-                // The problem is what the key answers from now on.
-                let problem = Problem::ResponseTooLarge.stored(&detail, None);
+                // The handler's work is done: the problem is what the key
+                // answers from now on, so it never runs twice.
+                let problem = kind.stored(&detail, None);
                 return (
                     Ran::Respond(problem.clone().into_response()),
                     Settle::Complete {

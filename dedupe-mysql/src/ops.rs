@@ -12,8 +12,9 @@ use dedupe_core::{
     Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
     RecordState, Result,
 };
-use sqlx::mysql::MySqlRow;
-use sqlx::{MySqlConnection, Row};
+use sqlx::mysql::{MySqlArguments, MySqlRow};
+use sqlx::query::Query;
+use sqlx::{MySql, MySqlConnection, Row};
 
 use crate::codec::{self, Read};
 use crate::error::{is_deadlock, map};
@@ -43,6 +44,25 @@ pub(crate) struct Ops<'a> {
 impl Ops<'_> {
     fn err(&self, e: sqlx::Error) -> Error {
         map(e, self.timeout)
+    }
+
+    /// Runs a statement fenced by `lease` (its last three parameters: the
+    /// key's namespace and id, the lease's token) and answers the rows it
+    /// changed.
+    async fn fenced<'q>(
+        &self,
+        conn: &mut MySqlConnection,
+        statement: Query<'q, MySql, MySqlArguments>,
+        lease: &'q Lease,
+    ) -> Result<u64> {
+        statement
+            .bind(lease.key.namespace().as_bytes())
+            .bind(lease.key.id().as_bytes())
+            .bind(lease.token.as_str().as_bytes())
+            .execute(conn)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(|e| self.err(e))
     }
 
     /// The record under `key`, live or not.
@@ -208,16 +228,10 @@ impl Ops<'_> {
     ) -> Result<()> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
-        let changed = sqlx::query(sqlx::AssertSqlSafe(self.sql.complete.as_str()))
+        let statement = sqlx::query(sqlx::AssertSqlSafe(self.sql.complete.as_str()))
             .bind(outcome)
-            .bind(duration_millis(retention))
-            .bind(lease.key.namespace().as_bytes())
-            .bind(lease.key.id().as_bytes())
-            .bind(lease.token.as_str().as_bytes())
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
+            .bind(duration_millis(retention));
+        let changed = self.fenced(conn, statement, lease).await?;
         if changed > 0 {
             return backend::one_row_changed(changed, &lease.key);
         }
@@ -240,14 +254,8 @@ impl Ops<'_> {
     }
 
     pub(crate) async fn release(&self, conn: &mut MySqlConnection, lease: &Lease) -> Result<()> {
-        let changed = sqlx::query(sqlx::AssertSqlSafe(self.sql.release.as_str()))
-            .bind(lease.key.namespace().as_bytes())
-            .bind(lease.key.id().as_bytes())
-            .bind(lease.token.as_str().as_bytes())
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
+        let statement = sqlx::query(sqlx::AssertSqlSafe(self.sql.release.as_str()));
+        let changed = self.fenced(conn, statement, lease).await?;
         if changed > 0 {
             return backend::one_row_changed(changed, &lease.key);
         }
@@ -265,15 +273,9 @@ impl Ops<'_> {
         ttl: Duration,
     ) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
-        let changed = sqlx::query(sqlx::AssertSqlSafe(self.sql.extend.as_str()))
-            .bind(duration_millis(ttl))
-            .bind(lease.key.namespace().as_bytes())
-            .bind(lease.key.id().as_bytes())
-            .bind(lease.token.as_str().as_bytes())
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
+        let statement =
+            sqlx::query(sqlx::AssertSqlSafe(self.sql.extend.as_str())).bind(duration_millis(ttl));
+        let changed = self.fenced(conn, statement, lease).await?;
         backend::one_row_changed(changed, &lease.key)?;
         match self.read(conn, &lease.key).await? {
             Some(Read {

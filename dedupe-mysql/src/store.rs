@@ -179,6 +179,9 @@ impl MySqlStore {
     }
 }
 
+// Input is checked here, before a connection is taken (bad input is refused
+// by name even when the server is away), and again in `Ops` for the `*_in`
+// methods, which take no connection of the store's.
 #[async_trait]
 impl DedupeStore for MySqlStore {
     #[tracing::instrument(name = "dedupe.mysql.claim", skip_all, fields(key = %key))]
