@@ -14,6 +14,7 @@ use dedupe_core::Error;
 ///   3024), a lock wait timeout (1205) is a retryable [`Error::Timeout`];
 /// - a deadlock (1213) rolled back the whole statement: a retryable backend
 ///   error (the store retries its own statements first);
+/// - a statement over `max_allowed_packet` (1153) cannot succeed again;
 /// - a missing table (1146) says to run `migrate()`; anything else is not
 ///   retryable.
 pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
@@ -29,34 +30,42 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
         | sqlx::Error::Protocol(_) => {
             Error::unavailable(format!("mysql connection failed: {e}"), Some(Box::new(e)))
         }
-        sqlx::Error::Database(db) => {
-            let code = db
-                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .map(|m| m.number())
-                .unwrap_or_default();
-            match code {
-                1969 | 3024 | 1205 => Error::Timeout {
-                    after: timeout,
-                    source: Some(Box::new(e)),
-                },
-                1040 | 1053 | 2006 | 2013 | 1927 => {
-                    Error::unavailable("mysql server unavailable", Some(Box::new(e)))
-                }
-                1213 => Error::backend("mysql deadlock", true, Some(Box::new(e) as _)),
-                1146 => Error::backend(
-                    "dedupe table missing: run MySqlStore::migrate()",
-                    false,
-                    Some(Box::new(e) as _),
-                ),
-                _ => Error::backend("mysql statement failed", false, Some(Box::new(e) as _)),
+        sqlx::Error::Database(_) => match number(&e).unwrap_or_default() {
+            1969 | 3024 | 1205 => Error::Timeout {
+                after: timeout,
+                source: Some(Box::new(e)),
+            },
+            1040 | 1053 | 2006 | 2013 | 1927 => {
+                Error::unavailable("mysql server unavailable", Some(Box::new(e)))
             }
-        }
+            1213 => Error::backend("mysql deadlock", true, Some(Box::new(e) as _)),
+            1153 => Error::backend(
+                "statement larger than the server's max_allowed_packet",
+                false,
+                Some(Box::new(e) as _),
+            ),
+            1146 => Error::backend(
+                "dedupe table missing: run MySqlStore::migrate()",
+                false,
+                Some(Box::new(e) as _),
+            ),
+            _ => Error::backend("mysql statement failed", false, Some(Box::new(e) as _)),
+        },
         _ => Error::backend("mysql client error", false, Some(Box::new(e) as _)),
+    }
+}
+
+/// The server's error number of `e`, if the server answered one.
+pub(crate) fn number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
     }
 }
 
 /// Whether `e` is a deadlock, which rolled back the statement whole.
 pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db)
-        if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1213))
+    number(e) == Some(1213)
 }

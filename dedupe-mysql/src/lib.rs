@@ -17,6 +17,7 @@
 
 mod builder;
 mod codec;
+mod conn;
 mod error;
 mod ops;
 mod sql;

@@ -14,7 +14,7 @@ use dedupe_core::{
 };
 use sqlx::mysql::{MySqlArguments, MySqlRow};
 use sqlx::query::Query;
-use sqlx::{MySql, MySqlConnection, Row};
+use sqlx::{Connection, MySql, MySqlConnection, Row};
 
 use crate::codec::{self, Read};
 use crate::error::{is_deadlock, map};
@@ -30,6 +30,20 @@ const DEADLOCK_RETRIES: usize = 5;
 /// between): each time is a fresh claim.
 const CLAIM_ROUNDS: usize = 16;
 
+/// Why a statement in a transaction failed: a deadlock (the server rolled
+/// the transaction back; it may run again) or anything else.
+#[derive(Debug)]
+enum TxError {
+    Deadlock(sqlx::Error),
+    Other(Error),
+}
+
+impl From<Error> for TxError {
+    fn from(e: Error) -> Self {
+        TxError::Other(e)
+    }
+}
+
 /// The statements of one store with its error mapping and limits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ops<'a> {
@@ -44,6 +58,14 @@ pub(crate) struct Ops<'a> {
 impl Ops<'_> {
     fn err(&self, e: sqlx::Error) -> Error {
         map(e, self.timeout)
+    }
+
+    fn tx_err(&self, e: sqlx::Error) -> TxError {
+        if is_deadlock(&e) {
+            TxError::Deadlock(e)
+        } else {
+            TxError::Other(self.err(e))
+        }
     }
 
     /// Runs a statement fenced by `lease` (its last three parameters: the
@@ -65,14 +87,29 @@ impl Ops<'_> {
             .map_err(|e| self.err(e))
     }
 
-    /// The record under `key`, live or not.
+    /// The record under `key`, live or not; in a caller's transaction read
+    /// as it is now (`FOR UPDATE`), not as the transaction's snapshot has it.
     async fn read(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Read>> {
         let sql = if self.in_transaction {
             &self.sql.select_locking
         } else {
             &self.sql.select
         };
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+        self.read_with(conn, key, sql).await
+    }
+
+    /// The record under `key`, read without a lock.
+    async fn read_plain(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Read>> {
+        self.read_with(conn, key, &self.sql.select).await
+    }
+
+    async fn read_with(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        sql: &str,
+    ) -> Result<Option<Read>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(key.namespace().as_bytes())
             .bind(key.id().as_bytes())
             .fetch_optional(conn)
@@ -90,31 +127,47 @@ impl Ops<'_> {
         tokens: &[String],
         opts: &ClaimOptions,
     ) -> Result<()> {
+        let mut tries = 0;
+        loop {
+            match self.upsert_once(conn, keys, tokens, opts).await {
+                Ok(()) => return Ok(()),
+                Err(TxError::Deadlock(_)) if !self.in_transaction && tries < DEADLOCK_RETRIES => {
+                    tries += 1;
+                    tracing::debug!(tries, "claim upsert deadlocked; sending it again");
+                }
+                Err(TxError::Deadlock(e)) => return Err(self.err(e)),
+                Err(TxError::Other(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// The upsert of `rows` keys, once.
+    async fn upsert_once(
+        &self,
+        conn: &mut MySqlConnection,
+        keys: &[&Key],
+        tokens: &[String],
+        opts: &ClaimOptions,
+    ) -> std::result::Result<(), TxError> {
         let sql = self.sql.upsert(keys.len());
         let lease = duration_millis(opts.lease_ttl);
         let claim_id = opts.claim_id.as_ref().map(ClaimId::as_str);
         let fingerprint = opts.fingerprint.as_ref().map(Fingerprint::as_bytes);
-        let mut tries = 0;
-        loop {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
-            for (key, token) in keys.iter().zip(tokens) {
-                query = query
-                    .bind(key.namespace().as_bytes())
-                    .bind(key.id().as_bytes())
-                    .bind(token.as_bytes())
-                    .bind(claim_id.map(str::as_bytes))
-                    .bind(fingerprint)
-                    .bind(lease);
-            }
-            match query.execute(&mut *conn).await {
-                Ok(_) => return Ok(()),
-                Err(e) if is_deadlock(&e) && !self.in_transaction && tries < DEADLOCK_RETRIES => {
-                    tries += 1;
-                    tracing::debug!(tries, "claim upsert deadlocked; sending it again");
-                }
-                Err(e) => return Err(self.err(e)),
-            }
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+        for (key, token) in keys.iter().zip(tokens) {
+            query = query
+                .bind(key.namespace().as_bytes())
+                .bind(key.id().as_bytes())
+                .bind(token.as_bytes())
+                .bind(claim_id.map(str::as_bytes))
+                .bind(fingerprint)
+                .bind(lease);
         }
+        query
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.tx_err(e))?;
+        Ok(())
     }
 
     /// The answer of a claim sending `token` from the row read back after its
@@ -143,6 +196,17 @@ impl Ops<'_> {
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
         opts.validate()?;
+        if self.in_transaction {
+            // A live record is answered from a plain read, which locks
+            // nothing: the upsert would lock the holder's row (even changing
+            // nothing) until the caller's transaction ends, and the holder's
+            // complete would wait for it.
+            if let Some(read) = self.read_plain(conn, key).await? {
+                if read.live {
+                    return Ok(backend::losing_claim(read.record, opts));
+                }
+            }
+        }
         for _ in 0..CLAIM_ROUNDS {
             let token = new_token().to_string();
             self.upsert(conn, &[key], std::slice::from_ref(&token), opts)
@@ -160,7 +224,11 @@ impl Ops<'_> {
     }
 
     /// Every distinct key of the batch in one upsert (in key order, so racing
-    /// batches lock rows in one order), then one read of them all.
+    /// batches lock rows in one order), then one read of them all, in one
+    /// transaction: a batch that meets a live record that does not decode
+    /// rolls back and answers the error, with nothing of it written. On the
+    /// store's own connections a deadlock (which rolled the transaction back)
+    /// runs the batch again.
     pub(crate) async fn claim_many(
         &self,
         conn: &mut MySqlConnection,
@@ -172,6 +240,46 @@ impl Ops<'_> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        // Inside the transaction: no statement retried on its own.
+        let inner = Ops {
+            in_transaction: true,
+            ..*self
+        };
+        let mut tries = 0;
+        loop {
+            let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+            let answer = inner.claim_batch(&mut tx, keys, opts).await;
+            match answer {
+                Ok(answers) => {
+                    tx.commit().await.map_err(|e| self.err(e))?;
+                    return Ok(answers);
+                }
+                Err(e) => {
+                    // Undone whole; the rollback's own failure changes nothing
+                    // the server did not already undo when the session ended.
+                    let _ = tx.rollback().await;
+                    match e {
+                        TxError::Deadlock(_)
+                            if !self.in_transaction && tries < DEADLOCK_RETRIES =>
+                        {
+                            tries += 1;
+                            tracing::debug!(tries, "claim batch deadlocked; running it again");
+                        }
+                        TxError::Deadlock(e) => return Err(self.err(e)),
+                        TxError::Other(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The batch on a transaction: the upsert, the read-back, the answers.
+    async fn claim_batch(
+        &self,
+        conn: &mut MySqlConnection,
+        keys: &[Key],
+        opts: &ClaimOptions,
+    ) -> std::result::Result<Vec<ClaimOutcome>, TxError> {
         let batch = BatchKeys::new(keys);
         let distinct = batch.distinct();
         let mut order: Vec<usize> = (0..distinct.len()).collect();
@@ -184,7 +292,7 @@ impl Ops<'_> {
             .into_iter()
             .map(|t| t.to_string())
             .collect();
-        self.upsert(conn, &sorted, &tokens, opts).await?;
+        self.upsert_once(conn, &sorted, &tokens, opts).await?;
         let sql = self.sql.select_many(sorted.len());
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
         for key in &sorted {
@@ -192,7 +300,10 @@ impl Ops<'_> {
                 .bind(key.namespace().as_bytes())
                 .bind(key.id().as_bytes());
         }
-        let rows: Vec<MySqlRow> = query.fetch_all(&mut *conn).await.map_err(|e| self.err(e))?;
+        let rows: Vec<MySqlRow> = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.tx_err(e))?;
         let mut by_key: HashMap<(Vec<u8>, Vec<u8>), MySqlRow> = HashMap::with_capacity(rows.len());
         for row in rows {
             let ns: Vec<u8> = row.try_get(0).map_err(|e| self.err(e))?;
@@ -208,7 +319,8 @@ impl Ops<'_> {
             let read = row.map(|row| codec::read(key, &row, 2)).transpose()?;
             answers[at] = match Self::answer(read, token, opts)? {
                 Some(answer) => Some(answer),
-                // Gone or expired since the upsert: claimed again on its own.
+                // Expired since the upsert (the read-back is a later
+                // statement, with a later `NOW`): claimed again on its own.
                 None => Some(self.claim(conn, key, opts).await?),
             };
         }
@@ -216,7 +328,7 @@ impl Ops<'_> {
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| Error::backend("a batch key went unanswered", false, None))?;
-        batch.answers(first, opts)
+        Ok(batch.answers(first, opts)?)
     }
 
     pub(crate) async fn complete(
@@ -323,29 +435,22 @@ impl Ops<'_> {
             .map(|read| read.record))
     }
 
-    /// Removes the record it read, by that record's token (never a newer
-    /// one), and answers whether it was live.
+    /// Removes the record it read, by that record's token, and answers
+    /// whether it removed a live one. A record written since the read (a
+    /// takeover, a release and a new claim) has another token: it is left
+    /// alone, and the call answers `false`, removing nothing it did not read.
     pub(crate) async fn forget(&self, conn: &mut MySqlConnection, key: &Key) -> Result<bool> {
-        for _ in 0..CLAIM_ROUNDS {
-            let Some(read) = self.read(conn, key).await? else {
-                return Ok(false);
-            };
-            let removed = sqlx::query(sqlx::AssertSqlSafe(self.sql.forget.as_str()))
-                .bind(key.namespace().as_bytes())
-                .bind(key.id().as_bytes())
-                .bind(read.record.token.as_str().as_bytes())
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected();
-            if removed > 0 {
-                return Ok(read.live);
-            }
-        }
-        Err(Error::backend(
-            "the key's record kept changing while it was being forgotten",
-            true,
-            None,
-        ))
+        let Some(read) = self.read(conn, key).await? else {
+            return Ok(false);
+        };
+        let removed = sqlx::query(sqlx::AssertSqlSafe(self.sql.forget.as_str()))
+            .bind(key.namespace().as_bytes())
+            .bind(key.id().as_bytes())
+            .bind(read.record.token.as_str().as_bytes())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        Ok(removed > 0 && read.live)
     }
 }

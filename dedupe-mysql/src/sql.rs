@@ -2,17 +2,18 @@
 //!
 //! Times are milliseconds since the Unix epoch in `BIGINT` columns, always
 //! from the server's clock (`NOW_MS`, one value for the whole statement), so
-//! no session time zone, DST hour or 2038 limit of `TIMESTAMP` can shift a
-//! deadline; `DATETIME(6)` would keep microseconds the contract does not
-//! need, and compares in the session's zone.
+//! no session time zone, DST hour or 2038 limit can shift a deadline.
 
 use dedupe_core::backend::check_identifier;
 use dedupe_core::Result;
 
-/// The server's time in milliseconds. `NOW(3)` is the statement's start, the
-/// same at every use in one statement; the store's connections run in UTC
-/// (`time_zone = '+00:00'`), so the conversion has no DST hour.
-pub(crate) const NOW_MS: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+/// The server's time in milliseconds: `UTC_TIMESTAMP(3)` is the statement's
+/// start, the same at every use in one statement, and in UTC whatever the
+/// session's `time_zone` (no DST hour repeats). Not `UNIX_TIMESTAMP(NOW(3))`:
+/// that reads the session's zone, and MariaDB before 11.5 answers NULL for it
+/// past 2038-01-19 (seen on 10.11); `DATETIME` arithmetic runs to year 9999.
+pub(crate) const NOW_MS: &str =
+    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
 
 /// The record columns every read returns, in the order `codec::read` expects,
 /// and the server's time.
@@ -69,7 +70,7 @@ impl Statements {
                     attempts     INT            NOT NULL,
                     first_seen   BIGINT         NOT NULL,
                     PRIMARY KEY (namespace, id),
-                    KEY `{table}_expires_at` (expires_at)
+                    KEY expires_at (expires_at)
                  ) ENGINE=InnoDB"
             ),
             select: format!("SELECT {COLUMNS}, {now} FROM {t} WHERE namespace = ? AND id = ?"),

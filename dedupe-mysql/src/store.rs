@@ -13,8 +13,13 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySqlConnection, MySqlPool};
 
 use crate::builder::MySqlBuilder;
+use crate::conn::Checkout;
 use crate::ops::Ops;
 use crate::sql::Statements;
+
+/// Room for a completion's statement besides its outcome: the text, the key
+/// (576 bytes at most), the token and the packet headers.
+const STATEMENT_ROOM: u64 = 4096;
 
 /// A dedupe store in a MySQL 8.0+ or MariaDB 10.6+ table (InnoDB).
 ///
@@ -36,6 +41,10 @@ impl MySqlStore {
     pub const DEFAULT_TABLE: &'static str = "dedupe_records";
     /// A call's time bound unless told otherwise.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// How long past the timeout the client waits for a server that does not
+    /// answer (a hung connection, a partitioned network) before it gives up
+    /// on the call; the server's own bounds fire first.
+    pub const BACKSTOP: Duration = Duration::from_secs(1);
 
     /// Settings for a store on `pool`.
     pub fn builder(pool: MySqlPool) -> MySqlBuilder {
@@ -50,11 +59,13 @@ impl MySqlStore {
     }
 
     /// Connects a pool suited to the store: at most `max_connections`, each
-    /// session in UTC (`time_zone = '+00:00'`, which the deadlines' clock
-    /// needs), `READ COMMITTED` (no gap locks: claims of neighbouring keys
-    /// and the purge do not lock each other out), and on MariaDB a
-    /// `max_statement_time` of `timeout`, so a statement the client gave up
-    /// on stops on the server too.
+    /// session `READ COMMITTED` (no gap locks: claims of neighbouring keys
+    /// and the purge do not lock each other out), with the server bounding
+    /// its statements by `timeout`: MariaDB's `max_statement_time` (every
+    /// statement), MySQL's `max_execution_time` (reads), and on both
+    /// `innodb_lock_wait_timeout` (whole seconds, rounded up). The client
+    /// waits [`BACKSTOP`](Self::BACKSTOP) longer, so the server stops a
+    /// statement before the client gives up on it.
     pub async fn connect_pool(
         url: &str,
         max_connections: u32,
@@ -66,19 +77,35 @@ impl MySqlStore {
         let options: MySqlConnectOptions = url
             .parse()
             .map_err(|e| Error::config(format!("mysql URL: {e}")))?;
-        let options = options.timezone(Some("+00:00".to_string()));
-        let secs = timeout.as_secs_f64();
+        let bounds = [
+            format!(
+                "SET SESSION max_statement_time = {:.3}",
+                timeout.as_secs_f64()
+            ),
+            format!("SET SESSION max_execution_time = {}", timeout.as_millis()),
+            format!(
+                "SET SESSION innodb_lock_wait_timeout = {}",
+                timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)
+            ),
+        ];
         MySqlPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(timeout)
             .test_before_acquire(false)
             .after_connect(move |conn, _| {
+                let bounds = bounds.clone();
                 Box::pin(async move {
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .await?;
-                    // MariaDB's name; MySQL has max_execution_time (SELECTs only).
-                    let bound = format!("SET SESSION max_statement_time = {secs:.3}");
-                    let _ = conn.execute(sqlx::AssertSqlSafe(bound)).await;
+                    for bound in bounds {
+                        match conn.execute(sqlx::AssertSqlSafe(bound)).await {
+                            // The other server's variable: unknown here (1193).
+                            Err(e) if crate::error::number(&e) == Some(1193) => {}
+                            other => {
+                                other?;
+                            }
+                        }
+                    }
                     Ok(())
                 })
             })
@@ -97,15 +124,31 @@ impl MySqlStore {
         &self.sql.table
     }
 
-    /// Creates the table if it is not there. Safe to call again, from any
-    /// number of processes.
+    /// Creates the table if it is not there, and checks that the server's
+    /// `max_allowed_packet` carries a completion with the largest outcome
+    /// the store accepts (an `InvalidConfig` naming both sizes if not). Safe
+    /// to call again, from any number of processes.
     pub async fn migrate(&self) -> Result<()> {
+        let map = |e| crate::error::map(e, self.timeout);
         self.bounded(async {
             sqlx::query(sqlx::AssertSqlSafe(self.sql.create.as_str()))
                 .execute(&self.pool)
                 .await
-                .map(|_| ())
-                .map_err(|e| crate::error::map(e, self.timeout))
+                .map_err(map)?;
+            let packet: u64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS UNSIGNED)")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(map)?;
+            let needed = self.caps.max_outcome_bytes as u64 + STATEMENT_ROOM;
+            if needed > packet {
+                return Err(Error::config(format!(
+                    "max outcome of {} bytes does not fit the server's max_allowed_packet of \
+                     {packet} bytes with the statement around it ({needed} needed): raise \
+                     max_allowed_packet or lower max_outcome_bytes",
+                    self.caps.max_outcome_bytes
+                )));
+            }
+            Ok(())
         })
         .await
     }
@@ -153,11 +196,14 @@ impl MySqlStore {
         }
     }
 
+    /// Runs `op` bounded by the timeout and the backstop, so the server's
+    /// statement bounds (which stop the statement) fire first.
     async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::time::timeout(self.timeout, op)
+        let bound = self.timeout + Self::BACKSTOP;
+        tokio::time::timeout(bound, op)
             .await
             .unwrap_or(Err(Error::Timeout {
-                after: self.timeout,
+                after: bound,
                 source: None,
             }))
     }
@@ -168,12 +214,10 @@ impl MySqlStore {
         f: impl AsyncFnOnce(Ops<'_>, &mut MySqlConnection) -> Result<T>,
     ) -> Result<T> {
         self.bounded(async {
-            let mut conn = self
-                .pool
-                .acquire()
-                .await
-                .map_err(|e| crate::error::map(e, self.timeout))?;
-            f(self.ops(false), &mut conn).await
+            let mut conn = Checkout::take(&self.pool, self.timeout).await?;
+            let answer = f(self.ops(false), &mut conn).await;
+            conn.finish();
+            answer
         })
         .await
     }
