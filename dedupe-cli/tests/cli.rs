@@ -162,7 +162,37 @@ fn race_and_conformance_on_mariadb() {
     let (ok, out) = dedupe(&args);
     assert!(ok, "{out}");
     assert!(some_checks_passed(&out), "{out}");
+
+    // The operator's commands on a table of its own.
+    let table = format!("ops_{}", std::process::id());
+    let ops = format!("{url}?table={table}");
+    let (ok, out) = dedupe(&["race", "--store", &ops, "--events", "10", "--copies", "2"]);
+    assert!(ok, "{out}");
+    let (found, out) = dedupe(&["inspect", "--store", &ops, "race", "evt_000007"]);
+    assert!(found, "{out}");
+    let record: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(record["state"], "done", "{out}");
+    let (existed, out) = dedupe(&["forget", "--store", &ops, "race", "evt_000007"]);
+    assert!(existed, "{out}");
+    let (found, out) = dedupe(&["inspect", "--store", &ops, "race", "evt_000007"]);
+    assert!(!found, "{out}");
+    assert_eq!(out.trim(), "null");
+    let (ok, out) = dedupe(&["purge", "--store", &ops]);
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "0");
+    // No inbox on this store: serve --inbox says so and stops.
+    let (ok, out) = dedupe(&[
+        "serve",
+        "--store",
+        &ops,
+        "--inbox",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("mysql stores have no inbox"), "{out}");
     if let Some(server) = server {
+        server.sql(&format!("DROP TABLE test.{table}"));
         let left = server.sql(
             "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'dedupe_cli_%'",
         );
@@ -416,18 +446,21 @@ fn bench_on_the_default_stores() {
 }
 
 /// The benchmark's raw drivers and stores on every server kind: Postgres,
-/// Redis (standalone) and DynamoDB (moto), briefly.
+/// MariaDB, Redis (standalone) and DynamoDB (moto), briefly.
 #[test]
 fn bench_on_every_server() {
     use dedupe_testkit::dynamo::{dynamo_server, Emulator};
     let (_pg, pg) = dedupe_testkit::postgres_server();
     let (_redis, redis) = dedupe_testkit::redis::server();
     let (_moto, endpoint) = dynamo_server(Emulator::Moto);
+    let (_mariadb, mysql) = dedupe_testkit::mysql_server();
     let dynamo = format!("dynamodb://bench?endpoint={endpoint}");
     let (ok, out) = dedupe(&[
         "bench",
         "--store",
         &pg,
+        "--store",
+        &mysql,
         "--store",
         &redis,
         "--store",
@@ -448,7 +481,7 @@ fn bench_on_every_server() {
     ]);
     assert!(ok, "{out}");
     let rows = bench_rows(&out);
-    assert_eq!(rows.len(), 3 * 3, "{out}");
+    assert_eq!(rows.len(), 4 * 3, "{out}");
     for row in &rows {
         assert!(row["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
         assert!(

@@ -457,6 +457,22 @@ async fn serve_on_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_mariadb() {
+    let mut server = support::MariaDbServer::start();
+    let url = format!("{}?timeout=2s", server.url("test"));
+    let serve = Serve::start(&url, 30);
+    whole_path(&serve, 10).await;
+    store_stopped(&serve, |down| {
+        if down {
+            server.stop()
+        } else {
+            server.restart()
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_on_redis() {
     let mut server = support::redis::RedisServer::start();
     let url = format!("{}?timeout=1s", server.url());

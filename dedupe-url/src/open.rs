@@ -366,7 +366,11 @@ impl Opener {
             #[cfg(feature = "mysql")]
             Target::Mysql { .. } => {
                 let store = self.mysql(1).await?;
-                let statement = format!("DROP TABLE IF EXISTS `{}`", store.table_name());
+                // The records, and the ledger `dedupe serve` keeps beside them.
+                let statement = format!(
+                    "DROP TABLE IF EXISTS `{0}`, `{0}_ledger`",
+                    store.table_name()
+                );
                 dedupe_mysql::sqlx::raw_sql(dedupe_mysql::sqlx::AssertSqlSafe(statement))
                     .execute(store.pool())
                     .await

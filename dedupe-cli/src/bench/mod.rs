@@ -432,6 +432,9 @@ pub(crate) async fn store_handle(opener: &Opener) -> Result<Arc<dyn DedupeStore>
         Target::Postgres {
             connections: None, ..
         } => Ok(Arc::new(opener.postgres_dedicated(1).await?)),
+        Target::Mysql {
+            connections: None, ..
+        } => Ok(Arc::new(opener.mysql(1).await?)),
         _ => opener.handle().await,
     }
 }

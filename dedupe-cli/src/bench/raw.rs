@@ -7,6 +7,9 @@
 //!   the benchmark task's own thread (no hand-off at all: the floor any async
 //!   SQLite store is measured against);
 //! - Postgres: the same statement on a bare connection of its own (no pool);
+//! - MySQL / MariaDB: `INSERT IGNORE` on a bare connection of its own (one
+//!   row affected: won), a batch as one `INSERT IGNORE` per key in one
+//!   transaction (a multi-row one says how many won, not which); no inbox;
 //! - Redis: `SET key 1 NX PX ms` (standalone or Cluster);
 //! - DynamoDB: `PutItem` conditioned on `attribute_not_exists(pk)`.
 //!
@@ -44,6 +47,10 @@ pub enum RawStore {
         url: String,
         table: String,
     },
+    Mysql {
+        url: String,
+        table: String,
+    },
     Redis {
         urls: Vec<String>,
         cluster: bool,
@@ -63,6 +70,10 @@ pub enum RawHandle {
     Sqlite(dedupe_sqlite::rusqlite::Connection),
     Postgres {
         conn: dedupe_postgres::sqlx::PgConnection,
+        table: String,
+    },
+    Mysql {
+        conn: dedupe_mysql::sqlx::MySqlConnection,
         table: String,
     },
     Redis(dedupe_redis::redis::aio::ConnectionManager, String),
@@ -119,6 +130,21 @@ impl RawStore {
                     table,
                 }
             }
+            Target::Mysql { url, .. } => {
+                let store = opener.mysql(1).await?;
+                let table = format!("{}_raw_bench", store.table_name());
+                dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                    "CREATE TABLE IF NOT EXISTS `{table}` (k VARBINARY(600) PRIMARY KEY, \
+                     exp BIGINT NOT NULL, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE=InnoDB"
+                )))
+                .execute(store.pool())
+                .await
+                .map_err(|e| fail("mysql")(Box::new(e)))?;
+                Self::Mysql {
+                    url: url.clone(),
+                    table,
+                }
+            }
             Target::Redis {
                 urls,
                 cluster,
@@ -157,6 +183,15 @@ impl RawStore {
                     table: table.clone(),
                 }
             }
+            Self::Mysql { url, table } => {
+                use dedupe_mysql::sqlx::Connection;
+                RawHandle::Mysql {
+                    conn: dedupe_mysql::sqlx::MySqlConnection::connect(url)
+                        .await
+                        .map_err(|e| fail("mysql")(Box::new(e)))?,
+                    table: table.clone(),
+                }
+            }
             Self::Redis {
                 urls,
                 cluster: false,
@@ -190,6 +225,15 @@ impl RawStore {
 
     /// Removes the baseline's table (the namespace removal takes the rest).
     pub async fn finish(&self, opener: &Opener) -> Result<(), Error> {
+        if let Self::Mysql { table, .. } = self {
+            let store = opener.mysql(1).await?;
+            dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                "DROP TABLE IF EXISTS `{table}`"
+            )))
+            .execute(store.pool())
+            .await
+            .map_err(|e| fail("mysql")(Box::new(e)))?;
+        }
         if let Self::Dynamo { table } = self {
             dedupe_dynamo::DynamoStore::builder(opener.dynamo_client().await?)
                 .table(table)
@@ -298,6 +342,34 @@ impl RawHandle {
                     rows.into_iter().map(|r| r.0).collect();
                 Ok(keys.iter().map(|k| won.contains(k)).collect())
             }
+            Self::Mysql { conn, table } => {
+                use dedupe_mysql::sqlx::Connection;
+                let sql = format!("INSERT IGNORE INTO `{table}` (k, exp) VALUES (?, ?)");
+                let mysql = |e| fail("mysql")(Box::new(e));
+                if let [k] = keys {
+                    let done = dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(sql))
+                        .bind(k)
+                        .bind(now_ms() + lease_ms)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(mysql)?;
+                    return Ok(vec![done.rows_affected() == 1]);
+                }
+                let mut tx = conn.begin().await.map_err(mysql)?;
+                let mut won = Vec::with_capacity(keys.len());
+                for k in keys {
+                    let done =
+                        dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(sql.as_str()))
+                            .bind(k)
+                            .bind(now_ms() + lease_ms)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(mysql)?;
+                    won.push(done.rows_affected() == 1);
+                }
+                tx.commit().await.map_err(mysql)?;
+                Ok(won)
+            }
             Self::Redis(conn, prefix) => {
                 let mut pipe = dedupe_redis::redis::pipe();
                 for k in keys {
@@ -385,6 +457,16 @@ impl RawHandle {
                     .map(|_| ())
                     .map_err(|e| fail("postgres")(Box::new(e)))
             }
+            Self::Mysql { conn, table } => {
+                let sql = format!("UPDATE `{table}` SET done = TRUE, exp = ? WHERE k = ?");
+                dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(sql))
+                    .bind(now_ms() + ms)
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| fail("mysql")(Box::new(e)))
+            }
             Self::Redis(conn, prefix) => set(prefix, key, "XX", ms)
                 .query_async::<Option<String>>(conn)
                 .await
@@ -419,6 +501,7 @@ impl RawHandle {
     pub async fn accept(&mut self, key: &str) -> Result<bool, Error> {
         let now = now_ms();
         match self {
+            Self::Mysql { .. } => Err(Error::config("the MySQL store has no inbox")),
             Self::Memory(map, queue) => {
                 let mut map = map.lock().map_err(|_| Error::config("poisoned"))?;
                 if map.contains_key(key) {
@@ -522,6 +605,7 @@ impl RawHandle {
     pub async fn take(&mut self, lease: Duration) -> Result<Option<String>, Error> {
         let lease_ms = lease.as_millis() as i64;
         match self {
+            Self::Mysql { .. } => Err(Error::config("the MySQL store has no inbox")),
             Self::Memory(_, queue) => Ok(queue
                 .lock()
                 .map_err(|_| Error::config("poisoned"))?

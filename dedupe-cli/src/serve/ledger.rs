@@ -1,9 +1,9 @@
 //! The business step's ledger: one row per processed event, written together
 //! with the completion wherever the store allows it.
 //!
-//! - SQLite and Postgres: the row and `complete_in` commit in one transaction on
-//!   the store's own database, so an event is either done with its row or
-//!   neither.
+//! - SQLite, Postgres and MySQL: the row and `complete_in` commit in one
+//!   transaction on the store's own database, so an event is either done with
+//!   its row or neither.
 //! - DynamoDB: the row is a `Put` into a ledger table in the same
 //!   `TransactWriteItems` as the completion (`complete_with`).
 //! - memory and Redis: the rows are kept in this process; a row is added, the
@@ -92,6 +92,10 @@ pub enum Ledger {
         store: dedupe_postgres::PgStore,
         table: String,
     },
+    Mysql {
+        store: dedupe_mysql::MySqlStore,
+        table: String,
+    },
     Dynamo {
         store: dedupe_dynamo::DynamoStore,
         client: dedupe_dynamo::aws_sdk_dynamodb::Client,
@@ -101,6 +105,26 @@ pub enum Ledger {
         store: Arc<dyn DedupeStore>,
         rows: Mutex<InProcessRows>,
     },
+}
+
+/// What [`Ledger::open`] opened.
+pub struct Opened {
+    /// The store the receiver claims on.
+    pub store: Arc<dyn DedupeStore>,
+    /// Its inbox, for `--inbox`: `None` on a store that has none (MySQL).
+    pub inbox: Option<Arc<dyn Inbox>>,
+    /// Where processed events are written.
+    pub ledger: Ledger,
+}
+
+impl Opened {
+    fn inbox(inbox: Arc<dyn Inbox>, ledger: Ledger) -> Self {
+        Self {
+            store: inbox.clone(),
+            inbox: Some(inbox),
+            ledger,
+        }
+    }
 }
 
 /// The in-process ledger: rows in order, numbered from 1.
@@ -124,13 +148,18 @@ fn pg_err(e: dedupe_postgres::sqlx::Error) -> Error {
     Error::unavailable("ledger (postgres)", Some(Box::new(e)))
 }
 
+fn mysql_err(e: dedupe_mysql::sqlx::Error) -> Error {
+    Error::unavailable("ledger (mysql)", Some(Box::new(e)))
+}
+
 fn dynamo_err<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
     Error::unavailable("ledger (dynamodb)", Some(Box::new(e)))
 }
 
 impl Ledger {
-    /// The store the receiver claims on, and the ledger beside it.
-    pub async fn open(opener: &Opener) -> Result<(Arc<dyn Inbox>, Self), Error> {
+    /// The store the receiver claims on, its inbox where it has one, and
+    /// the ledger beside it.
+    pub async fn open(opener: &Opener) -> Result<Opened, Error> {
         Ok(match opener.url().target() {
             Target::Sqlite { .. } => {
                 let store = opener
@@ -155,7 +184,7 @@ impl Ledger {
                 })
                 .await
                 .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))??;
-                (Arc::new(store.clone()), Ledger::Sqlite { store, conns })
+                Opened::inbox(Arc::new(store.clone()), Ledger::Sqlite { store, conns })
             }
             Target::Postgres { connections, .. } => {
                 let store = opener.postgres(connections.unwrap_or(16)).await?;
@@ -175,14 +204,34 @@ impl Ledger {
                 .execute(store.pool())
                 .await
                 .map_err(pg_err)?;
-                (Arc::new(store.clone()), Ledger::Postgres { store, table })
+                Opened::inbox(Arc::new(store.clone()), Ledger::Postgres { store, table })
+            }
+            Target::Mysql { connections, .. } => {
+                let store = opener.mysql(connections.unwrap_or(16)).await?;
+                let table = format!("{}_ledger", store.table_name());
+                dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                    "CREATE TABLE IF NOT EXISTS `{table}` (
+                        seq BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
+                        `key` VARBINARY(600) NOT NULL, event_id VARBINARY(512),
+                        delivery_id VARBINARY(512), at_ms BIGINT NOT NULL,
+                        KEY at_ms (at_ms)
+                     ) ENGINE=InnoDB"
+                )))
+                .execute(store.pool())
+                .await
+                .map_err(mysql_err)?;
+                Opened {
+                    store: Arc::new(store.clone()),
+                    inbox: None,
+                    ledger: Ledger::Mysql { store, table },
+                }
             }
             Target::Dynamo { .. } => {
                 let store = opener.dynamo().await?;
                 let client = opener.dynamo_client().await?;
                 let table = format!("{}_ledger", store.table_name());
                 create_dynamo_ledger(&client, &table).await?;
-                (
+                Opened::inbox(
                     Arc::new(store.clone()),
                     Ledger::Dynamo {
                         store,
@@ -196,7 +245,7 @@ impl Ledger {
                     Error::config(format!("{} stores have no inbox", opener.url().scheme()))
                 })?;
                 let store: Arc<dyn DedupeStore> = inbox.clone();
-                (
+                Opened::inbox(
                     inbox,
                     Ledger::InProcess {
                         store,
@@ -254,6 +303,23 @@ impl Ledger {
                     .complete_in(&mut tx, lease, outcome, event.retention)
                     .await?;
                 tx.commit().await.map_err(pg_err)
+            }
+            Ledger::Mysql { store, table } => {
+                let mut tx = store.pool().begin().await.map_err(mysql_err)?;
+                dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO `{table}` (`key`, event_id, delivery_id, at_ms) VALUES (?, ?, ?, ?)"
+                )))
+                .bind(&row.key)
+                .bind(&row.event_id)
+                .bind(&row.delivery_id)
+                .bind(row.at_ms)
+                .execute(&mut *tx)
+                .await
+                .map_err(mysql_err)?;
+                store
+                    .complete_in(&mut tx, lease, outcome, event.retention)
+                    .await?;
+                tx.commit().await.map_err(mysql_err)
             }
             Ledger::Dynamo { store, table, .. } => {
                 use dedupe_dynamo::aws_sdk_dynamodb::types::{
@@ -372,6 +438,33 @@ impl Ledger {
                     })
                     .collect()
             }
+            Ledger::Mysql { store, table } => {
+                let after: u64 = match after {
+                    Some(a) => a.parse().map_err(|_| bad_cursor())?,
+                    None => 0,
+                };
+                type Selected = (u64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>, i64);
+                let rows: Vec<Selected> =
+                    dedupe_mysql::sqlx::query_as(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                        "SELECT seq, `key`, event_id, delivery_id, at_ms FROM `{table}` \
+                         WHERE seq > ? ORDER BY seq LIMIT ?"
+                    )))
+                    .bind(after)
+                    .bind(limit as u64)
+                    .fetch_all(store.pool())
+                    .await
+                    .map_err(mysql_err)?;
+                let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+                rows.into_iter()
+                    .map(|(seq, key, event_id, delivery_id, at_ms)| Row {
+                        seq: seq.to_string(),
+                        key: text(key),
+                        event_id: event_id.map(text),
+                        delivery_id: delivery_id.map(text),
+                        at_ms,
+                    })
+                    .collect()
+            }
             Ledger::Dynamo { client, table, .. } => {
                 use dedupe_dynamo::aws_sdk_dynamodb::types::AttributeValue;
                 if after.is_some_and(|a| a.len() > 200 || !a.contains('#')) {
@@ -479,6 +572,20 @@ impl Ledger {
                     .await
                     .map_err(pg_err)?
                     .rows_affected();
+                removed += n;
+                if (n as i64) < PRUNE_BATCH {
+                    return Ok(removed);
+                }
+            },
+            Ledger::Mysql { store, table } => loop {
+                let n = dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM `{table}` WHERE at_ms < ? ORDER BY at_ms LIMIT {PRUNE_BATCH}"
+                )))
+                .bind(cutoff_ms)
+                .execute(store.pool())
+                .await
+                .map_err(mysql_err)?
+                .rows_affected();
                 removed += n;
                 if (n as i64) < PRUNE_BATCH {
                     return Ok(removed);

@@ -187,8 +187,22 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
     let url = crate::store_url(&args.store)?;
     let shown = url.to_string();
     let opener = Opener::new(url).await?;
-    let (inbox, ledger) = Ledger::open(&opener).await?;
-    let store: Arc<dyn dedupe_core::DedupeStore> = inbox.clone();
+    let ledger::Opened {
+        store,
+        inbox,
+        ledger,
+    } = Ledger::open(&opener).await?;
+    // Inbox mode's inbox, or None when serving claims.
+    let inbox = match (args.inbox, inbox) {
+        (true, None) => {
+            return Err(Error::config(format!(
+                "--inbox: {} stores have no inbox; serve without it",
+                opener.url().scheme()
+            )))
+        }
+        (true, inbox) => inbox,
+        (false, _) => None,
+    };
 
     // Routes: the built-in ones, then the named ones.
     let mut routes: Vec<(String, Provider)> = vec![
@@ -247,8 +261,8 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         .map(dedupe_webhook::ConcurrencyLimit::new);
     let mut receivers = HashMap::new();
     for (name, provider) in &routes {
-        let hook = if args.inbox {
-            Webhook::inbox(Arc::clone(&inbox), provider.rule(name))
+        let hook = if let Some(inbox) = &inbox {
+            Webhook::inbox(Arc::clone(inbox), provider.rule(name))
         } else {
             Webhook::new(Arc::clone(&store), provider.rule(name))
         };
@@ -301,49 +315,50 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
     });
     // Inbox mode: a worker per served route's namespace (/hooks/standard is
     // /hooks), running the business step on each taken item.
-    let workers: Vec<(InboxWorker, tokio::task::JoinHandle<Result<(), Error>>)> = if args.inbox {
-        if args.retry_backoff_ms == 0 {
-            return Err(Error::config(
-                "--retry-backoff-ms 0: a delay is at least 1 ms",
-            ));
-        }
-        let mut served: Vec<&str> = app
-            .routes
-            .iter()
-            .filter(|(name, hook)| hook.is_some() && name.as_str() != "standard")
-            .map(|(name, _)| name.as_str())
-            .collect();
-        served.sort_unstable();
-        served
-            .into_iter()
-            .map(|namespace| {
-                let worker = InboxWorker::on(Arc::clone(&inbox), namespace)
-                    .with_lease(lease)
-                    .with_concurrency(args.workers)
-                    .with_max_attempts(args.max_attempts)
-                    .with_backoff(dedupe_core::Backoff {
-                        first: Duration::from_millis(args.retry_backoff_ms),
-                        max: Duration::from_secs(600),
-                    })
-                    .with_retention(retention)
-                    .with_poll_interval(Duration::from_millis(50));
-                let running = tokio::spawn({
-                    let (worker, app) = (worker.clone(), Arc::clone(&app));
-                    async move {
-                        worker
-                            .run(move |taken| {
-                                let app = Arc::clone(&app);
-                                async move { inbox_step(app, taken).await }
-                            })
-                            .await
-                    }
-                });
-                (worker, running)
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let workers: Vec<(InboxWorker, tokio::task::JoinHandle<Result<(), Error>>)> =
+        if let Some(inbox) = &inbox {
+            if args.retry_backoff_ms == 0 {
+                return Err(Error::config(
+                    "--retry-backoff-ms 0: a delay is at least 1 ms",
+                ));
+            }
+            let mut served: Vec<&str> = app
+                .routes
+                .iter()
+                .filter(|(name, hook)| hook.is_some() && name.as_str() != "standard")
+                .map(|(name, _)| name.as_str())
+                .collect();
+            served.sort_unstable();
+            served
+                .into_iter()
+                .map(|namespace| {
+                    let worker = InboxWorker::on(Arc::clone(inbox), namespace)
+                        .with_lease(lease)
+                        .with_concurrency(args.workers)
+                        .with_max_attempts(args.max_attempts)
+                        .with_backoff(dedupe_core::Backoff {
+                            first: Duration::from_millis(args.retry_backoff_ms),
+                            max: Duration::from_secs(600),
+                        })
+                        .with_retention(retention)
+                        .with_poll_interval(Duration::from_millis(50));
+                    let running = tokio::spawn({
+                        let (worker, app) = (worker.clone(), Arc::clone(&app));
+                        async move {
+                            worker
+                                .run(move |taken| {
+                                    let app = Arc::clone(&app);
+                                    async move { inbox_step(app, taken).await }
+                                })
+                                .await
+                        }
+                    });
+                    (worker, running)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
     let admin = Router::new()
         .route("/hooks", get(ledger_rows))
         .route("/metrics", get(metrics_text))
