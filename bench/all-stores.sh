@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The full table: every store side by side against its raw driver, on private
 # servers this script starts on free loopback ports and stops afterwards (a
-# PostgreSQL cluster, a redis-server, DynamoDB Local), or on servers you give:
+# PostgreSQL cluster, a MariaDB, a redis-server, DynamoDB Local), or on
+# servers you give:
 #
 #   bench/all-stores.sh [extra dedupe bench arguments...]
-#   PG_URL=postgres://... REDIS_URL=redis://... DYNAMO_ENDPOINT=http://... bench/all-stores.sh
+#   PG_URL=postgres://... MYSQL_URL=mysql://... REDIS_URL=redis://... DYNAMO_ENDPOINT=http://... bench/all-stores.sh
 #   PG_DATA_PARENT=/dev/shm bench/all-stores.sh   # the private cluster's data on tmpfs
 #   DEDUPE_BIN=/path/to/dedupe bench/all-stores.sh  # a binary built elsewhere
 #
@@ -27,6 +28,7 @@ cleanup() {
     runuser -u postgres -- "$pg_bin/pg_ctl" -D "$pg_data" -m immediate stop >/dev/null 2>&1 || true
   fi
   [ -n "${pg_data:-}" ] && [ "$pg_data" != "$work/pg" ] && rm -rf "$(dirname "$pg_data")"
+  [ -n "${my_pid:-}" ] && { kill -9 "$my_pid" 2>/dev/null || true; wait "$my_pid" 2>/dev/null || true; }
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -45,6 +47,26 @@ if [ -z "${PG_URL:-}" ]; then
   "${as_pg[@]}" "$pg_bin/initdb" -D "$pg_data" -U postgres -A trust >/dev/null
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_data" -o "-p $port -k $pg_data -c listen_addresses=127.0.0.1 -c max_connections=300" -w start >/dev/null
   PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+fi
+if [ -z "${MYSQL_URL:-}" ]; then
+  # The same durable settings as the tests' private servers
+  # (innodb_flush_log_at_trx_commit=1: a commit is on disk when answered).
+  port="$(free_port)"
+  my_opts=(--innodb-log-file-size=64M --innodb-buffer-pool-size=256M
+           --innodb-flush-log-at-trx-commit=1 --max-connections=500)
+  mkdir -p "$work/my/tmp"
+  mariadb-install-db --no-defaults --datadir="$work/my/data" --tmpdir="$work/my/tmp" \
+    --user=root --auth-root-authentication-method=normal --skip-test-db "${my_opts[@]}" >/dev/null
+  mariadbd="$(command -v mariadbd || echo /usr/sbin/mariadbd)"
+  "$mariadbd" --no-defaults --datadir="$work/my/data" --tmpdir="$work/my/tmp" --user=root \
+    --port="$port" --bind-address=127.0.0.1 --socket="$work/my/sock" --skip-name-resolve \
+    --pid-file="$work/my/pid" --log-error="$work/my/log" "${my_opts[@]}" >/dev/null 2>&1 &
+  my_pid=$!
+  for _ in $(seq 200); do
+    mariadb -uroot -h127.0.0.1 -P"$port" -e 'CREATE DATABASE IF NOT EXISTS test' 2>/dev/null && break
+    sleep 0.1
+  done
+  MYSQL_URL="mysql://root@127.0.0.1:$port/test"
 fi
 if [ -z "${REDIS_URL:-}" ]; then
   port="$(free_port)"
@@ -80,5 +102,5 @@ bench=(cargo run --quiet --release -p dedupe-cli --)
 # memory last: its rows leave millions of keys to free, which
 # stalls whatever row runs next.
 "${bench[@]}" bench \
-  --store sqlite: --store "$PG_URL" --store "$REDIS_URL" \
+  --store sqlite: --store "$PG_URL" --store "$MYSQL_URL" --store "$REDIS_URL" \
   --store "dynamodb://dedupe_bench?endpoint=$DYNAMO_ENDPOINT" --store memory: "$@"
