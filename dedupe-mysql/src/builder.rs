@@ -63,6 +63,7 @@ impl MySqlBuilder {
             sql: Arc::new(Statements::new(&self.table)?),
             timeout: self.timeout,
             caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
+            kept: Arc::default(),
         })
     }
 }

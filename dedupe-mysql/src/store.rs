@@ -13,7 +13,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySqlConnection, MySqlPool};
 
 use crate::builder::MySqlBuilder;
-use crate::conn::Checkout;
+use crate::conn::{Checkout, Kept};
 use crate::ops::Ops;
 use crate::sql::Statements;
 
@@ -34,6 +34,8 @@ pub struct MySqlStore {
     pub(crate) sql: Arc<Statements>,
     pub(crate) timeout: Duration,
     pub(crate) caps: Capabilities,
+    /// Connections kept between calls (shared by the store's clones).
+    pub(crate) kept: Arc<Kept>,
 }
 
 impl MySqlStore {
@@ -214,9 +216,9 @@ impl MySqlStore {
         f: impl AsyncFnOnce(Ops<'_>, &mut MySqlConnection) -> Result<T>,
     ) -> Result<T> {
         self.bounded(async {
-            let mut conn = Checkout::take(&self.pool, self.timeout).await?;
+            let mut conn = Checkout::take(&self.pool, &self.kept, self.timeout).await?;
             let answer = f(self.ops(false), &mut conn).await;
-            conn.finish();
+            conn.finish(&answer);
             answer
         })
         .await
