@@ -1029,3 +1029,47 @@ async fn forget_leaves_a_claim_made_after_it_read() {
         "forget removed the claim made after it read"
     );
 }
+
+/// 64 calls at once on a pool of 4: the store keeps finished connections
+/// for its next calls, and a call waiting on the pool must be handed a kept
+/// one, or it waits out the pool's timeout while connections sit idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn more_callers_than_connections_all_get_one() {
+    let (_server, url) = support::mysql_server();
+    let timeout = Duration::from_secs(5);
+    let pool = MySqlStore::connect_pool(&url, 4, timeout)
+        .await
+        .expect("pool");
+    let store = MySqlStore::builder(pool)
+        .table(support::unique_schema("crowd"))
+        .timeout(timeout)
+        .build()
+        .expect("store");
+    store.migrate().await.expect("migrate");
+    let store = Arc::new(store);
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let calls: Vec<_> = (0..64)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let k = key(&format!("crowd-{round}-{}", i % 4));
+                    store
+                        .claim(&k, &ClaimOptions::new(Duration::from_secs(30)))
+                        .await
+                })
+            })
+            .collect();
+        for call in calls {
+            let _ = call
+                .await
+                .expect("task")
+                .expect("every crowded call is served");
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "64 calls on 4 connections took {:?}",
+            started.elapsed()
+        );
+    }
+}
