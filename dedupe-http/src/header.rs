@@ -17,7 +17,8 @@ pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
     /// Parses one header value: a structured-field string (quoted, with `\"`
-    /// and `\\` escapes) or a bare token of visible ASCII.
+    /// and `\\` escapes) or a bare token of visible ASCII without a quote,
+    /// a backslash, a `;` (parameters are not taken) or a `,` (two values).
     ///
     /// ```
     /// use dedupe_http::{IdempotencyKey, KeyError};
@@ -31,7 +32,13 @@ impl IdempotencyKey {
             None => return Err(KeyError::Empty),
             Some(b'"') => sf_string(value)?,
             Some(_) => {
-                if let Some(at) = value.iter().position(|b| !(0x21..=0x7e).contains(b)) {
+                // Visible ASCII, but none of what gives a structured field
+                // its shape: a quote, an escape, parameters (`;`), or a
+                // comma (two field lines joined into one, RFC 9110 section
+                // 5.3, or a list): never one key.
+                if let Some(at) = value.iter().position(|b| {
+                    !(0x21..=0x7e).contains(b) || matches!(b, b'"' | b'\\' | b';' | b',')
+                }) {
                     return Err(KeyError::BadCharacter {
                         at,
                         byte: value[at],

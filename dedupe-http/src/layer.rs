@@ -125,13 +125,18 @@ impl Idempotency {
     /// Default response body limit: 256 KiB.
     pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
-    /// The layer's settings over `deduper` (its store, lease, heartbeat and
-    /// time bound): namespace `http`; keys optional on POST and PATCH and
+    /// The layer's settings over `deduper` (its store, lease and time
+    /// bound): namespace `http`; keys optional on POST and PATCH and
     /// ignored on other methods; no scope; the fingerprint over method, path
     /// and query, `Content-Type` and the body; the defaults above.
+    ///
+    /// The deduper's heartbeat is turned on: the lease is extended beside
+    /// the handler for as long as it runs, so a handler slower than the
+    /// lease is not run a second time by a retry arriving after it (bound a
+    /// handler's time with [`Deduper::with_max_work_time`]).
     pub fn new(deduper: Deduper) -> Self {
         Self {
-            deduper,
+            deduper: deduper.with_heartbeat(true),
             namespace: "http".into(),
             policy: Arc::new(|req: &Parts| match req.method {
                 Method::POST | Method::PATCH => KeyPolicy::Optional,
@@ -452,7 +457,8 @@ where
     };
     let scope = config.scope.as_ref().map(|f| f(&parts));
     let store_key = match config.store_key(
-        scope.as_ref().map(|s| s.as_deref().unwrap_or("")),
+        // An extractor's `None` (anonymous) is not `Some("")`.
+        scope.as_ref().and_then(|s| s.as_deref()),
         &parts.method,
         parts.uri.path(),
         &key,
@@ -604,6 +610,34 @@ where
             &this.never_replayed,
         )
         .encode();
+        // The body fits, but the store must keep the headers too: a
+        // completion over its limit is refused, and the claim would be left
+        // in flight until its lease passed, then run again.
+        let kept = this.deduper.store().capabilities().max_outcome_bytes;
+        if outcome.len() > kept {
+            if let LargeResponse::PassAndRelease = this.large_response {
+                return (
+                    Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
+                    Settle::Release,
+                );
+            }
+            let problem = Problem::ResponseTooLarge.stored(
+                &format!(
+                    "the handler ran, and its response with its headers is {} bytes, over the \
+                     {kept} bytes the store keeps; it was not sent, and a retry answers this \
+                     again",
+                    outcome.len()
+                ),
+                None,
+            );
+            return (
+                Ran::Respond(problem.clone().into_response()),
+                Settle::Complete {
+                    outcome: problem.encode(),
+                    retention: this.retention,
+                },
+            );
+        }
         (
             Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
             Settle::Complete {

@@ -10,7 +10,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 const MAGIC: &[u8] = b"dh1";
 
-/// The headers never kept for a replay: hop-by-hop headers, the framing
+/// The headers never kept for a replay: hop-by-hop headers (these, and
+/// `Keep-Alive`, `Proxy-Connection` and whatever a response's `Connection`
+/// names, RFC 9110 section 7.6.1), the framing
 /// (recomputed), the date (a replay is sent now), and cookies (a replay must
 /// not hand a first caller's session to whoever retries).
 pub const NEVER_REPLAYED: &[HeaderName] = &[
@@ -78,9 +80,22 @@ impl StoredResponse {
         body: Bytes,
         never: &[HeaderName],
     ) -> Self {
+        // Fields the response's `Connection` names are hop-by-hop too.
+        let named: Vec<HeaderName> = headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
         let mut kept = HeaderMap::new();
         for (name, value) in headers {
-            if !NEVER_REPLAYED.contains(name) && !never.contains(name) {
+            let hop = matches!(name.as_str(), "keep-alive" | "proxy-connection");
+            if !hop
+                && !NEVER_REPLAYED.contains(name)
+                && !never.contains(name)
+                && !named.contains(name)
+            {
                 kept.append(name.clone(), value.clone());
             }
         }

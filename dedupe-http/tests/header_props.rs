@@ -40,9 +40,18 @@ proptest! {
     }
 
     #[test]
-    fn bare_keys_round_trip(key in "[!-~]{1,255}") {
-        prop_assume!(!key.starts_with('"'));
+    fn bare_keys_round_trip(key in "[!#-+\\--:<-\\[\\]-~]{1,255}") {
         prop_assert_eq!(IdempotencyKey::parse(key.as_bytes()).map(|k| k.as_str().to_string()), Ok(key));
+    }
+
+    /// A bare value with a comma is two values joined; with a quote, a
+    /// backslash or a `;` it is a malformed structured field: never a key.
+    #[test]
+    fn bare_values_with_structure_are_refused(head in "[a-z0-9]{0,20}", c in "[,;\\\\\"]", tail in "[a-z0-9]{0,20}") {
+        let value = format!("{head}{c}{tail}");
+        prop_assume!(!value.starts_with('"'));
+        let refused = IdempotencyKey::parse(value.as_bytes());
+        prop_assert!(matches!(refused, Err(KeyError::Repeated | KeyError::BadCharacter { .. })), "{value:?}: {refused:?}");
     }
 
     #[test]

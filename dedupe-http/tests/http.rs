@@ -101,15 +101,26 @@ fn work_app(
     store: Arc<dyn DedupeStore>,
     configure: impl FnOnce(Idempotency) -> Idempotency,
 ) -> (Router, Runs) {
+    work_app_on(
+        Deduper::new(store).with_lease_ttl(Duration::from_secs(10)),
+        configure,
+    )
+}
+
+fn work_app_on(
+    deduper: Deduper,
+    configure: impl FnOnce(Idempotency) -> Idempotency,
+) -> (Router, Runs) {
     let runs = Runs::default();
-    let idempotency = configure(
-        Idempotency::new(Deduper::new(store).with_lease_ttl(Duration::from_secs(10)))
-            .namespace("work")
-            .policy(|req| match req.method {
-                Method::POST => KeyPolicy::Required,
-                _ => KeyPolicy::Ignored,
-            }),
-    );
+    let idempotency =
+        configure(
+            Idempotency::new(deduper)
+                .namespace("work")
+                .policy(|req| match req.method {
+                    Method::POST => KeyPolicy::Required,
+                    _ => KeyPolicy::Ignored,
+                }),
+        );
     let router = Router::new()
         .route("/work", post(work))
         .layer(idempotency.layer())
@@ -620,6 +631,57 @@ async fn responses_over_the_limit() {
         2,
         "a released response was kept"
     );
+}
+
+/// A handler slower than its lease: the layer beats the lease beside it, so
+/// a retry after the first lease would have passed is answered in flight,
+/// then replayed, and the handler runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_slower_than_its_lease_runs_once() {
+    let store = dedupe_url::open_store("memory:").await.expect("store");
+    let (router, runs) = work_app_on(
+        Deduper::new(store).with_lease_ttl(Duration::from_millis(600)),
+        |i| i,
+    );
+    let api = Arc::new(Client::new(listen(router).await));
+    let slow = json!({"sleep_ms": 2000});
+    let first = {
+        let (api, slow) = (Arc::clone(&api), slow.clone());
+        tokio::spawn(async move { api.post("/work", "jon", Some("slow"), &slow).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let retry = api.post("/work", "jon", Some("slow"), &slow).await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CONFLICT,
+        "the retry took the key over"
+    );
+    assert_eq!(first.await.expect("first").status(), StatusCode::OK);
+    assert_eq!(runs.0.load(Ordering::SeqCst), 1, "the handler ran twice");
+}
+
+/// A body at the layer's limit whose headers take the stored response past
+/// the store's own limit (256 KiB on memory): refused and kept as a problem,
+/// never left in flight for a retry to run again once the lease passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_that_fits_with_headers_that_do_not() {
+    let store = dedupe_url::open_store("memory:").await.expect("store");
+    let (router, runs) = work_app(store, |i| i);
+    let api = Client::new(listen(router).await);
+    let limit = dedupe_core::DEFAULT_MAX_OUTCOME_BYTES;
+    let body = json!({"pad": limit - "run 1 ".len()});
+    let (status, problem) = problem_of(api.post("/work", "ivy", Some("edge"), &body).await).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{problem}");
+    assert!(
+        problem["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("#response-too-large")),
+        "{problem}"
+    );
+    let again = api.post("/work", "ivy", Some("edge"), &body).await;
+    assert_eq!(again.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(again.headers().get("idempotent-replayed").is_some());
+    assert_eq!(runs.0.load(Ordering::SeqCst), 1, "the handler ran twice");
 }
 
 /// A handler that completes inside its own Postgres transaction: its order

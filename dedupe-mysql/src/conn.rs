@@ -24,10 +24,19 @@ type Pooled = PoolConnection<MySql>;
 /// 10.11, one run each way (README): claims 2,082/s from one task and
 /// 8,519/s from 64 through the pool, 2,467/s and 11,773/s kept here;
 /// claim-then-complete from 64 tasks 4,865/s, then 7,033/s.
+///
+/// A parked connection still holds its slot of the pool: other users of the
+/// pool (the caller's own transactions, a ledger beside the store) cannot
+/// have it. So the store keeps at most `keep` ([`MySqlBuilder::keep_connections`],
+/// none unless asked); with every slot kept, a `dedupe serve` ledger
+/// sharing the pool waited out its timeout on every event after one burst.
+///
+/// [`MySqlBuilder::keep_connections`]: crate::MySqlBuilder::keep_connections
 #[derive(Debug, Default)]
 pub(crate) struct Kept {
     idle: Mutex<Vec<(Pooled, Instant, Instant)>>,
     parked: Notify,
+    keep: usize,
 }
 
 impl Kept {
@@ -37,6 +46,14 @@ impl Kept {
     const IDLE_FOR: Duration = Duration::from_secs(30);
     /// A connection this old goes back to the pool, which renews it.
     const LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+    pub(crate) fn new(keep: usize) -> Self {
+        Self {
+            idle: Mutex::default(),
+            parked: Notify::new(),
+            keep,
+        }
+    }
 
     fn idle(&self) -> MutexGuard<'_, Vec<(Pooled, Instant, Instant)>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
@@ -88,7 +105,8 @@ fn give_back(mut conn: Pooled, bound: Duration) {
 ///
 /// Where it goes when dropped:
 /// - the call answered Ok, or an error of the store's own (a lost lease, bad
-///   input, a corrupt record): parked in [`Kept`] for the next call;
+///   input, a corrupt record): parked in [`Kept`] for the next call, when
+///   it keeps fewer than it may;
 /// - the call answered an error from the server or the driver (a cut
 ///   connection, a timeout, a statement refused): back to the pool through
 ///   its ping, bounded by the timeout;
@@ -118,6 +136,13 @@ impl Checkout {
             ended: None,
             bound: timeout,
         };
+        if kept.keep == 0 {
+            let conn = pool
+                .acquire()
+                .await
+                .map_err(|e| crate::error::map(e, timeout))?;
+            return Ok(checkout(conn, Instant::now()));
+        }
         loop {
             if let Some((conn, since)) = kept.pop(timeout) {
                 return Ok(checkout(conn, since));
@@ -181,8 +206,15 @@ impl Drop for Checkout {
         };
         match self.ended {
             Some(true) if self.since.elapsed() < Kept::LIFETIME => {
-                self.kept.idle().push((conn, self.since, Instant::now()));
-                self.kept.parked.notify_one();
+                let mut idle = self.kept.idle();
+                if idle.len() < self.kept.keep {
+                    idle.push((conn, self.since, Instant::now()));
+                    drop(idle);
+                    self.kept.parked.notify_one();
+                } else {
+                    drop(idle);
+                    give_back(conn, self.bound);
+                }
             }
             Some(_) => give_back(conn, self.bound),
             None => drop(conn.detach()),

@@ -255,9 +255,10 @@ impl Ops<'_> {
                     return Ok(answers);
                 }
                 Err(e) => {
-                    // Undone whole; the rollback's own failure changes nothing
-                    // the server did not already undo when the session ended.
-                    let _ = tx.rollback().await;
+                    // Undone whole. A rollback that fails is the connection's
+                    // failure: answered as such, so the connection is not kept
+                    // (the caller's retry then meets the error again).
+                    tx.rollback().await.map_err(|e| self.err(e))?;
                     match e {
                         TxError::Deadlock(_)
                             if !self.in_transaction && tries < DEADLOCK_RETRIES =>
@@ -439,18 +440,26 @@ impl Ops<'_> {
     /// whether it removed a live one. A record written since the read (a
     /// takeover, a release and a new claim) has another token: it is left
     /// alone, and the call answers `false`, removing nothing it did not read.
+    /// The row is not decoded: a corrupt record is forgotten like any other.
     pub(crate) async fn forget(&self, conn: &mut MySqlConnection, key: &Key) -> Result<bool> {
-        let Some(read) = self.read(conn, key).await? else {
+        let read: Option<(Vec<u8>, bool)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql.forget_read.as_str()))
+                .bind(key.namespace().as_bytes())
+                .bind(key.id().as_bytes())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
+        let Some((token, live)) = read else {
             return Ok(false);
         };
         let removed = sqlx::query(sqlx::AssertSqlSafe(self.sql.forget.as_str()))
             .bind(key.namespace().as_bytes())
             .bind(key.id().as_bytes())
-            .bind(read.record.token.as_str().as_bytes())
+            .bind(token)
             .execute(&mut *conn)
             .await
             .map_err(|e| self.err(e))?
             .rows_affected();
-        Ok(removed > 0 && read.live)
+        Ok(removed > 0 && live)
     }
 }

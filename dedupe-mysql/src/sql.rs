@@ -36,6 +36,7 @@ pub(crate) struct Statements {
     pub(crate) extend: String,
     pub(crate) expire_batch: String,
     pub(crate) forget: String,
+    pub(crate) forget_read: String,
     upsert_head: String,
     upsert_tail: String,
 }
@@ -109,6 +110,11 @@ impl Statements {
                 "DELETE FROM {t} WHERE expires_at <= {now} ORDER BY expires_at LIMIT {EXPIRE_BATCH}"
             ),
             forget: format!("DELETE FROM {t} WHERE namespace = ? AND id = ? AND token = ?"),
+            // The token and whether the row is live, undecoded: a record
+            // that does not decode is forgotten too.
+            forget_read: format!(
+                "SELECT token, expires_at > {now} FROM {t} WHERE namespace = ? AND id = ?"
+            ),
         })
     }
 

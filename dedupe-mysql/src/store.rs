@@ -54,10 +54,13 @@ impl MySqlStore {
     }
 
     /// Connects a pool of 10 to `url` (`mysql://user:pass@host:port/db`) and
-    /// builds the store with the defaults. No table is made: call
+    /// builds the store with the defaults, keeping 5 connections between
+    /// calls (the other 5 for your transactions on [`pool`](Self::pool)). No table is made: call
     /// [`migrate`](Self::migrate).
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::builder(Self::connect_pool(url, 10, Self::DEFAULT_TIMEOUT).await?).build()
+        Self::builder(Self::connect_pool(url, 10, Self::DEFAULT_TIMEOUT).await?)
+            .keep_connections(5)
+            .build()
     }
 
     /// Connects a pool suited to the store: at most `max_connections`, each

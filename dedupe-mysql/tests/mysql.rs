@@ -486,6 +486,12 @@ async fn corrupt_rows_are_reported_not_guessed() {
             before,
             "{id} was written"
         );
+        // The operator's way out: forget removes it all the same.
+        assert!(
+            store.forget(&key(id)).await.expect("forget a corrupt row"),
+            "{id}"
+        );
+        assert_eq!(row_of(&pool, &table, id).await, None, "{id} is still there");
     }
 }
 
@@ -1043,6 +1049,7 @@ async fn more_callers_than_connections_all_get_one() {
     let store = MySqlStore::builder(pool)
         .table(support::unique_schema("crowd"))
         .timeout(timeout)
+        .keep_connections(4)
         .build()
         .expect("store");
     store.migrate().await.expect("migrate");
@@ -1072,4 +1079,51 @@ async fn more_callers_than_connections_all_get_one() {
             started.elapsed()
         );
     }
+}
+
+/// A store keeping 2 connections of a pool of 4 between its calls: after a
+/// burst of 32 claims, the pool still gives a connection to its other users
+/// (a transaction of the caller's, a ledger beside the store) at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kept_connections_leave_the_pool_to_its_other_users() {
+    let (_server, url) = support::mysql_server();
+    let pool = MySqlStore::connect_pool(&url, 4, Duration::from_secs(2))
+        .await
+        .expect("pool");
+    let store = MySqlStore::builder(pool.clone())
+        .table(support::unique_schema("share"))
+        .keep_connections(2)
+        .build()
+        .expect("store");
+    store.migrate().await.expect("migrate");
+    let store = Arc::new(store);
+    let calls: Vec<_> = (0..32)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                store
+                    .claim(&key(&format!("burst-{i}")), &ClaimOptions::default())
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        assert!(call.await.expect("task").expect("claim").lease().is_some());
+    }
+    // Connections given back go through the pool's ping in a task of their
+    // own; then two slots are the pool's again.
+    let mut held = Vec::new();
+    for n in 0..2 {
+        match tokio::time::timeout(Duration::from_secs(3), pool.acquire()).await {
+            Ok(Ok(conn)) => held.push(conn),
+            other => panic!("pool user {n} got no connection after the burst: {other:?}"),
+        }
+    }
+    // The store still has its kept ones.
+    assert!(store
+        .claim(&key("after"), &ClaimOptions::default())
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
 }

@@ -127,7 +127,7 @@ impl Opener {
             }
             #[cfg(feature = "mysql")]
             Target::Mysql { connections, .. } => {
-                Arc::new(self.mysql(connections.unwrap_or(4)).await?)
+                Arc::new(self.mysql_dedicated(connections.unwrap_or(4)).await?)
             }
             #[cfg(feature = "redis")]
             Target::Redis { .. } => Arc::new(self.redis().await?),
@@ -180,15 +180,39 @@ impl Opener {
             .await
     }
 
-    /// A MySQL / MariaDB store with a pool of `connections`.
+    /// A MySQL / MariaDB store with a pool of `connections`, shared with
+    /// whatever else uses [`MySqlStore::pool`](dedupe_mysql::MySqlStore::pool)
+    /// (it keeps none of them between calls).
     #[cfg(feature = "mysql")]
     #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub async fn mysql(&self, connections: u32) -> Result<dedupe_mysql::MySqlStore, Error> {
+        self.mysql_keeping(connections, 0).await
+    }
+
+    /// A MySQL / MariaDB store with a pool of `connections` of its own,
+    /// every one kept between its calls (no return ping per call).
+    #[cfg(feature = "mysql")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+    pub async fn mysql_dedicated(
+        &self,
+        connections: u32,
+    ) -> Result<dedupe_mysql::MySqlStore, Error> {
+        self.mysql_keeping(connections, connections as usize).await
+    }
+
+    #[cfg(feature = "mysql")]
+    async fn mysql_keeping(
+        &self,
+        connections: u32,
+        keep: usize,
+    ) -> Result<dedupe_mysql::MySqlStore, Error> {
         let Target::Mysql { url, table, .. } = self.url.target() else {
             return Err(Error::config("not a mysql URL"));
         };
         let pool = dedupe_mysql::MySqlStore::connect_pool(url, connections, self.timeout()).await?;
-        let mut builder = dedupe_mysql::MySqlStore::builder(pool).timeout(self.timeout());
+        let mut builder = dedupe_mysql::MySqlStore::builder(pool)
+            .timeout(self.timeout())
+            .keep_connections(keep);
         if let Some(table) = table {
             builder = builder.table(table);
         }

@@ -434,7 +434,7 @@ pub(crate) async fn store_handle(opener: &Opener) -> Result<Arc<dyn DedupeStore>
         } => Ok(Arc::new(opener.postgres_dedicated(1).await?)),
         Target::Mysql {
             connections: None, ..
-        } => Ok(Arc::new(opener.mysql(1).await?)),
+        } => Ok(Arc::new(opener.mysql_dedicated(1).await?)),
         _ => opener.handle().await,
     }
 }

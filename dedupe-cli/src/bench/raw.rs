@@ -133,6 +133,13 @@ impl RawStore {
             Target::Mysql { url, .. } => {
                 let store = opener.mysql(1).await?;
                 let table = format!("{}_raw_bench", store.table_name());
+                if table.len() > 64 {
+                    return Err(Error::config(format!(
+                        "table name {} leaves no room for the raw baseline's {table}: MySQL \
+                         names are 64 characters at most",
+                        store.table_name()
+                    )));
+                }
                 dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS `{table}` (k VARBINARY(600) PRIMARY KEY, \
                      exp BIGINT NOT NULL, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE=InnoDB"

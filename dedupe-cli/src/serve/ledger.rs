@@ -209,6 +209,13 @@ impl Ledger {
             Target::Mysql { connections, .. } => {
                 let store = opener.mysql(connections.unwrap_or(16)).await?;
                 let table = format!("{}_ledger", store.table_name());
+                if table.len() > 64 {
+                    return Err(Error::config(format!(
+                        "table name {} leaves no room for its ledger {table}: MySQL names \
+                         are 64 characters at most",
+                        store.table_name()
+                    )));
+                }
                 dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS `{table}` (
                         seq BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
