@@ -80,6 +80,7 @@ impl MySqlBuilder {
             timeout: self.timeout,
             caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
             kept: Arc::new(Kept::new(self.keep)),
+            first: Arc::default(),
         })
     }
 }

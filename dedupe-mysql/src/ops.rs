@@ -44,12 +44,49 @@ impl From<Error> for TxError {
     }
 }
 
+/// Whether a claim on the store's own connections reads the key first: a
+/// count, shared by the store's clones, of whether recent claims met a
+/// record already there (0 to 8: one up for a claim that met one, one down
+/// for one that did not). While most did (a retry storm, a redelivered
+/// backlog), a claim first runs a plain `SELECT`, and a live record answers
+/// it in that one round trip, locking and writing nothing; the upsert and
+/// its read-back run only for a key with no live record. While most claims
+/// are of new keys, the upsert goes first. Either way the upsert decides
+/// every win on its own. Measured with `dedupe bench` on MariaDB 10.11
+/// (README): duplicates from 1 / 16 / 64 tasks 4,767 / 17,981 / 19,944 a
+/// second upsert-first, 7,558 / 43,576 / 40,158 reading first; claims of new
+/// keys unchanged (0.40 / 0.37 / 0.31 of raw, against 0.42 / 0.36 / 0.32).
+#[derive(Debug, Default)]
+pub(crate) struct FirstStatement(std::sync::atomic::AtomicU8);
+
+impl FirstStatement {
+    const LIMIT: u8 = 8;
+
+    /// Whether the next claim should read first.
+    pub(crate) fn expect_records(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) > Self::LIMIT / 2
+    }
+
+    pub(crate) fn note(&self, had_record: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
+            Some(if had_record {
+                n.saturating_add(1).min(Self::LIMIT)
+            } else {
+                n.saturating_sub(1)
+            })
+        });
+    }
+}
+
 /// The statements of one store with its error mapping and limits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ops<'a> {
     pub(crate) sql: &'a Statements,
     pub(crate) timeout: Duration,
     pub(crate) caps: Capabilities,
+    /// On the store's own connections: whether claims read first.
+    pub(crate) first: Option<&'a FirstStatement>,
     /// On a caller's transaction: reads lock (`FOR UPDATE`, the row as it is
     /// now, not the transaction's snapshot) and deadlocks are not retried.
     pub(crate) in_transaction: bool,
@@ -58,6 +95,13 @@ pub(crate) struct Ops<'a> {
 impl Ops<'_> {
     fn err(&self, e: sqlx::Error) -> Error {
         map(e, self.timeout)
+    }
+
+    /// Counts whether a claim met a record (store's own connections only).
+    fn note(&self, had_record: bool) {
+        if let Some(first) = self.first {
+            first.note(had_record);
+        }
     }
 
     fn tx_err(&self, e: sqlx::Error) -> TxError {
@@ -196,13 +240,15 @@ impl Ops<'_> {
         opts: &ClaimOptions,
     ) -> Result<ClaimOutcome> {
         opts.validate()?;
-        if self.in_transaction {
-            // A live record is answered from a plain read, which locks
-            // nothing: the upsert would lock the holder's row (even changing
-            // nothing) until the caller's transaction ends, and the holder's
-            // complete would wait for it.
+        // In a caller's transaction a live record is always answered from a
+        // plain read, which locks nothing: the upsert would lock the
+        // holder's row (even changing nothing) until the caller's
+        // transaction ends, and the holder's complete would wait for it.
+        let read_first = self.in_transaction || self.first.is_some_and(|f| f.expect_records());
+        if read_first {
             if let Some(read) = self.read_plain(conn, key).await? {
                 if read.live {
+                    self.note(true);
                     return Ok(backend::losing_claim(read.record, opts));
                 }
             }
@@ -213,6 +259,7 @@ impl Ops<'_> {
                 .await?;
             let read = self.read(conn, key).await?;
             if let Some(answer) = Self::answer(read, &token, opts)? {
+                self.note(!matches!(answer, ClaimOutcome::Claimed(_)));
                 return Ok(answer);
             }
         }
@@ -243,6 +290,7 @@ impl Ops<'_> {
         // Inside the transaction: no statement retried on its own.
         let inner = Ops {
             in_transaction: true,
+            first: None,
             ..*self
         };
         let mut tries = 0;

@@ -14,7 +14,7 @@ use sqlx::{Executor, MySqlConnection, MySqlPool};
 
 use crate::builder::MySqlBuilder;
 use crate::conn::{Checkout, Kept};
-use crate::ops::Ops;
+use crate::ops::{FirstStatement, Ops};
 use crate::sql::Statements;
 
 /// Room for a completion's statement besides its outcome: the text, the key
@@ -36,6 +36,8 @@ pub struct MySqlStore {
     pub(crate) caps: Capabilities,
     /// Connections kept between calls (shared by the store's clones).
     pub(crate) kept: Arc<Kept>,
+    /// Whether claims read first (shared by the store's clones).
+    pub(crate) first: Arc<FirstStatement>,
 }
 
 impl MySqlStore {
@@ -197,6 +199,7 @@ impl MySqlStore {
             sql: &self.sql,
             timeout: self.timeout,
             caps: self.caps,
+            first: (!in_transaction).then_some(&*self.first),
             in_transaction,
         }
     }

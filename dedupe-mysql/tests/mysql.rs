@@ -1127,3 +1127,120 @@ async fn kept_connections_leave_the_pool_to_its_other_users() {
         .lease()
         .is_some());
 }
+
+/// Once most recent claims met records, a claim reads the key first and a
+/// live record answers it; every other answer is still the upsert's: a new
+/// key is claimed once, an expired lease taken over with its attempt
+/// counted, a retry with the lease's claim id gets that lease, a done key
+/// its outcome, and racing claims on shared keys have one winner each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_read_first_while_they_meet_records() {
+    let (server, url) = support::mysql_server();
+    let table = support::unique_schema("first");
+    let store = store_on(&url, &table, Duration::from_secs(5)).await;
+    let opts = ClaimOptions::default();
+    let done = store
+        .claim(&key("done"), &opts)
+        .await
+        .expect("claim")
+        .lease()
+        .cloned()
+        .expect("won");
+    store
+        .complete(&done, b"kept", Duration::from_secs(600))
+        .await
+        .expect("complete");
+    // Duplicates: the store now reads first.
+    for _ in 0..10 {
+        assert!(matches!(
+            store.claim(&key("done"), &opts).await.expect("claim"),
+            ClaimOutcome::Duplicate { outcome, .. } if outcome == b"kept"
+        ));
+    }
+    if server.is_some() {
+        // The only client of this server: the count is the store's.
+        let before = inserts(store.pool()).await;
+        assert!(matches!(
+            store.claim(&key("done"), &opts).await.expect("claim"),
+            ClaimOutcome::Duplicate { .. }
+        ));
+        assert_eq!(
+            inserts(store.pool()).await,
+            before,
+            "a duplicate ran the upsert: claims do not read first"
+        );
+    }
+    let new = key("new");
+    assert!(store
+        .claim(&new, &opts)
+        .await
+        .expect("claim")
+        .lease()
+        .is_some());
+    assert!(matches!(
+        store.claim(&new, &opts).await.expect("claim"),
+        ClaimOutcome::InFlight { .. }
+    ));
+    let now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+    raw(store.pool(), format!(
+        "INSERT INTO `{table}` VALUES ('my', 'lapsed', 0, 'old', NULL, NULL, {now} - 1000, NULL, NULL, 1, {now})"
+    ))
+    .await;
+    match store.claim(&key("lapsed"), &opts).await.expect("claim") {
+        ClaimOutcome::Claimed(lease) => assert_eq!(lease.attempt, 2),
+        other => panic!("an expired lease answered {other:?}"),
+    }
+    let with_id = opts
+        .clone()
+        .with_claim_id(ClaimId::new("delivery-1").expect("id"));
+    let first = store.claim(&key("by-id"), &with_id).await.expect("claim");
+    let again = store.claim(&key("by-id"), &with_id).await.expect("claim");
+    assert_eq!(
+        first.lease().map(|l| l.token.clone()),
+        again.lease().map(|l| l.token.clone()),
+        "the retry with the claim id did not get its lease: {again:?}"
+    );
+    // Racing claims on shared keys from one store (one count) and its clones.
+    let store = Arc::new(store);
+    let wins: Vec<_> = (0..8)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let mut won = Vec::new();
+                for i in 0..40 {
+                    let k = key(&format!("race-{}", i / 2));
+                    if let ClaimOutcome::Claimed(_) =
+                        store.claim(&k, &opts_short()).await.expect("claim")
+                    {
+                        won.push(k.id().to_string());
+                    }
+                }
+                won
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for w in wins {
+        all.extend(w.await.expect("task"));
+    }
+    all.sort();
+    let before = all.len();
+    all.dedup();
+    assert_eq!(before, all.len(), "a key was won twice");
+    assert_eq!(all.len(), 20, "every raced key has a winner");
+}
+
+fn opts_short() -> ClaimOptions {
+    ClaimOptions::new(Duration::from_secs(60))
+}
+
+/// INSERT statements the server has run (an upsert is one), prepared or not.
+async fn inserts(pool: &MySqlPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS
+         WHERE VARIABLE_NAME = 'COM_INSERT'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("Com_insert")
+}
