@@ -16,7 +16,7 @@ use sqlx::mysql::{MySqlArguments, MySqlRow};
 use sqlx::query::Query;
 use sqlx::{Connection, MySql, MySqlConnection, Row};
 
-use crate::codec::{self, Read};
+use crate::codec;
 use crate::error::{is_deadlock, map};
 use crate::sql::{Statements, EXPIRE_BATCH};
 
@@ -133,7 +133,7 @@ impl Ops<'_> {
 
     /// The record under `key`, live or not; in a caller's transaction read
     /// as it is now (`FOR UPDATE`), not as the transaction's snapshot has it.
-    async fn read(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Read>> {
+    async fn read(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Record>> {
         let sql = if self.in_transaction {
             &self.sql.select_locking
         } else {
@@ -143,7 +143,7 @@ impl Ops<'_> {
     }
 
     /// The record under `key`, read without a lock.
-    async fn read_plain(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Read>> {
+    async fn read_plain(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Record>> {
         self.read_with(conn, key, &self.sql.select).await
     }
 
@@ -152,14 +152,17 @@ impl Ops<'_> {
         conn: &mut MySqlConnection,
         key: &Key,
         sql: &str,
-    ) -> Result<Option<Read>> {
+    ) -> Result<Option<Record>> {
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(key.namespace().as_bytes())
             .bind(key.id().as_bytes())
             .fetch_optional(conn)
             .await
             .map_err(|e| self.err(e))?;
-        row.map(|row| codec::read(key, &row, 0)).transpose()
+        Ok(row
+            .map(|row| codec::read(key, &row, 0))
+            .transpose()?
+            .flatten())
     }
 
     /// Runs the upsert of `rows` keys, sending it again after a deadlock
@@ -214,19 +217,17 @@ impl Ops<'_> {
         Ok(())
     }
 
-    /// The answer of a claim sending `token` from the row read back after its
-    /// upsert: `None` when the row was gone or expired by then.
+    /// The answer of a claim sending `token` from the live record read back
+    /// after its upsert: `None` when it was gone or expired by then.
     fn answer(
-        read: Option<Read>,
+        read: Option<Record>,
         token: &str,
         opts: &ClaimOptions,
     ) -> Result<Option<ClaimOutcome>> {
         match read {
-            Some(read) if read.record.token.as_str() == token => {
-                backend::won_claim(read.record).map(Some)
-            }
-            Some(read) if read.live => Ok(Some(backend::losing_claim(read.record, opts))),
-            _ => Ok(None),
+            Some(record) if record.token.as_str() == token => backend::won_claim(record).map(Some),
+            Some(record) => Ok(Some(backend::losing_claim(record, opts))),
+            None => Ok(None),
         }
     }
 
@@ -246,11 +247,9 @@ impl Ops<'_> {
         // transaction ends, and the holder's complete would wait for it.
         let read_first = self.in_transaction || self.first.is_some_and(|f| f.expect_records());
         if read_first {
-            if let Some(read) = self.read_plain(conn, key).await? {
-                if read.live {
-                    self.note(true);
-                    return Ok(backend::losing_claim(read.record, opts));
-                }
+            if let Some(record) = self.read_plain(conn, key).await? {
+                self.note(true);
+                return Ok(backend::losing_claim(record, opts));
             }
         }
         for _ in 0..CLAIM_ROUNDS {
@@ -365,7 +364,10 @@ impl Ops<'_> {
                 key.namespace().as_bytes().to_vec(),
                 key.id().as_bytes().to_vec(),
             ));
-            let read = row.map(|row| codec::read(key, &row, 2)).transpose()?;
+            let read = row
+                .map(|row| codec::read(key, &row, 2))
+                .transpose()?
+                .flatten();
             answers[at] = match Self::answer(read, token, opts)? {
                 Some(answer) => Some(answer),
                 // Expired since the upsert (the read-back is a later
@@ -398,17 +400,12 @@ impl Ops<'_> {
         }
         // The same complete sent again finds its outcome under its token.
         match self.read(conn, &lease.key).await? {
-            Some(Read {
-                record:
-                    Record {
-                        state:
-                            RecordState::Done {
-                                outcome: stored, ..
-                            },
-                        token,
-                        ..
-                    },
-                live: true,
+            Some(Record {
+                state: RecordState::Done {
+                    outcome: stored, ..
+                },
+                token,
+                ..
             }) if token == lease.token && stored == outcome => Ok(()),
             _ => Err(Error::lease_lost(&lease.key)),
         }
@@ -421,7 +418,7 @@ impl Ops<'_> {
             return backend::one_row_changed(changed, &lease.key);
         }
         match self.read(conn, &lease.key).await? {
-            Some(read) if read.live => Err(Error::lease_lost(&lease.key)),
+            Some(_) => Err(Error::lease_lost(&lease.key)),
             // Nothing live holds the key: what release asks for.
             _ => Ok(()),
         }
@@ -439,14 +436,10 @@ impl Ops<'_> {
         let changed = self.fenced(conn, statement, lease).await?;
         backend::one_row_changed(changed, &lease.key)?;
         match self.read(conn, &lease.key).await? {
-            Some(Read {
-                record:
-                    Record {
-                        state: RecordState::InFlight { lease_deadline },
-                        token,
-                        attempts,
-                        ..
-                    },
+            Some(Record {
+                state: RecordState::InFlight { lease_deadline },
+                token,
+                attempts,
                 ..
             }) if token == lease.token => Ok(Lease {
                 deadline: lease_deadline,
@@ -477,11 +470,7 @@ impl Ops<'_> {
         conn: &mut MySqlConnection,
         key: &Key,
     ) -> Result<Option<Record>> {
-        Ok(self
-            .read(conn, key)
-            .await?
-            .filter(|read| read.live)
-            .map(|read| read.record))
+        self.read(conn, key).await
     }
 
     /// Removes the record it read, by that record's token, and answers

@@ -1190,6 +1190,16 @@ async fn claims_read_first_while_they_meet_records() {
         ClaimOutcome::Claimed(lease) => assert_eq!(lease.attempt, 2),
         other => panic!("an expired lease answered {other:?}"),
     }
+    // An expired record is absent whatever its other columns hold (rule 5):
+    // the read does not decode it, the upsert takes it over.
+    raw(store.pool(), format!(
+        "INSERT INTO `{table}` VALUES ('my', 'lapsed-bad', 7, '', NULL, NULL, {now} - 1000, NULL, NULL, 0, {now})"
+    ))
+    .await;
+    assert!(matches!(
+        store.claim(&key("lapsed-bad"), &opts).await,
+        Ok(ClaimOutcome::Claimed(_))
+    ));
     let with_id = opts
         .clone()
         .with_claim_id(ClaimId::new("delivery-1").expect("id"));
@@ -1243,4 +1253,45 @@ async fn inserts(pool: &MySqlPool) -> i64 {
     .fetch_one(pool)
     .await
     .expect("Com_insert")
+}
+
+/// Tasks calling in a tight loop on a store keeping both connections of its
+/// pool: a finished call hands its connection to the caller that waited
+/// longest, so no caller waits out the timeout while others loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_in_a_loop_are_served_in_turn() {
+    let (_server, url) = support::mysql_server();
+    let timeout = Duration::from_millis(400);
+    let pool = MySqlStore::connect_pool(&url, 1, timeout)
+        .await
+        .expect("pool");
+    let store = MySqlStore::builder(pool)
+        .table(support::unique_schema("turns"))
+        .timeout(timeout)
+        .keep_connections(1)
+        .build()
+        .expect("store");
+    store.migrate().await.expect("migrate");
+    let store = Arc::new(store);
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                for i in 0..100 {
+                    let k = key(&format!("loop-{t}-{}", i % 3));
+                    let answer = store
+                        .claim(&k, &ClaimOptions::new(Duration::from_secs(60)))
+                        .await
+                        .unwrap_or_else(|e| panic!("task {t} call {i}: {e}"));
+                    assert!(
+                        !matches!(answer, ClaimOutcome::Mismatch { .. }),
+                        "{answer:?}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("every caller is served in time");
+    }
 }
