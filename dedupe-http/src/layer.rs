@@ -563,88 +563,78 @@ where
             // Read whole: it is sent as it is, and not kept.
             LargeResponse::PassAndRelease => usize::MAX,
         };
-        let bytes = match Limited::new(body, limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) => {
-                let (kind, detail) = if e.is::<http_body_util::LengthLimitError>() {
-                    (
-                        Problem::ResponseTooLarge,
-                        format!(
-                            "the handler ran, and its response is over the {} bytes kept for \
-                             retries; it was not sent, and a retry answers this again",
-                            this.max_response_bytes
-                        ),
-                    )
-                } else {
-                    (
-                        Problem::HandlerPanicked,
-                        format!(
-                            "the handler ran, and its response body failed ({e}); a retry \
-                             answers this again"
-                        ),
-                    )
-                };
-                // The handler's work is done: the problem is what the key
-                // answers from now on, so it never runs twice.
-                let problem = kind.stored(&detail, None);
-                return (
-                    Ran::Respond(problem.clone().into_response()),
-                    Settle::Complete {
-                        outcome: problem.encode(),
-                        retention: this.retention,
-                    },
-                );
-            }
-        };
-        if bytes.len() > this.max_response_bytes {
-            // PassAndRelease: sent, not kept.
-            return (
-                Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
-                Settle::Release,
-            );
-        }
-        let outcome = StoredResponse::from_parts(
-            head.status,
-            &head.headers,
-            bytes.clone(),
-            &this.never_replayed,
-        )
-        .encode();
-        // The body fits, but the store must keep the headers too: a
-        // completion over its limit is refused, and the claim would be left
-        // in flight until its lease passed, then run again.
-        let kept = this.deduper.store().capabilities().max_outcome_bytes;
-        if outcome.len() > kept {
-            if let LargeResponse::PassAndRelease = this.large_response {
-                return (
-                    Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
-                    Settle::Release,
-                );
-            }
-            let problem = Problem::ResponseTooLarge.stored(
-                &format!(
-                    "the handler ran, and its response with its headers is {} bytes, over the \
-                     {kept} bytes the store keeps; it was not sent, and a retry answers this \
-                     again",
-                    outcome.len()
-                ),
-                None,
-            );
-            return (
+        // The handler's work is done: a problem kept in its response's place
+        // is what the key answers from now on, so it never runs twice.
+        let kept_problem = |kind: Problem, detail: String| {
+            let problem = kind.stored(&detail, None);
+            (
                 Ran::Respond(problem.clone().into_response()),
                 Settle::Complete {
                     outcome: problem.encode(),
                     retention: this.retention,
                 },
-            );
+            )
+        };
+        let bytes = match Limited::new(body, limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return kept_problem(
+                    Problem::ResponseTooLarge,
+                    format!(
+                        "the handler ran, and its response is over the {} bytes kept for \
+                         retries; it was not sent, and a retry answers this again",
+                        this.max_response_bytes
+                    ),
+                )
+            }
+            Err(e) => {
+                return kept_problem(
+                    Problem::HandlerPanicked,
+                    format!(
+                        "the handler ran, and its response body failed ({e}); a retry \
+                         answers this again"
+                    ),
+                )
+            }
+        };
+        // Kept when the body is within the layer's limit (PassAndRelease read
+        // it whole) and the response with its headers within the store's: a
+        // completion over the store's limit is refused, and the claim would
+        // be left in flight until its lease passed, then run again.
+        let store_limit = this.deduper.store().capabilities().max_outcome_bytes;
+        let outcome = (bytes.len() <= this.max_response_bytes)
+            .then(|| {
+                StoredResponse::from_parts(
+                    head.status,
+                    &head.headers,
+                    bytes.clone(),
+                    &this.never_replayed,
+                )
+                .encode()
+            })
+            .filter(|outcome| outcome.len() <= store_limit);
+        match (outcome, &this.large_response) {
+            (Some(outcome), _) => (
+                Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
+                Settle::Complete {
+                    outcome,
+                    retention: this.retention,
+                },
+            ),
+            // Sent, not kept.
+            (None, LargeResponse::PassAndRelease) => (
+                Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
+                Settle::Release,
+            ),
+            (None, LargeResponse::Refuse) => kept_problem(
+                Problem::ResponseTooLarge,
+                format!(
+                    "the handler ran, and its response with its headers is over the \
+                     {store_limit} bytes the store keeps; it was not sent, and a retry answers \
+                     this again"
+                ),
+            ),
         }
-        (
-            Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
-            Settle::Complete {
-                outcome,
-                retention: this.retention,
-            },
-        )
     };
     let held = deduper.clone();
     let task = match deduper.spawn(async move { held.hold(lease, work).await }) {

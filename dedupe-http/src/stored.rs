@@ -10,13 +10,14 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 const MAGIC: &[u8] = b"dh1";
 
-/// The headers never kept for a replay: hop-by-hop headers (these, and
-/// `Keep-Alive`, `Proxy-Connection` and whatever a response's `Connection`
-/// names, RFC 9110 section 7.6.1), the framing
+/// The headers never kept for a replay: hop-by-hop headers (and whatever a
+/// response's `Connection` names, RFC 9110 section 7.6.1), the framing
 /// (recomputed), the date (a replay is sent now), and cookies (a replay must
 /// not hand a first caller's session to whoever retries).
-pub const NEVER_REPLAYED: &[HeaderName] = &[
+pub static NEVER_REPLAYED: [HeaderName; 12] = [
     http::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
     http::header::TRANSFER_ENCODING,
     http::header::TE,
     http::header::TRAILER,
@@ -209,6 +210,24 @@ impl StoredResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hop-by-hop fields are not kept: the listed ones, and those the
+    /// response's `Connection` names.
+    #[test]
+    fn hop_by_hop_fields_are_not_kept() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            http::header::CONNECTION,
+            HeaderValue::from_static("x-hop, close"),
+        );
+        headers.append("x-hop", HeaderValue::from_static("1"));
+        headers.append("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.append("proxy-connection", HeaderValue::from_static("keep-alive"));
+        headers.append("x-end", HeaderValue::from_static("2"));
+        let stored = StoredResponse::from_parts(StatusCode::OK, &headers, Bytes::new(), &[]);
+        let kept: Vec<&str> = stored.headers().keys().map(|n| n.as_str()).collect();
+        assert_eq!(kept, ["x-end"]);
+    }
 
     #[test]
     fn round_trip_and_corruption() {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use dedupe_core::backend::{
-    self, check_batch, check_ttl, duration_millis, new_token, new_tokens, BatchKeys,
+    self, check_batch, check_ttl, duration_millis, new_token, new_tokens, BatchKeys, FirstStatement,
 };
 use dedupe_core::{
     Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
@@ -44,40 +44,17 @@ impl From<Error> for TxError {
     }
 }
 
-/// Whether a claim on the store's own connections reads the key first: a
-/// count, shared by the store's clones, of whether recent claims met a
-/// record already there (0 to 8: one up for a claim that met one, one down
-/// for one that did not). While most did (a retry storm, a redelivered
-/// backlog), a claim first runs a plain `SELECT`, and a live record answers
-/// it in that one round trip, locking and writing nothing; the upsert and
-/// its read-back run only for a key with no live record. While most claims
-/// are of new keys, the upsert goes first. Either way the upsert decides
-/// every win on its own. Measured with `dedupe bench` on MariaDB 10.11
-/// (README): duplicates from 1 / 16 / 64 tasks 4,767 / 17,981 / 19,944 a
-/// second upsert-first, 7,558 / 43,576 / 40,158 reading first; claims of new
-/// keys unchanged (0.40 / 0.37 / 0.31 of raw, against 0.42 / 0.36 / 0.32).
-#[derive(Debug, Default)]
-pub(crate) struct FirstStatement(std::sync::atomic::AtomicU8);
-
-impl FirstStatement {
-    const LIMIT: u8 = 8;
-
-    /// Whether the next claim should read first.
-    pub(crate) fn expect_records(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) > Self::LIMIT / 2
-    }
-
-    pub(crate) fn note(&self, had_record: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
-            Some(if had_record {
-                n.saturating_add(1).min(Self::LIMIT)
-            } else {
-                n.saturating_sub(1)
-            })
-        });
-    }
-}
+// Whether a claim on the store's own connections reads the key first
+// (`dedupe_core::backend::FirstStatement` counts whether recent claims met
+// a record already there). While most did (a retry storm, a redelivered
+// backlog), a claim first runs a plain `SELECT`, and a live record answers
+// it in that one round trip, locking and writing nothing; the upsert and
+// its read-back run only for a key with no live record. While most claims
+// are of new keys, the upsert goes first. Either way the upsert decides
+// every win on its own. Measured with `dedupe bench` on MariaDB 10.11
+// (README): duplicates from 1 / 16 / 64 tasks 4,767 / 17,981 / 19,944 a
+// second upsert-first, 7,558 / 43,576 / 40,158 reading first; claims of new
+// keys unchanged (0.40 / 0.37 / 0.31 of raw, against 0.42 / 0.36 / 0.32).
 
 /// The statements of one store with its error mapping and limits.
 #[derive(Debug, Clone, Copy)]

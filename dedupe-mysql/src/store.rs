@@ -14,8 +14,9 @@ use sqlx::{Executor, MySqlConnection, MySqlPool};
 
 use crate::builder::MySqlBuilder;
 use crate::conn::{Checkout, Kept};
-use crate::ops::{FirstStatement, Ops};
+use crate::ops::Ops;
 use crate::sql::Statements;
+use dedupe_core::backend::FirstStatement;
 
 /// Room for a completion's statement besides its outcome: the text, the key
 /// (576 bytes at most), the token and the packet headers.

@@ -20,54 +20,31 @@ use sqlx::{PgConnection, Postgres, Row};
 use crate::codec::decode_record;
 use crate::sql::{text, Sql, Statements, EXPIRE_BATCH};
 
-/// Which statement a claim on the store's own connections runs first
-/// ([`Ops::claim_new_first`] or [`Ops::claim_read_first`]), picked by whether
-/// the store's recent claims met records already there (duplicates, claims in
-/// flight, expired leases to take over). Both ways decide the same claim by the same
-/// statements; they differ in cost, and in one wait (below):
-/// - a key with no record costs least as the bare insert (`ON CONFLICT DO
-///   NOTHING`, the raw driver's own statement), and a key with a record then
-///   takes a second statement;
-/// - a key with a live record costs least as a plain `SELECT` of it, which
-///   answers the claim; a key with none then takes the deciding statement.
-///
-/// So while most recent claims were of new keys (the usual traffic) a claim
-/// tries the insert first, and while most met records (a retry storm, a
-/// redelivered backlog) it reads first. A counter from 0 to [`FirstStatement::LIMIT`],
-/// one up for a claim that met a record and one down for one that did not.
-///
-/// It earns its lines on the VM's disk as on tmpfs: store/raw at 1 / 16 / 64
-/// tasks, claims 1.04 / 0.92 / 0.95 against 0.85 / 0.90 / 0.57 with every
-/// claim pinned to the deciding statement, duplicates 0.84 / 0.78 / 0.84
-/// against 0.67 / 0.46 / 0.37 (`dedupe bench --repeat 3`, 2026-12-02; the
-/// crate README has the rest).
-///
-/// The wait: the bare insert's conflict check waits for a transaction that is
-/// changing the key's row right now (a `complete_in` inside a long business
-/// transaction), up to the statement timeout, where a read answers InFlight
-/// from its snapshot.
-#[derive(Debug, Default)]
-pub(crate) struct FirstStatement(std::sync::atomic::AtomicU8);
-
-impl FirstStatement {
-    const LIMIT: u8 = 8;
-
-    /// Whether the next claim should read first.
-    pub(crate) fn expect_records(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) > Self::LIMIT / 2
-    }
-
-    pub(crate) fn note(&self, had_record: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let _ = self.0.fetch_update(Relaxed, Relaxed, |n| {
-            Some(if had_record {
-                n.saturating_add(1).min(Self::LIMIT)
-            } else {
-                n.saturating_sub(1)
-            })
-        });
-    }
-}
+// Which statement a claim on the store's own connections runs first
+// (`Ops::claim_new_first` or `Ops::claim_read_first`), picked by whether
+// the store's recent claims met records already there (duplicates, claims in
+// flight, expired leases to take over). Both ways decide the same claim by the same
+// statements; they differ in cost, and in one wait (below):
+// - a key with no record costs least as the bare insert (`ON CONFLICT DO
+//   NOTHING`, the raw driver's own statement), and a key with a record then
+//   takes a second statement;
+// - a key with a live record costs least as a plain `SELECT` of it, which
+//   answers the claim; a key with none then takes the deciding statement.
+//
+// So while most recent claims were of new keys (the usual traffic) a claim
+// tries the insert first, and while most met records (a retry storm, a
+// redelivered backlog) it reads first: `dedupe_core::backend::FirstStatement` counts which.
+//
+// It earns its lines on the VM's disk as on tmpfs: store/raw at 1 / 16 / 64
+// tasks, claims 1.04 / 0.92 / 0.95 against 0.85 / 0.90 / 0.57 with every
+// claim pinned to the deciding statement, duplicates 0.84 / 0.78 / 0.84
+// against 0.67 / 0.46 / 0.37 (`dedupe bench --repeat 3`, 2026-12-02; the
+// crate README has the rest).
+//
+// The wait: the bare insert's conflict check waits for a transaction that is
+// changing the key's row right now (a `complete_in` inside a long business
+// transaction), up to the statement timeout, where a read answers InFlight
+// from its snapshot.
 
 /// The statements of one store with its error mapping and limits.
 #[derive(Debug, Clone, Copy)]
@@ -602,41 +579,5 @@ impl Ops<'_> {
         let (pending, running, failed, dead, oldest) =
             read().map_err(|e| Error::backend(format!("undecodable counts: {e}"), false, None))?;
         Ok(stored_counts(pending, running, failed, dead, oldest))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::FirstStatement;
-
-    /// A handle starts out expecting new keys, turns to reading first once
-    /// most recent claims met records, and back once they stop; the count
-    /// saturates, so a long storm is forgotten within a few claims.
-    #[test]
-    fn recent_claims_pick_the_first_statement() {
-        let seen = FirstStatement::default();
-        assert!(!seen.expect_records(), "a new handle expects new keys");
-        for _ in 0..FirstStatement::LIMIT / 2 {
-            seen.note(true);
-        }
-        assert!(!seen.expect_records(), "half of the count is not most");
-        seen.note(true);
-        assert!(seen.expect_records(), "most recent claims met records");
-        for _ in 0..1000 {
-            seen.note(true);
-        }
-        for _ in 0..FirstStatement::LIMIT / 2 {
-            seen.note(false);
-        }
-        assert!(
-            !seen.expect_records(),
-            "a storm of 1,000 is forgotten after {} new keys",
-            FirstStatement::LIMIT / 2
-        );
-        for _ in 0..1000 {
-            seen.note(false);
-        }
-        seen.note(true);
-        assert!(!seen.expect_records());
     }
 }

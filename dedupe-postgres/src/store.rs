@@ -16,8 +16,9 @@ use sqlx::{PgConnection, PgPool};
 
 pub use crate::builder::PgBuilder;
 use crate::conn::{Checkout, Held};
-use crate::ops::{FirstStatement, Ops};
+use crate::ops::Ops;
 use crate::sql::{Statements, EXPIRE_BATCH, EXPIRE_PAGES};
+use dedupe_core::backend::FirstStatement;
 
 /// The Postgres store: records in one table, every decision made by single
 /// statements on the server, with the server's clock.

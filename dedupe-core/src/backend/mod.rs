@@ -16,7 +16,9 @@
 //!   `InFlight`, `Duplicate`, `Mismatch` or a re-entrant `Claimed`;
 //!   [`one_row_changed`] turns a conditional write's count into `Ok` or `LeaseLost`;
 //! - **batches**: [`BatchKeys`] sends each distinct key of a `claim_many` to the
-//!   store once and answers repeats inside the batch as the contract says.
+//!   store once and answers repeats inside the batch as the contract says;
+//! - **claim modes**: [`FirstStatement`] counts whether a store's recent claims
+//!   met records, for a store that picks its first statement by that.
 //!
 //! ```
 //! use std::time::Duration;
@@ -42,6 +44,7 @@
 //! ```
 
 mod batch;
+mod first;
 mod item;
 mod stored;
 
@@ -49,6 +52,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use crate::claim::{check_batch, check_ttl};
 pub use batch::BatchKeys;
+pub use first::FirstStatement;
 pub use item::{status_code, stored_counts, taken_item, StoredItem};
 pub use stored::{check_identifier, StoredRecord};
 
