@@ -214,21 +214,37 @@ pub struct Deduper {
     retention: Retention,
     on_failure: OnFailure,
     heartbeat: bool,
-    max_work_time: Option<Duration>,
+    max_work_time: Duration,
     tasks: Arc<Tasks>,
 }
 
 impl Deduper {
+    /// Default lease of a claim: longer than a webhook provider waits for an
+    /// answer. The heartbeat extends a running claim every third of it, so
+    /// this bounds how long a crashed process holds a key, not how long work
+    /// may run.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+    /// Default bound on the work's run. The heartbeat keeps a running
+    /// claim, so without a bound work hung on a call with no timeout would
+    /// hold its key (every copy answered in flight) for as long as the
+    /// process lives. Ten minutes is far past any provider's wait.
+    pub const DEFAULT_MAX_WORK_TIME: Duration = Duration::from_secs(600);
+
     /// A helper over `store` (any store, an `Arc` of one included) with the
-    /// default lease, retention and failure policy.
+    /// default policy: a lease of [`DEFAULT_LEASE`](Self::DEFAULT_LEASE)
+    /// kept alive by the heartbeat, work bounded by
+    /// [`DEFAULT_MAX_WORK_TIME`](Self::DEFAULT_MAX_WORK_TIME), done records
+    /// kept for [`Retention::default`], failures released. Every front door
+    /// (the webhook receiver, the `Idempotency-Key` layer, the inbox worker)
+    /// takes its lifecycle from a `Deduper`, so these are theirs too.
     pub fn new<S: DedupeStore>(store: S) -> Self {
         Self {
             store: Arc::new(TracedStore::new(store)),
-            lease_ttl: ClaimOptions::DEFAULT_LEASE_TTL,
+            lease_ttl: Self::DEFAULT_LEASE,
             retention: Retention::default(),
             on_failure: OnFailure::default(),
-            heartbeat: false,
-            max_work_time: None,
+            heartbeat: true,
+            max_work_time: Self::DEFAULT_MAX_WORK_TIME,
             tasks: Arc::default(),
         }
     }
@@ -257,9 +273,7 @@ impl Deduper {
     /// ```
     pub fn validate(&self) -> Result<(), Error> {
         check_ttl("lease ttl", self.lease_ttl)?;
-        if let Some(limit) = self.max_work_time {
-            check_ttl("max work time", limit)?;
-        }
+        check_ttl("max work time", self.max_work_time)?;
         Ok(())
     }
 
@@ -275,12 +289,13 @@ impl Deduper {
         self
     }
 
-    /// Keeps the lease alive while the work runs: every third of the lease TTL it
-    /// is extended by a full TTL, so work longer than the lease is not taken over.
-    /// The extension runs beside the work, which goes on meanwhile. Off by
-    /// default: a heartbeat also keeps a hung worker's lease alive for as long
-    /// as its process lives (bound it with
-    /// [`with_max_work_time`](Self::with_max_work_time)). If an extension finds
+    /// Whether the lease is kept alive while the work runs (on by default):
+    /// every third of the lease TTL it is extended by a full TTL, so work
+    /// longer than the lease is not taken over. The extension runs beside
+    /// the work, which goes on meanwhile. The work is bounded either way
+    /// ([`with_max_work_time`](Self::with_max_work_time)), so a hung worker
+    /// never holds its key for longer than the bound. Off, work longer than
+    /// the lease is taken over by the next delivery. If an extension finds
     /// the lease lost, the work goes on and its completion reports
     /// [`HandleError::NotRecorded`].
     pub fn with_heartbeat(mut self, on: bool) -> Self {
@@ -288,13 +303,37 @@ impl Deduper {
         self
     }
 
-    /// Bounds how long the work may run: past `limit` it is dropped, its claim
-    /// released (the next delivery runs it again), and the run answers
-    /// [`HandleError::TimedOut`]; this is logged at `ERROR` and counted
-    /// (`dedupe_work_total{outcome="timed_out"}`). Unbounded by default.
+    /// Bounds how long the work may run (default
+    /// [`DEFAULT_MAX_WORK_TIME`](Self::DEFAULT_MAX_WORK_TIME), 10 minutes):
+    /// past `limit` it is dropped, its claim released (the next delivery
+    /// runs it again), and the run answers [`HandleError::TimedOut`]; this
+    /// is logged at `ERROR` and counted
+    /// (`dedupe_work_total{outcome="timed_out"}`). A limit outside
+    /// [`MIN_TTL`](crate::MIN_TTL)`..=`[`MAX_TTL`](crate::MAX_TTL) is
+    /// reported by [`validate`](Self::validate).
     pub fn with_max_work_time(mut self, limit: Duration) -> Self {
-        self.max_work_time = Some(limit);
+        self.max_work_time = limit;
         self
+    }
+
+    /// The bound on the work's run.
+    pub fn max_work_time(&self) -> Duration {
+        self.max_work_time
+    }
+
+    /// Whether the heartbeat is on.
+    pub fn heartbeat(&self) -> bool {
+        self.heartbeat
+    }
+
+    /// How long done records are kept.
+    pub fn retention(&self) -> &Retention {
+        &self.retention
+    }
+
+    /// What happens to the claim when the work fails.
+    pub fn on_failure(&self) -> OnFailure {
+        self.on_failure
     }
 
     /// The store underneath, behind its [`TracedStore`].
@@ -351,6 +390,7 @@ impl Deduper {
         E: fmt::Display + Send + 'static,
     {
         opts.validate().map_err(HandleError::Store)?;
+        check_ttl("max work time", self.max_work_time).map_err(HandleError::Store)?;
         let this = self.clone();
         let key = key.clone();
         let task = self
@@ -403,12 +443,23 @@ impl Deduper {
     }
 
     fn holder(&self, ttl: Duration) -> Holder {
+        self.holder_on(Arc::clone(&self.store), ttl)
+    }
+
+    /// This deduper's lifecycle policy over another handle of the store (the
+    /// inbox worker's, which settles items through its inbox).
+    pub(crate) fn holder_on(&self, store: Arc<dyn DedupeStore>, ttl: Duration) -> Holder {
         Holder {
-            store: Arc::clone(&self.store),
+            store,
             ttl,
             heartbeat: self.heartbeat,
             max_time: self.max_work_time,
         }
+    }
+
+    /// The running tasks this deduper and its clones share.
+    pub(crate) fn tasks(&self) -> &Tasks {
+        &self.tasks
     }
 
     /// The run's task: claim, hold the work, and say what happened (a panic

@@ -11,10 +11,11 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::claim::Lease;
+use crate::deduper::Deduper;
 use crate::error::{Error, Result};
 use crate::inbox::{Inbox, Retry, Taken, MAX_TAKE};
 use crate::store::DedupeStore;
-use crate::work::{Drained, Holder, Settle, Tasks};
+use crate::work::{Drained, Settle};
 
 /// The retry delays of failed items: `first`, doubling per attempt, at most
 /// `max`, each drawn between half and all of that (jitter, so that items that
@@ -59,26 +60,32 @@ impl Backoff {
 /// Runs a handler over the due items of one namespace of an [`Inbox`], in
 /// any number of processes at once (each item is leased to one of them).
 ///
-/// Each item runs in a task of its own under its lease, extended beside it
-/// (a heartbeat every third of the lease). A handler that returns `Ok`
-/// completes the item with its outcome (a done record, kept for the
-/// retention); one that returns `Err` fails it: due again after the
+/// The lifecycle of each item is its [`Deduper`]'s, as for every front door:
+/// the item runs in a task of the deduper under its lease (the deduper's
+/// lease TTL), extended beside it by the heartbeat, and bounded by the
+/// deduper's [`max_work_time`](Deduper::with_max_work_time) (10 minutes by
+/// default): a handler hung past it is dropped and its item given back, due
+/// again, for the next take. A handler that returns `Ok` completes the item
+/// with its outcome (a done record, kept for the deduper's retention of the
+/// namespace); one that returns `Err` fails it: due again after the
 /// [`Backoff`], or dead when it fails at attempt `max_attempts` or later (so
 /// a replayed dead item gets one more run). A panic gives the item back (due
 /// again, the attempt counted); a worker that dies mid-item leaves it to be
 /// taken over at its lease's end (counted). Attempts that end without a
-/// failure (panics, dead workers) do not make an item dead: a handler that
-/// kills its process is retried until an operator forgets the item (watch
-/// `attempts` in `list`).
+/// failure (panics, dead workers, the time bound) do not make an item dead:
+/// a handler that kills its process is retried until an operator forgets
+/// the item (watch `attempts` in `list`).
 ///
 /// ```
 /// use std::time::Duration;
-/// use dedupe_core::{inbox_worker::InboxWorker, Inbox, Key, MemoryStore};
+/// use dedupe_core::{Deduper, Inbox, InboxWorker, Key, MemoryStore};
 ///
 /// # tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("in the test").block_on(async {
 /// let inbox = MemoryStore::new();
 /// inbox.accept(&Key::new("stripe", "evt_1")?, b"{}").await?;
-/// let worker = InboxWorker::new(inbox.clone(), "stripe").with_poll_interval(Duration::from_millis(10));
+/// let deduper = Deduper::new(inbox.clone());
+/// let worker = InboxWorker::new(&deduper, inbox.clone(), "stripe")
+///     .with_poll_interval(Duration::from_millis(10));
 /// let running = tokio::spawn({
 ///     let worker = worker.clone();
 ///     async move {
@@ -94,113 +101,72 @@ impl Backoff {
 /// running.await.expect("in the test")?;
 /// # Ok::<(), dedupe_core::Error>(()) }).expect("in the test");
 /// ```
+///
+/// Clones share the deduper's running tasks and the worker's stop signal;
+/// a setting changed on a clone is that clone's.
 #[derive(Debug, Clone)]
 pub struct InboxWorker {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
+    deduper: Deduper,
     inbox: Arc<dyn Inbox>,
     namespace: String,
-    lease: Duration,
     max_attempts: u32,
     backoff: Backoff,
     concurrency: usize,
-    retention: Duration,
     poll: Duration,
-    tasks: Tasks,
     stop: CancellationToken,
 }
 
 impl InboxWorker {
-    /// Default lease of a taken item.
-    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
     /// Default attempts before an item is dead.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
     /// Default items run at once by one worker.
     pub const DEFAULT_CONCURRENCY: usize = 8;
-    /// Default retention of a completed item (35 days, as claims).
-    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(35 * 24 * 3600);
 
-    /// A worker over `namespace` of `inbox`, with the defaults.
-    pub fn new<I: Inbox + 'static>(inbox: I, namespace: impl Into<String>) -> Self {
-        Self::on(Arc::new(inbox), namespace)
-    }
-
-    /// A worker on an inbox the caller already shares. Its calls go through
-    /// a [`TracedStore`](crate::TracedStore): each is a span and a metric.
-    pub fn on(inbox: Arc<dyn Inbox>, namespace: impl Into<String>) -> Self {
+    /// A worker over `namespace` of `inbox` (any inbox, an `Arc` of one
+    /// included), with its lifecycle from `deduper` (lease, heartbeat, time
+    /// bound, retention, and the tasks [`Deduper::shutdown`] drains) and the
+    /// defaults above. The inbox's calls go through a
+    /// [`TracedStore`](crate::TracedStore): each is a span and a metric.
+    pub fn new<I: Inbox + 'static>(
+        deduper: &Deduper,
+        inbox: I,
+        namespace: impl Into<String>,
+    ) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                inbox: Arc::new(crate::TracedStore::new(inbox)),
-                namespace: namespace.into(),
-                lease: Self::DEFAULT_LEASE,
-                max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
-                backoff: Backoff::default(),
-                concurrency: Self::DEFAULT_CONCURRENCY,
-                retention: Self::DEFAULT_RETENTION,
-                poll: Duration::from_millis(250),
-                tasks: Tasks::default(),
-                stop: CancellationToken::new(),
-            }),
+            deduper: deduper.clone(),
+            inbox: Arc::new(crate::TracedStore::new(inbox)),
+            namespace: namespace.into(),
+            max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            concurrency: Self::DEFAULT_CONCURRENCY,
+            poll: Duration::from_millis(250),
+            stop: CancellationToken::new(),
         }
-    }
-
-    /// Changes a setting. A worker already cloned becomes a worker of its
-    /// own (its settings copied, its tasks and shutdown its own), so the
-    /// change is never lost.
-    fn with(mut self, change: impl FnOnce(&mut Inner)) -> Self {
-        if Arc::get_mut(&mut self.inner).is_none() {
-            let shared = &self.inner;
-            self.inner = Arc::new(Inner {
-                inbox: Arc::clone(&shared.inbox),
-                namespace: shared.namespace.clone(),
-                lease: shared.lease,
-                max_attempts: shared.max_attempts,
-                backoff: shared.backoff,
-                concurrency: shared.concurrency,
-                retention: shared.retention,
-                poll: shared.poll,
-                tasks: Tasks::default(),
-                stop: CancellationToken::new(),
-            });
-        }
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            change(inner);
-        }
-        self
-    }
-
-    /// The lease of each taken item (default 60 s), extended beside the work.
-    pub fn with_lease(self, lease: Duration) -> Self {
-        self.with(|i| i.lease = lease)
     }
 
     /// Attempts before an item is dead (default 8, at least 1).
-    pub fn with_max_attempts(self, attempts: u32) -> Self {
-        self.with(|i| i.max_attempts = attempts.max(1))
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
     }
 
     /// The retry delays (default 1 s doubling to 10 minutes).
-    pub fn with_backoff(self, backoff: Backoff) -> Self {
-        self.with(|i| i.backoff = backoff)
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
     }
 
     /// Items run at once (default 8, at least 1).
-    pub fn with_concurrency(self, items: usize) -> Self {
-        self.with(|i| i.concurrency = items.max(1))
-    }
-
-    /// How long a completed item answers duplicates (default 35 days).
-    pub fn with_retention(self, retention: Duration) -> Self {
-        self.with(|i| i.retention = retention)
+    pub fn with_concurrency(mut self, items: usize) -> Self {
+        self.concurrency = items.max(1);
+        self
     }
 
     /// How long the worker waits before looking again when nothing was due
     /// (default 250 ms).
-    pub fn with_poll_interval(self, poll: Duration) -> Self {
-        self.with(|i| i.poll = poll)
+    pub fn with_poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
     }
 
     /// Takes and runs due items until [`shutdown`](Self::shutdown). Errors
@@ -213,14 +179,14 @@ impl InboxWorker {
         Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send + 'static,
         E: Display + Send + 'static,
     {
-        let inner = &self.inner;
-        crate::claim::check_ttl("lease ttl", inner.lease)?;
+        self.deduper.validate()?;
+        let lease_ttl = self.deduper.lease_ttl();
         let handler = Arc::new(handler);
-        let slots = Arc::new(Semaphore::new(inner.concurrency));
+        let slots = Arc::new(Semaphore::new(self.concurrency));
         loop {
             let free = tokio::select! {
                 biased;
-                () = inner.stop.cancelled() => return Ok(()),
+                () = self.stop.cancelled() => return Ok(()),
                 permit = Arc::clone(&slots).acquire_owned() => match permit {
                     Ok(permit) => {
                         // One slot is ours; take as many items as slots are free.
@@ -232,12 +198,12 @@ impl InboxWorker {
             };
             let (first, extra) = free;
             let want = (1 + extra).min(MAX_TAKE);
-            let taken = match inner.inbox.take(&inner.namespace, want, inner.lease).await {
+            let taken = match self.inbox.take(&self.namespace, want, lease_ttl).await {
                 Ok(taken) => taken,
                 // A corrupt item is the store's to report, not a reason to stop
                 // working the namespace's other items.
                 Err(e) if e.is_retryable() || matches!(e, Error::CorruptRecord { .. }) => {
-                    tracing::warn!(namespace = %inner.namespace, error = %e, "take failed; trying again");
+                    tracing::warn!(namespace = %self.namespace, error = %e, "take failed; trying again");
                     drop(first);
                     self.pause().await;
                     continue;
@@ -264,7 +230,7 @@ impl InboxWorker {
                 };
                 let lease = item.lease.clone();
                 let (this, handler) = (self.clone(), Arc::clone(&handler));
-                let spawned = inner.tasks.spawn(async move {
+                let spawned = self.deduper.spawn(async move {
                     this.process(&*handler, item).await;
                     drop(permit);
                 });
@@ -272,7 +238,7 @@ impl InboxWorker {
                     // Shutdown began while the take was on its way: give the
                     // item back at once, due now, rather than hold it for
                     // its whole lease unrun.
-                    if let Err(e) = inner.inbox.release(&lease).await {
+                    if let Err(e) = self.inbox.release(&lease).await {
                         tracing::warn!(key = %lease.key, error = %e, "an item taken as shutdown began could not be given back; it is due again when its lease passes");
                     }
                 }
@@ -283,8 +249,8 @@ impl InboxWorker {
     /// Waits the poll interval, or less if shutdown begins.
     async fn pause(&self) {
         tokio::select! {
-            () = tokio::time::sleep(self.inner.poll) => {}
-            () = self.inner.stop.cancelled() => {}
+            () = tokio::time::sleep(self.poll) => {}
+            () = self.stop.cancelled() => {}
         }
     }
 
@@ -295,31 +261,20 @@ impl InboxWorker {
         Fut: Future<Output = std::result::Result<Vec<u8>, E>>,
         E: Display,
     {
-        let inner = &self.inner;
         let lease = item.lease.clone();
         let attempt = lease.attempt;
-        let store: Arc<dyn DedupeStore> = Arc::clone(&inner.inbox) as Arc<dyn DedupeStore>;
-        let holder = Holder {
-            store,
-            ttl: inner.lease,
-            heartbeat: true,
-            max_time: None,
-        };
+        let store: Arc<dyn DedupeStore> = Arc::clone(&self.inbox) as Arc<dyn DedupeStore>;
+        let holder = self.deduper.holder_on(store, self.deduper.lease_ttl());
+        let retention = self.deduper.retention().for_namespace(&self.namespace);
         let span = tracing::info_span!("dedupe.inbox.item", key = %lease.key, attempt);
         let work = async {
             match handler(item).await {
-                Ok(outcome) => (
-                    (),
-                    Settle::Complete {
-                        outcome,
-                        retention: inner.retention,
-                    },
-                ),
+                Ok(outcome) => ((), Settle::Complete { outcome, retention }),
                 Err(e) => {
-                    let retry = if attempt >= inner.max_attempts {
+                    let retry = if attempt >= self.max_attempts {
                         Retry::Dead
                     } else {
-                        Retry::After(inner.backoff.delay(attempt))
+                        Retry::After(self.backoff.delay(attempt))
                     };
                     self.fail(&lease, &e.to_string(), retry).await;
                     ((), Settle::Settled)
@@ -328,13 +283,13 @@ impl InboxWorker {
         };
         use tracing::Instrument;
         let _worked = holder
-            .hold(&inner.tasks, lease.clone(), work)
+            .hold(self.deduper.tasks(), lease.clone(), work)
             .instrument(span)
             .await;
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) {
-        match self.inner.inbox.fail(lease, error, retry).await {
+        match self.inbox.fail(lease, error, retry).await {
             Ok(()) => match retry {
                 Retry::Dead => {
                     tracing::error!(key = %lease.key, attempt = lease.attempt, error, "item dead")
@@ -351,10 +306,20 @@ impl InboxWorker {
 
     /// Stops taking items and waits up to `grace` for the running ones; past
     /// it, they are dropped mid-way and given back (due again, their attempt
-    /// counted).
+    /// counted). This is the deduper's [`shutdown`](Deduper::shutdown): work
+    /// of other front doors on the same deduper (or its clones) is drained
+    /// too, and none starts afterwards; give a worker a `Deduper` of its own
+    /// to stop it apart.
     pub async fn shutdown(&self, grace: Duration) -> Drained {
-        self.inner.stop.cancel();
-        self.inner.tasks.shutdown(grace).await
+        self.stop();
+        self.deduper.shutdown(grace).await
+    }
+
+    /// Stops taking items (this worker and its clones); the running ones go
+    /// on. For several workers on one deduper: stop each, then drain them
+    /// all with one [`Deduper::shutdown`].
+    pub fn stop(&self) {
+        self.stop.cancel();
     }
 }
 
@@ -362,7 +327,7 @@ impl InboxWorker {
 mod tests {
     use super::*;
     use crate::inbox::ItemStatus;
-    use crate::{ClaimOptions, ClaimOutcome, Key, MemoryStore};
+    use crate::{ClaimOptions, ClaimOutcome, Deduper, Key, MemoryStore};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// 20 items, four at a time: the good ones run once each and are done
@@ -382,10 +347,10 @@ mod tests {
                 .expect("in the test");
         }
         let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..20).map(|_| AtomicUsize::new(0)).collect());
-        let worker = InboxWorker::new(inbox.clone(), "w")
+        let deduper = Deduper::new(inbox.clone()).with_lease_ttl(Duration::from_secs(5));
+        let worker = InboxWorker::new(&deduper, inbox.clone(), "w")
             .with_concurrency(4)
             .with_max_attempts(3)
-            .with_lease(Duration::from_secs(5))
             .with_backoff(Backoff {
                 first: Duration::from_millis(10),
                 max: Duration::from_millis(40),
@@ -460,7 +425,7 @@ mod tests {
         let key = Key::new("w", "poison").expect("in the test");
         inbox.accept(&key, b"x").await.expect("in the test");
         let runs = Arc::new(AtomicUsize::new(0));
-        let worker = InboxWorker::new(inbox.clone(), "w")
+        let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
             .with_max_attempts(2)
             .with_backoff(Backoff {
                 first: Duration::from_millis(5),
@@ -505,18 +470,6 @@ mod tests {
         );
     }
 
-    /// Settings changed on a clone are kept (the clone is a worker of its own).
-    #[test]
-    fn settings_changed_after_a_clone_are_kept() {
-        let worker = InboxWorker::new(MemoryStore::new(), "w");
-        let _clone = worker.clone();
-        let changed = worker.with_max_attempts(1).with_concurrency(3);
-        assert_eq!(
-            (changed.inner.max_attempts, changed.inner.concurrency),
-            (1, 3)
-        );
-    }
-
     /// A handler that never ends: shutdown's grace runs out, the item is
     /// given back (due again, its attempt counted), and a second worker
     /// finishes it.
@@ -525,8 +478,8 @@ mod tests {
         let inbox = MemoryStore::new();
         let key = Key::new("w", "slow").expect("in the test");
         inbox.accept(&key, b"x").await.expect("in the test");
-        let stuck =
-            InboxWorker::new(inbox.clone(), "w").with_poll_interval(Duration::from_millis(5));
+        let stuck = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
+            .with_poll_interval(Duration::from_millis(5));
         let running = tokio::spawn({
             let stuck = stuck.clone();
             async move {
@@ -551,8 +504,8 @@ mod tests {
             .expect("given back");
         assert_eq!((item.status, item.attempts), (ItemStatus::Pending, 1));
 
-        let second =
-            InboxWorker::new(inbox.clone(), "w").with_poll_interval(Duration::from_millis(5));
+        let second = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
+            .with_poll_interval(Duration::from_millis(5));
         let finishing = tokio::spawn({
             let second = second.clone();
             async move {
@@ -573,6 +526,51 @@ mod tests {
                 .expect("in the test"),
             ClaimOutcome::Duplicate { .. }
         ));
+    }
+
+    /// A handler hung on its first attempt, with the default settings: the
+    /// item stays running nine minutes in, then the default bound gives it
+    /// back and the next take completes it. Without the bound the item is
+    /// held for as long as the process lives and this fails.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_item_is_given_back_at_the_default_bound() {
+        let inbox = MemoryStore::new();
+        let key = Key::new("w", "hung").expect("in the test");
+        inbox.accept(&key, b"x").await.expect("in the test");
+        let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w");
+        let running = tokio::spawn({
+            let worker = worker.clone();
+            async move {
+                worker
+                    .run(|taken| async move {
+                        if taken.lease.attempt == 1 {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, String>(b"second".to_vec())
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(9 * 60)).await;
+        let item = inbox.item(&key).await.expect("in the test").expect("held");
+        assert_eq!((item.status, item.attempts), (ItemStatus::Running, 1));
+        tokio::time::timeout(Duration::from_secs(2 * 60), async {
+            while inbox.item(&key).await.expect("in the test").is_some() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+        .await
+        .expect("the default bound gave the item back and it was done");
+        match inbox
+            .claim(&key, &ClaimOptions::default())
+            .await
+            .expect("in the test")
+        {
+            ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"second"),
+            other => panic!("{other:?}"),
+        }
+        worker.shutdown(Duration::from_secs(1)).await;
+        running.await.expect("in the test").expect("in the test");
     }
 
     #[test]

@@ -200,7 +200,7 @@ pub(crate) struct Holder {
     pub(crate) store: Arc<dyn DedupeStore>,
     pub(crate) ttl: Duration,
     pub(crate) heartbeat: bool,
-    pub(crate) max_time: Option<Duration>,
+    pub(crate) max_time: Duration,
 }
 
 impl Holder {
@@ -233,13 +233,11 @@ impl Holder {
             tokio::task::yield_now().await;
         }
         let running = AssertUnwindSafe(work).catch_unwind();
+        let limit = self.max_time;
         let bounded = async {
-            match self.max_time {
-                Some(limit) => tokio::time::timeout(limit, running)
-                    .await
-                    .map_err(|_| limit),
-                None => Ok(running.await),
-            }
+            tokio::time::timeout(limit, running)
+                .await
+                .map_err(|_| limit)
         };
         // Biased: work that has ended is settled even if shutdown's grace runs
         // out on the same poll.

@@ -489,7 +489,10 @@ async fn in_flight_and_mismatch_do_not_run_the_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_that_outlives_its_lease_is_reported_not_recorded() {
     let store = MemoryStore::new();
-    let deduper = Deduper::new(Arc::new(store.clone())).with_lease_ttl(Duration::from_millis(20));
+    // Without the heartbeat, work longer than its lease is taken over.
+    let deduper = Deduper::new(Arc::new(store.clone()))
+        .with_lease_ttl(Duration::from_millis(20))
+        .with_heartbeat(false);
     let k = key("slow");
     let result = deduper
         .run(&k, {
@@ -698,4 +701,51 @@ async fn blocking_work_does_not_stop_the_heartbeat() {
         matches!(handled, Ok(Handled::Ran { attempt: 1, .. })),
         "the lease passed while the work blocked: {handled:?}"
     );
+}
+
+/// Work that never ends, with the default settings: its claim holds (a copy
+/// nine minutes in is answered in flight), then the default bound drops the
+/// work at ten minutes and releases the claim, so the next delivery runs
+/// the work. Without the bound the first run never ends and this fails.
+#[tokio::test(start_paused = true)]
+async fn hung_work_loses_its_claim_at_the_default_bound() {
+    let deduper = Deduper::new(MemoryStore::new());
+    assert!(deduper.heartbeat(), "the heartbeat is on by default");
+    let key = key("hung");
+    let hung = tokio::spawn({
+        let (deduper, key) = (deduper.clone(), key.clone());
+        async move {
+            deduper
+                .run(&key, |_| {
+                    std::future::pending::<Result<Vec<u8>, std::io::Error>>()
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(9 * 60)).await;
+    let copy = deduper
+        .run(&key, |_| async {
+            Ok::<_, std::io::Error>(b"copy".to_vec())
+        })
+        .await
+        .expect("answered");
+    assert!(matches!(copy, Handled::InFlight { .. }), "{copy:?}");
+    let ended = tokio::time::timeout(Duration::from_secs(2 * 60), hung)
+        .await
+        .expect("the default bound ended the hung work")
+        .expect("joined");
+    match ended {
+        Err(HandleError::TimedOut { limit, released }) => {
+            assert_eq!(limit, Deduper::DEFAULT_MAX_WORK_TIME);
+            released.expect("released");
+        }
+        other => panic!("{other:?}"),
+    }
+    let next = deduper
+        .run(&key, |_| async {
+            Ok::<_, std::io::Error>(b"next".to_vec())
+        })
+        .await
+        .expect("ran");
+    assert!(matches!(next, Handled::Ran { .. }), "{next:?}");
 }

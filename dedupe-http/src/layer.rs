@@ -84,7 +84,6 @@ pub struct Idempotency {
     policy: Arc<PolicyFn>,
     scope: Option<Arc<ScopeFn>>,
     fingerprint: Option<Vec<HeaderName>>,
-    retention: Duration,
     stored_statuses: Arc<StatusFn>,
     max_request_bytes: usize,
     max_response_bytes: usize,
@@ -99,7 +98,7 @@ impl fmt::Debug for Idempotency {
             .field("namespace", &self.namespace)
             .field("scoped", &self.scope.is_some())
             .field("fingerprint", &self.fingerprint)
-            .field("retention", &self.retention)
+            .field("deduper", &self.deduper)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("large_response", &self.large_response)
@@ -118,25 +117,26 @@ pub fn stored_by_default(status: StatusCode) -> bool {
 }
 
 impl Idempotency {
-    /// Default retention of a stored response: 24 hours (Stripe's).
-    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
     /// Default request body limit: 1 MiB.
     pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
     /// Default response body limit: 256 KiB.
     pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 256 * 1024;
 
-    /// The layer's settings over `deduper` (its store, lease and time
-    /// bound): namespace `http`; keys optional on POST and PATCH and
-    /// ignored on other methods; no scope; the fingerprint over method, path
-    /// and query, `Content-Type` and the body; the defaults above.
-    ///
-    /// The deduper's heartbeat is turned on: the lease is extended beside
-    /// the handler for as long as it runs, so a handler slower than the
-    /// lease is not run a second time by a retry arriving after it (bound a
-    /// handler's time with [`Deduper::with_max_work_time`]).
+    /// The layer's settings over `deduper`, whose policy is the layer's
+    /// lifecycle: its store, lease and heartbeat (on by default, so a
+    /// handler slower than the lease is not run a second time by a retry
+    /// arriving after it), the bound on a handler's run
+    /// ([`Deduper::with_max_work_time`], 10 minutes by default), and how
+    /// long stored responses answer retries (its
+    /// [`Retention`](dedupe_core::Retention) for the layer's namespace, 35
+    /// days by default; Stripe keeps keys 24 hours, and a shorter retention
+    /// is a `Retention::with_namespace("http", ...)` away). Besides:
+    /// namespace `http`; keys optional on POST and PATCH and ignored on
+    /// other methods; no scope; the fingerprint over method, path and
+    /// query, `Content-Type` and the body; the limits above.
     pub fn new(deduper: Deduper) -> Self {
         Self {
-            deduper: deduper.with_heartbeat(true),
+            deduper,
             namespace: "http".into(),
             policy: Arc::new(|req: &Parts| match req.method {
                 Method::POST | Method::PATCH => KeyPolicy::Optional,
@@ -144,7 +144,6 @@ impl Idempotency {
             }),
             scope: None,
             fingerprint: Some(vec![http::header::CONTENT_TYPE]),
-            retention: Self::DEFAULT_RETENTION,
             stored_statuses: Arc::new(stored_by_default),
             max_request_bytes: Self::DEFAULT_MAX_REQUEST_BYTES,
             max_response_bytes: Self::DEFAULT_MAX_RESPONSE_BYTES,
@@ -196,10 +195,10 @@ impl Idempotency {
         self
     }
 
-    /// How long a stored response answers retries (default 24 hours).
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
+    /// How long a stored response answers retries: the deduper's retention
+    /// of the layer's namespace.
+    pub fn retention(&self) -> Duration {
+        self.deduper.retention().for_namespace(&self.namespace)
     }
 
     /// Which statuses are kept as the request's outcome; any other releases
@@ -536,7 +535,7 @@ where
 {
     let idem = Idempotent {
         lease: lease.clone(),
-        retention: config.retention,
+        retention: config.retention(),
         settled: Arc::new(AtomicBool::new(false)),
     };
     parts.extensions.insert(idem.clone());
@@ -571,7 +570,7 @@ where
                 Ran::Respond(problem.clone().into_response()),
                 Settle::Complete {
                     outcome: problem.encode(),
-                    retention: this.retention,
+                    retention: this.retention(),
                 },
             )
         };
@@ -618,7 +617,7 @@ where
                 Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
                 Settle::Complete {
                     outcome,
-                    retention: this.retention,
+                    retention: this.retention(),
                 },
             ),
             // Sent, not kept.

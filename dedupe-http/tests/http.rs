@@ -790,3 +790,49 @@ async fn completes_inside_the_handlers_transaction() {
     );
     assert_eq!(count().await, 2);
 }
+
+/// A handler that hangs on its first run, behind the layer with the default
+/// settings: a retry nine minutes in is answered 409; at the deduper's
+/// default bound the handler is dropped and its claim released (the first
+/// request answers 503), and the next retry runs it. Without the bound the
+/// key is held for as long as the process lives and this fails. In process
+/// (`oneshot`), on paused time.
+#[tokio::test(start_paused = true)]
+async fn a_hung_handler_loses_its_key_at_the_default_bound() {
+    use tower::ServiceExt;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/pay",
+            post({
+                let runs = Arc::clone(&runs);
+                move || async move {
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        std::future::pending::<()>().await;
+                    }
+                    (StatusCode::CREATED, "paid")
+                }
+            }),
+        )
+        .layer(Idempotency::new(Deduper::new(dedupe_core::MemoryStore::new())).layer());
+    let request = || {
+        axum::http::Request::post("/pay")
+            .header("idempotency-key", "pay-1")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from("{}"))
+            .expect("request")
+    };
+    let first = tokio::spawn(app.clone().oneshot(request()));
+    tokio::time::sleep(Duration::from_secs(9 * 60)).await;
+    let copy = app.clone().oneshot(request()).await.expect("answered");
+    assert_eq!(copy.status(), StatusCode::CONFLICT);
+    let first = tokio::time::timeout(Duration::from_secs(2 * 60), first)
+        .await
+        .expect("the default bound ended the hung handler")
+        .expect("joined")
+        .expect("answered");
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let next = app.oneshot(request()).await.expect("answered");
+    assert_eq!(next.status(), StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

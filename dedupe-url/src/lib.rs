@@ -13,7 +13,8 @@
 //! | `dynamodb://TABLE?region=...&endpoint=http://127.0.0.1:8000` | `dedupe-dynamo` |
 //!
 //! Every scheme also takes `timeout` (the bound on each call), `lease` and
-//! `retention` (for a [`Deduper`](dedupe_core::Deduper)), as `250ms`, `30s`,
+//! `retention` (for a [`Deduper`](dedupe_core::Deduper):
+//! [`open_deduper`], [`StoreUrl::deduper`]), as `250ms`, `30s`,
 //! `5m`, `2h` or `7d`. A malformed URL, an unknown scheme or option, or a
 //! store not built in (each store is a cargo feature, all on by default) is a
 //! [`UrlError`] saying exactly what is wrong, before anything is created.
@@ -32,7 +33,7 @@
 mod open;
 mod parse;
 
-pub use open::{open_store, Opener, DEFAULT_TIMEOUT};
+pub use open::{open_deduper, open_store, Opener, DEFAULT_TIMEOUT};
 pub use parse::{StoreUrl, Target, UrlError};
 
 /// Why a store could not be opened: its URL, or the store itself.

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe_core::{DedupeStore, Error, Inbox, MemoryStore};
+use dedupe_core::{DedupeStore, Deduper, Error, Inbox, MemoryStore};
 
 use crate::parse::{StoreUrl, Target};
 
@@ -497,4 +497,19 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn DedupeStore>, crate::OpenEr
     let opener = Opener::new(url.parse()?).await?;
     // A handle on a temporary SQLite file holds the file's directory itself.
     Ok(opener.handle().await?)
+}
+
+/// Opens the store `url` names and returns a [`Deduper`] over it, with the
+/// URL's `?lease=` and `?retention=` ([`StoreUrl::deduper`](crate::StoreUrl::deduper)).
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let deduper = dedupe_url::open_deduper("memory:?lease=30s").await?;
+/// assert_eq!(deduper.lease_ttl(), std::time::Duration::from_secs(30));
+/// # Ok::<(), dedupe_url::OpenError>(()) }).unwrap();
+/// ```
+pub async fn open_deduper(url: &str) -> Result<Deduper, crate::OpenError> {
+    let opener = Opener::new(url.parse()?).await?;
+    let store = opener.handle().await?;
+    Ok(opener.url().deduper(store)?)
 }

@@ -398,6 +398,33 @@ impl StoreUrl {
         self.retention
     }
 
+    /// A [`Deduper`](dedupe_core::Deduper) over `store` with this URL's
+    /// `?lease=` and `?retention=` (the deduper's defaults where the URL
+    /// names none): the lifecycle every front door takes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let url: dedupe_url::StoreUrl = "memory:?lease=30s&retention=7d".parse()?;
+    /// let deduper = url.deduper(dedupe_core::MemoryStore::new())?;
+    /// assert_eq!(deduper.lease_ttl(), Duration::from_secs(30));
+    /// assert_eq!(deduper.retention().for_namespace("stripe"), Duration::from_secs(7 * 86_400));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn deduper<S: dedupe_core::DedupeStore>(
+        &self,
+        store: S,
+    ) -> Result<dedupe_core::Deduper, dedupe_core::Error> {
+        let mut deduper = dedupe_core::Deduper::new(store);
+        if let Some(lease) = self.lease {
+            deduper = deduper.with_lease_ttl(lease);
+        }
+        if let Some(keep) = self.retention {
+            deduper = deduper.with_retention(dedupe_core::Retention::new(keep)?);
+        }
+        deduper.validate()?;
+        Ok(deduper)
+    }
+
     /// `?timeout=`: the bound on every store call.
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout

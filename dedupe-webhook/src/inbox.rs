@@ -178,9 +178,12 @@ impl Webhook {
     /// A resend carrying another body under the same key is answered as the
     /// event it repeats (the first delivery's bytes are what the worker
     /// runs).
+    ///
+    /// The handler's lifecycle (lease, heartbeat, time bound, retention) is
+    /// the worker's deduper's; this receiver only accepts.
     pub fn inbox(inbox: Arc<dyn Inbox>, rule: KeyRule) -> Self {
         let store: Arc<dyn DedupeStore> = inbox.clone();
-        let mut hook = Self::new(store, rule);
+        let mut hook = Self::new(dedupe_core::Deduper::new(store), rule);
         // Traced as the receiver's claims are (`Self::new` wraps those).
         hook.inbox = Some(Arc::new(dedupe_core::TracedStore::new(inbox)));
         hook

@@ -28,7 +28,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use axum::{routing::post, Json, Router};
-//! use dedupe_core::MemoryStore;
+//! use dedupe_core::{Deduper, MemoryStore};
 //! use dedupe_webhook::{KeyRule, Scheme, Verifier, Webhook, WebhookEvent};
 //!
 //! async fn on_payment(event: WebhookEvent) -> Json<serde_json::Value> {
@@ -36,7 +36,7 @@
 //!     Json(serde_json::json!({ "processed": event.key.to_string() }))
 //! }
 //!
-//! let stripe = Webhook::new(Arc::new(MemoryStore::new()), KeyRule::stripe("payments"))
+//! let stripe = Webhook::new(Deduper::new(MemoryStore::new()), KeyRule::stripe("payments"))
 //!     .verifier(Verifier::new(Scheme::Stripe, ["whsec_test_secret"])?);
 //! let app: Router = Router::new().route("/hooks/stripe", post(on_payment).route_layer(stripe.layer()));
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -59,12 +59,14 @@ pub enum Answer {
     /// stored or run.
     Known,
     /// The handler failed; the claim was released so a retry runs it (its
-    /// status, usually 500), or kept with [`Webhook::on_failure`].
+    /// status, usually 500), or kept with the deduper's
+    /// [`OnFailure::Keep`].
     Failed,
     /// The handler panicked; the claim was released (500).
     Panicked,
-    /// The handler ran past [`Webhook::max_handler_time`]: it was aborted and
-    /// its claim released (503 with `Retry-After`).
+    /// The handler ran past the deduper's
+    /// [`max_work_time`](Deduper::with_max_work_time): it was aborted and its
+    /// claim released (503 with `Retry-After`).
     HandlerTimeout,
     /// The handler finished after its lease was taken over by another
     /// delivery: its response is answered, but the event may have been
@@ -238,9 +240,9 @@ fn mark_replay(response: &mut Response, key: &Key) {
 /// |---|---|---|---|
 /// | the handler answers 2xx | its response | 409 + `Retry-After` | the stored response, `Idempotent-Replay: true` |
 /// | the provider gives up (timeout, disconnect) mid-handler | (gone) | 409 + `Retry-After`: the handler goes on | the stored response of the first delivery |
-/// | the handler answers non-2xx | its response | 409 | runs again (claim released); with [`on_failure`](Self::on_failure) `Keep`, the stored failure |
+/// | the handler answers non-2xx | its response | 409 | runs again (claim released); with the deduper's [`OnFailure::Keep`], the stored failure |
 /// | the handler panics | 500 | 409 | runs again (claim released) |
-/// | past [`max_handler_time`](Self::max_handler_time) | 503 + `Retry-After` (handler aborted) | 409 | runs again (claim released) |
+/// | past the deduper's [`max_work_time`](Deduper::with_max_work_time) (10 minutes by default) | 503 + `Retry-After` (handler aborted) | 409 | runs again (claim released) |
 /// | [`shutdown`](Self::shutdown) | new deliveries 503 + `Retry-After`; running handlers finish within the grace, then are aborted and released | | |
 /// | the process crashes | (connection reset) | 409 until the lease passes | runs again as a takeover (attempt 2) |
 ///
@@ -271,10 +273,8 @@ pub struct Webhook {
     rule: KeyRule,
     verifier: Option<Verifier>,
     body_limit: Option<usize>,
-    retention: Duration,
     require_json: bool,
     read_timeout: Duration,
-    on_failure: OnFailure,
     slots: Option<ConcurrencyLimit>,
     /// Inbox mode ([`Webhook::inbox`]): deliveries are accepted into it.
     pub(crate) inbox: Option<Arc<dyn dedupe_core::Inbox>>,
@@ -298,9 +298,7 @@ impl std::fmt::Debug for Webhook {
             .field("rule", &self.rule)
             .field("verifier", &self.verifier)
             .field("body_limit", &self.body_limit_bytes())
-            .field("lease", &self.deduper.lease_ttl())
-            .field("retention", &self.retention)
-            .field("on_failure", &self.on_failure)
+            .field("deduper", &self.deduper)
             .finish_non_exhaustive()
     }
 }
@@ -377,33 +375,24 @@ impl Webhook {
     pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
     /// Default bound on reading a body.
     pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
-    /// Default lease: longer than a provider waits for an answer. A running
-    /// handler's lease is extended every third of it, so this bounds how long a
-    /// crashed receiver holds an event, not how long a handler may run.
-    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-    /// Default retention: longer than providers redeliver (Stripe resends for up
-    /// to 30 days by hand).
-    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(35 * 24 * 3600);
-    /// Default bound on a handler's run: the heartbeat keeps a running
-    /// handler's claim, so without a bound a handler hung on a call with no
-    /// timeout would hold its event (every retry 409) for as long as the
-    /// process lives. Ten minutes is far past any provider's wait.
-    pub const DEFAULT_MAX_HANDLER_TIME: Duration = Duration::from_secs(600);
 
-    /// A receiver keyed by `rule` on `store`, with no signature check.
-    pub fn new(store: Arc<dyn DedupeStore>, rule: KeyRule) -> Self {
+    /// A receiver keyed by `rule`, with no signature check, whose claims
+    /// live as `deduper` says: its store, lease and heartbeat, the bound on a
+    /// handler's run ([`Deduper::with_max_work_time`], 10 minutes by
+    /// default), how long stored responses answer duplicates (its
+    /// [`Retention`](dedupe_core::Retention) for the rule's namespace, 35
+    /// days by default), and whether a failed handler's response is kept
+    /// ([`OnFailure`]; released by default). Receivers that share a deduper
+    /// share its running handlers, and [`shutdown`](Self::shutdown) drains
+    /// them all.
+    pub fn new(deduper: Deduper, rule: KeyRule) -> Self {
         Self {
-            deduper: Deduper::new(store)
-                .with_lease_ttl(Self::DEFAULT_LEASE)
-                .with_heartbeat(true)
-                .with_max_work_time(Self::DEFAULT_MAX_HANDLER_TIME),
+            deduper,
             rule,
             verifier: None,
             body_limit: None,
-            retention: Self::DEFAULT_RETENTION,
             require_json: true,
             read_timeout: Self::DEFAULT_READ_TIMEOUT,
-            on_failure: OnFailure::Release,
             slots: None,
             inbox: None,
         }
@@ -444,47 +433,10 @@ impl Webhook {
             .unwrap_or(Self::DEFAULT_BODY_LIMIT)
     }
 
-    /// How long a claim holds the event (default 60 s); the lease of a running
-    /// handler is extended every third of it.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.deduper = self.deduper.with_lease_ttl(lease);
-        self
-    }
-
-    /// How long the stored response answers duplicates (default 35 days).
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
-
     /// Whether bodies must be JSON (default yes; no: any bytes, keyed by headers
     /// or the body hash).
     pub fn require_json(mut self, require: bool) -> Self {
         self.require_json = require;
-        self
-    }
-
-    /// What a non-2xx response of the handler does to the claim: release it so
-    /// the provider's retry runs the handler again (the default), or keep it
-    /// (the response is stored, and replayed to every later delivery; for
-    /// handlers that must not run twice whatever happened).
-    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
-        self.on_failure = on_failure;
-        self
-    }
-
-    /// Bounds how long a handler may run: past `limit` it is aborted, its
-    /// claim released, the delivery answered 503 with `Retry-After`, and this
-    /// is logged and counted (`handler_timeout`). Default
-    /// [`DEFAULT_MAX_HANDLER_TIME`](Self::DEFAULT_MAX_HANDLER_TIME).
-    ///
-    /// Aborting drops the handler's future; effects it already set going (a
-    /// request already sent, a task it spawned) are not undone, and the
-    /// provider's retry runs the handler again: keep the bound well past the
-    /// handler's slowest honest run, and pass the key downstream as an
-    /// idempotency key.
-    pub fn max_handler_time(mut self, limit: Duration) -> Self {
-        self.deduper = self.deduper.with_max_work_time(limit);
         self
     }
 
@@ -582,8 +534,7 @@ impl Webhook {
         // (the provider gave up) neither stops the handler nor frees its claim.
         let delivery = Delivery {
             deduper: self.deduper.clone(),
-            retention: self.retention,
-            on_failure: self.on_failure,
+            retention: self.deduper.retention().for_namespace(namespace),
         };
         let owned_namespace = namespace.to_string();
         let task = self.deduper.spawn(
@@ -709,7 +660,6 @@ impl Webhook {
 struct Delivery {
     deduper: Deduper,
     retention: Duration,
-    on_failure: OnFailure,
 }
 
 impl Delivery {
@@ -761,7 +711,7 @@ impl Delivery {
             retention: self.retention,
         });
         let request = Request::from_parts(parts, Body::from(payload));
-        let (retention, on_failure) = (self.retention, self.on_failure);
+        let (retention, on_failure) = (self.retention, self.deduper.on_failure());
         let max_outcome = self.deduper.store().capabilities().max_outcome_bytes;
         let worked = self
             .deduper

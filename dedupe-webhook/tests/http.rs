@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use dedupe_core::{DedupeStore, MemoryStore};
+use dedupe_core::{DedupeStore, Deduper, MemoryStore};
 use dedupe_webhook::{KeyRule, Scheme, Verifier, Webhook, WebhookEvent};
 use reqwest::StatusCode;
 
@@ -111,7 +111,11 @@ async fn ok(
 /// the handler finished replays the first delivery's response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_that_gives_up_mid_handler_does_not_get_the_work_run_twice() {
-    let server = serve(Webhook::new(store(), KeyRule::body_id("hooks"))).await;
+    let server = serve(Webhook::new(
+        Deduper::new(store()),
+        KeyRule::body_id("hooks"),
+    ))
+    .await;
     server.effects.work_ms.store(2500, Ordering::SeqCst);
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_secs(1))
@@ -160,7 +164,11 @@ async fn svix_senders_are_accepted_and_keyed_by_the_signed_id() {
     let verifier =
         Verifier::new(Scheme::StandardWebhooks, ["whsec_c3ZpeC10ZXN0LWtleQ=="]).expect("secret");
     let server = serve(
-        Webhook::new(store(), KeyRule::standard_webhooks("svix-app")).verifier(verifier.clone()),
+        Webhook::new(
+            Deduper::new(store()),
+            KeyRule::standard_webhooks("svix-app"),
+        )
+        .verifier(verifier.clone()),
     )
     .await;
     let client = reqwest::Client::new();
@@ -211,8 +219,10 @@ async fn svix_senders_are_accepted_and_keyed_by_the_signed_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_resend_with_a_re_rendered_body_is_a_duplicate() {
     let verifier = Verifier::new(Scheme::Stripe, ["whsec_rerender"]).expect("secret");
-    let server =
-        serve(Webhook::new(store(), KeyRule::stripe("billing")).verifier(verifier.clone())).await;
+    let server = serve(
+        Webhook::new(Deduper::new(store()), KeyRule::stripe("billing")).verifier(verifier.clone()),
+    )
+    .await;
     let client = reqwest::Client::new();
     let first = r#"{"id":"evt_1","type":"charge.succeeded","pending_webhooks":2}"#;
     let resend = r#"{"id":"evt_1","type":"charge.succeeded","pending_webhooks":1}"#;
@@ -225,7 +235,11 @@ async fn a_signed_resend_with_a_re_rendered_body_is_a_duplicate() {
     assert_eq!(replayed, original);
     assert_eq!(server.effects.runs.load(Ordering::SeqCst), 1);
 
-    let unsigned = serve(Webhook::new(store(), KeyRule::stripe("billing"))).await;
+    let unsigned = serve(Webhook::new(
+        Deduper::new(store()),
+        KeyRule::stripe("billing"),
+    ))
+    .await;
     assert_eq!(ok(&client, &unsigned, first, &[]).await.0, StatusCode::OK);
     assert_eq!(
         ok(&client, &unsigned, resend, &[]).await.0,
@@ -233,7 +247,7 @@ async fn a_signed_resend_with_a_re_rendered_body_is_a_duplicate() {
     );
 
     let pointers = serve(Webhook::new(
-        store(),
+        Deduper::new(store()),
         KeyRule::stripe("billing").fingerprint(dedupe_webhook::PayloadFingerprint::JsonPointers(
             vec!["/type".into(), "/data".into()],
         )),
@@ -259,9 +273,11 @@ async fn a_signed_resend_with_a_re_rendered_body_is_a_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn github_hooks_sharing_a_guid_form_bodies_and_big_bodies() {
     let verifier = Verifier::new(Scheme::GitHub, ["gh-secret"]).expect("secret");
-    let server =
-        serve(Webhook::new(store(), KeyRule::github("repo-events")).verifier(verifier.clone()))
-            .await;
+    let server = serve(
+        Webhook::new(Deduper::new(store()), KeyRule::github("repo-events"))
+            .verifier(verifier.clone()),
+    )
+    .await;
     let client = reqwest::Client::new();
     let gh = |hook: &str, guid: &str, body: &[u8]| {
         let mut h = verifier.sign("", 0, body);
@@ -341,15 +357,17 @@ fn to_map(headers: &[(&str, String)]) -> reqwest::header::HeaderMap {
     map
 }
 
-/// A handler past `max_handler_time` is aborted and its claim released (503,
+/// A handler past the deduper's `max_work_time` is aborted and its claim released (503,
 /// the retry runs it); past `max_concurrency` a delivery gets 503 before
 /// anything is claimed; a panicking handler releases its claim (500).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_bound_concurrency_limit_and_panics() {
     let server = serve(
-        Webhook::new(store(), KeyRule::body_id("hooks"))
-            .max_handler_time(Duration::from_millis(300))
-            .max_concurrency(1),
+        Webhook::new(
+            Deduper::new(store()).with_max_work_time(Duration::from_millis(300)),
+            KeyRule::body_id("hooks"),
+        )
+        .max_concurrency(1),
     )
     .await;
     let client = reqwest::Client::new();
@@ -410,7 +428,11 @@ async fn time_bound_concurrency_limit_and_panics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_running_handlers() {
     let shared = store();
-    let server = serve(Webhook::new(Arc::clone(&shared), KeyRule::body_id("hooks"))).await;
+    let server = serve(Webhook::new(
+        Deduper::new(Arc::clone(&shared)),
+        KeyRule::body_id("hooks"),
+    ))
+    .await;
     server.effects.work_ms.store(500, Ordering::SeqCst);
     let client = reqwest::Client::new();
     let body = r#"{"id":"evt_draining"}"#;
@@ -455,8 +477,10 @@ async fn a_relabelled_signed_body_is_never_mined_for_a_payload() {
         format!(r#"{{"id":"evt_real","type":"customer.updated","note":"x&payload={evil}&y"}}"#);
 
     let stripe = Verifier::new(Scheme::Stripe, ["whsec_relabel"]).expect("secret");
-    let server =
-        serve(Webhook::new(store(), KeyRule::stripe("billing")).verifier(stripe.clone())).await;
+    let server = serve(
+        Webhook::new(Deduper::new(store()), KeyRule::stripe("billing")).verifier(stripe.clone()),
+    )
+    .await;
     let mut headers = stripe.sign("", now(), body.as_bytes());
     headers.push(("content-type", "application/x-www-form-urlencoded".into()));
     let response = client
@@ -475,8 +499,10 @@ async fn a_relabelled_signed_body_is_never_mined_for_a_payload() {
     assert_eq!(answered["payload_type"], "customer.updated");
 
     let github = Verifier::new(Scheme::GitHub, ["gh-relabel"]).expect("secret");
-    let server =
-        serve(Webhook::new(store(), KeyRule::github("repo")).verifier(github.clone())).await;
+    let server = serve(
+        Webhook::new(Deduper::new(store()), KeyRule::github("repo")).verifier(github.clone()),
+    )
+    .await;
     let mut headers = github.sign("", 0, body.as_bytes());
     headers.push(("x-github-hook-id", "7".into()));
     headers.push(("x-github-delivery", "g-1".into()));

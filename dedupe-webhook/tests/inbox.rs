@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use dedupe_core::{Backoff, DedupeStore, Inbox, InboxWorker, ItemQuery, ItemStatus, Key};
+use dedupe_core::{Backoff, DedupeStore, Deduper, Inbox, InboxWorker, ItemQuery, ItemStatus, Key};
 use dedupe_sqlite::SqliteStore;
 use dedupe_webhook::{KeyRule, Scheme, Verifier, Webhook, WebhookEvent};
 use reqwest::StatusCode;
@@ -55,8 +55,8 @@ async fn setup(work: Duration) -> Setup {
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, app).await });
     let runs = Arc::new(AtomicUsize::new(0));
-    let worker = InboxWorker::on(Arc::clone(&inbox), "stripe")
-        .with_lease(Duration::from_secs(5))
+    let deduper = Deduper::new(Arc::clone(&inbox)).with_lease_ttl(Duration::from_secs(5));
+    let worker = InboxWorker::new(&deduper, Arc::clone(&inbox), "stripe")
         .with_max_attempts(3)
         .with_backoff(Backoff {
             first: Duration::from_millis(20),

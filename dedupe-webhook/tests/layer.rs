@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use dedupe_core::{DedupeStore, MemoryStore};
+use dedupe_core::{DedupeStore, Deduper, MemoryStore};
 use dedupe_webhook::{Answer, KeyRule, Scheme, Verifier, Webhook, WebhookEvent};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
@@ -46,7 +46,7 @@ async fn handler(State(counts): State<Counts>, event: WebhookEvent) -> Response 
 }
 
 fn app(store: Arc<dyn DedupeStore>, verifier: Option<Verifier>, counts: &Counts) -> Router {
-    let mut hook = Webhook::new(store, KeyRule::body_id("hooks")).body_limit(4096);
+    let mut hook = Webhook::new(Deduper::new(store), KeyRule::body_id("hooks")).body_limit(4096);
     if let Some(v) = verifier {
         hook = hook.verifier(v);
     }
@@ -354,7 +354,10 @@ async fn a_slow_handler_keeps_its_claim() {
     let counts = Counts::default();
     counts.delay_ms.store(1200, Ordering::SeqCst);
     let store: Arc<dyn DedupeStore> = Arc::new(MemoryStore::new());
-    let hook = Webhook::new(store, KeyRule::body_id("hooks")).lease(Duration::from_millis(300));
+    let hook = Webhook::new(
+        Deduper::new(store).with_lease_ttl(Duration::from_millis(300)),
+        KeyRule::body_id("hooks"),
+    );
     let app = Router::new()
         .route("/hooks", post(handler).route_layer(hook.layer()))
         .with_state(counts.clone());
@@ -379,4 +382,50 @@ async fn a_slow_handler_keeps_its_claim() {
         copies.iter().all(|s| *s == StatusCode::CONFLICT),
         "{copies:?}"
     );
+}
+
+/// A handler that hangs on its first run, with the default settings: a
+/// resend nine minutes in is answered 409; at the deduper's default bound
+/// the handler is dropped and its claim released (the first delivery
+/// answers 503 `handler_timeout`), and the next resend runs it. Without the
+/// bound the event is held for as long as the process lives and this fails.
+#[tokio::test(start_paused = true)]
+async fn a_hung_handler_loses_its_claim_at_the_default_bound() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let hook = Webhook::new(Deduper::new(MemoryStore::new()), KeyRule::body_id("hooks"));
+    let app = Router::new().route(
+        "/hooks",
+        post({
+            let runs = Arc::clone(&runs);
+            move || async move {
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    std::future::pending::<()>().await;
+                }
+                "processed"
+            }
+        })
+        .route_layer(hook.layer()),
+    );
+    let body = r#"{"id":"evt_hung"}"#;
+    let first = tokio::spawn(app.clone().oneshot(post_json(body, "d-1")));
+    tokio::time::sleep(Duration::from_secs(9 * 60)).await;
+    let copy = app
+        .clone()
+        .oneshot(post_json(body, "d-2"))
+        .await
+        .expect("answered");
+    assert_eq!(copy.status(), StatusCode::CONFLICT);
+    let first = tokio::time::timeout(Duration::from_secs(2 * 60), first)
+        .await
+        .expect("the default bound ended the hung handler")
+        .expect("joined")
+        .expect("answered");
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        first.extensions().get::<Answer>(),
+        Some(&Answer::HandlerTimeout)
+    );
+    let next = app.oneshot(post_json(body, "d-3")).await.expect("answered");
+    assert_eq!(next.status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

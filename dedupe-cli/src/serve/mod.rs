@@ -21,7 +21,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use dedupe_core::{Error, InboxWorker, Taken};
+use dedupe_core::{Error, InboxWorker, Retention, Taken};
 use dedupe_url::Opener;
 use dedupe_webhook::{Completed, KeyRule, Scheme, Webhook, WebhookEvent};
 use http::{header, StatusCode};
@@ -247,31 +247,30 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
     if open {
         eprintln!("warning: no secret given: signatures are not checked on any route");
     }
-    let lease = match args.lease_ms {
+    // One lifecycle for every route and worker: the URL's lease and
+    // retention, then the flags.
+    let mut deduper = opener.url().deduper(Arc::clone(&store))?;
+    match args.lease_ms {
         Some(0) => return Err(Error::config("--lease-ms 0: a lease is at least 1 ms")),
-        Some(ms) => Duration::from_millis(ms),
-        None => opener.url().lease().unwrap_or(Webhook::DEFAULT_LEASE),
-    };
-    let retention = opener
-        .url()
-        .retention()
-        .unwrap_or(Webhook::DEFAULT_RETENTION);
+        Some(ms) => deduper = deduper.with_lease_ttl(Duration::from_millis(ms)),
+        None => {}
+    }
+    if let Some(secs) = args.max_handler_secs {
+        deduper = deduper.with_max_work_time(secs_arg("--max-handler-secs", secs)?);
+    }
+    let retention = opener.url().retention().unwrap_or(Retention::DEFAULT);
     let limit = args
         .max_concurrency
         .map(dedupe_webhook::ConcurrencyLimit::new);
     let mut receivers = HashMap::new();
     for (name, provider) in &routes {
-        let hook = if let Some(inbox) = &inbox {
+        let mut hook = if let Some(inbox) = &inbox {
             Webhook::inbox(Arc::clone(inbox), provider.rule(name))
         } else {
-            Webhook::new(Arc::clone(&store), provider.rule(name))
+            Webhook::new(deduper.clone(), provider.rule(name))
         };
-        let mut hook = hook.lease(lease).retention(retention);
         if let Some(limit) = args.body_limit {
             hook = hook.body_limit(limit);
-        }
-        if let Some(secs) = args.max_handler_secs {
-            hook = hook.max_handler_time(secs_arg("--max-handler-secs", secs)?);
         }
         if let Some(limit) = &limit {
             hook = hook.concurrency_limit(limit.clone());
@@ -332,15 +331,13 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
             served
                 .into_iter()
                 .map(|namespace| {
-                    let worker = InboxWorker::on(Arc::clone(inbox), namespace)
-                        .with_lease(lease)
+                    let worker = InboxWorker::new(&deduper, Arc::clone(inbox), namespace)
                         .with_concurrency(args.workers)
                         .with_max_attempts(args.max_attempts)
                         .with_backoff(dedupe_core::Backoff {
                             first: Duration::from_millis(args.retry_backoff_ms),
                             max: Duration::from_secs(600),
                         })
-                        .with_retention(retention)
                         .with_poll_interval(Duration::from_millis(50));
                     let running = tokio::spawn({
                         let (worker, app) = (worker.clone(), Arc::clone(&app));
@@ -436,23 +433,19 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
             // the grace they are aborted (their requests then answer 503), so
             // the connections close; the server's own drain is capped too.
             stop.notify_one();
-            // /hooks/standard is /hooks under another name: drain it once.
-            let drains = app
-                .routes
-                .iter()
-                .filter(|(name, _)| name.as_str() != "standard")
-                .filter_map(|(_, hook)| hook.as_ref())
-                .map(|hook| hook.shutdown(grace));
-            let worked = workers.iter().map(|(worker, _)| worker.shutdown(grace));
-            let (drained, worked, served) = tokio::join!(
-                futures_util::future::join_all(drains),
-                futures_util::future::join_all(worked),
+            // Every route's handlers and every worker's items are tasks of
+            // the one deduper: stop the workers taking, then drain it once.
+            for (worker, _) in &workers {
+                worker.stop();
+            }
+            let (drained, served) = tokio::join!(
+                deduper.shutdown(grace),
                 tokio::time::timeout(grace + Duration::from_secs(1), &mut server),
             );
             if served.is_err() {
                 eprintln!("connections still open past the grace; closing them");
             }
-            drained.iter().chain(&worked).map(|d| d.aborted).sum::<usize>()
+            drained.aborted
         }
     };
     pruner.abort();

@@ -33,12 +33,15 @@ struct Args {
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args = Args::parse();
     let url: dedupe_url::StoreUrl = args.store.parse()?;
-    let inbox = dedupe_url::Opener::new(url)
-        .await?
+    let opener = dedupe_url::Opener::new(url).await?;
+    let inbox = opener
         .inbox_handle()
         .await?
         .ok_or("this store has no inbox")?;
-    let worker = InboxWorker::on(Arc::clone(&inbox), args.namespace.clone());
+    // The items' lifecycle (lease, heartbeat, time bound, retention): the
+    // URL's `?lease=` and `?retention=`, else the deduper's defaults.
+    let deduper = opener.url().deduper(Arc::clone(&inbox))?;
+    let worker = InboxWorker::new(&deduper, Arc::clone(&inbox), args.namespace.clone());
     let working = tokio::spawn({
         let worker = worker.clone();
         async move {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use dedupe_core::{Accepted, Inbox, InboxWorker};
+use dedupe_core::{Accepted, Deduper, Inbox, InboxWorker};
 use dedupe_example_nats_inbox::accept_messages;
 
 struct NatsServer {
@@ -101,8 +101,9 @@ async fn redelivered_messages_run_once() {
         .expect("consumer");
 
     let runs: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    let worker =
-        InboxWorker::on(Arc::clone(&inbox), "orders").with_poll_interval(Duration::from_millis(10));
+    let deduper = Deduper::new(Arc::clone(&inbox));
+    let worker = InboxWorker::new(&deduper, Arc::clone(&inbox), "orders")
+        .with_poll_interval(Duration::from_millis(10));
     let working = tokio::spawn({
         let (worker, runs) = (worker.clone(), Arc::clone(&runs));
         async move {
