@@ -1173,9 +1173,8 @@ pub async fn contested_load(
     for task in tasks {
         match task.await {
             Ok(mine) => errors.extend(mine),
-            Err(e) => errors.push(Error::backend(
+            Err(e) => errors.push(Error::fatal(
                 "a load worker panicked",
-                false,
                 Some(Box::new(e) as _),
             )),
         }

@@ -383,7 +383,7 @@ impl DedupeStore for Broken {
             let page = self
                 .inner
                 .list(&ItemQuery {
-                    limit: dedupe_core::inbox::MAX_PAGE,
+                    limit: dedupe_core::MAX_PAGE,
                     ..ItemQuery::new("inbox").status(ItemStatus::Running)
                 })
                 .await?;
@@ -547,7 +547,7 @@ impl Inbox for Broken {
             let dead = self
                 .inner
                 .list(&ItemQuery {
-                    limit: dedupe_core::inbox::MAX_PAGE,
+                    limit: dedupe_core::MAX_PAGE,
                     ..ItemQuery::new(namespace).status(ItemStatus::Dead)
                 })
                 .await?;
@@ -640,7 +640,7 @@ impl Inbox for Broken {
                     .inner
                     .list(&ItemQuery {
                         after: None,
-                        limit: dedupe_core::inbox::MAX_PAGE,
+                        limit: dedupe_core::MAX_PAGE,
                         ..query.clone()
                     })
                     .await?;
@@ -688,7 +688,7 @@ impl Inbox for Broken {
             let page = self
                 .inner
                 .list(&ItemQuery {
-                    limit: dedupe_core::inbox::MAX_PAGE,
+                    limit: dedupe_core::MAX_PAGE,
                     ..ItemQuery::new(namespace)
                 })
                 .await?;

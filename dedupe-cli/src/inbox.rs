@@ -153,7 +153,7 @@ async fn list(args: ListArgs) -> Result<bool, Error> {
         Key::new(&namespace, "x").map_err(|e| Error::config(format!("--namespace: {e}")))?;
         let mut query = ItemQuery::new(namespace);
         query.status = args.state;
-        query.limit = dedupe_core::inbox::MAX_PAGE;
+        query.limit = dedupe_core::MAX_PAGE;
         loop {
             let page = inbox.list(&query).await?;
             for item in page.items {

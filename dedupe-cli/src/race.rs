@@ -153,6 +153,10 @@ pub async fn race(args: RaceArgs) -> Result<bool, Error> {
                             tally.errors.fetch_add(1, Ordering::Relaxed);
                             eprintln!("delivery of {key} answered a stored failure: {error}");
                         }
+                        Ok(other) => {
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("delivery of {key} answered {other:?}, which this race does not know");
+                        }
                         Err(e) => {
                             tally.errors.fetch_add(1, Ordering::Relaxed);
                             eprintln!("delivery of {key} failed: {e}");
@@ -172,7 +176,7 @@ pub async fn race(args: RaceArgs) -> Result<bool, Error> {
         .collect();
     for task in tasks {
         task.await
-            .map_err(|e| Error::backend("worker task failed", false, Some(Box::new(e) as _)))??;
+            .map_err(|e| Error::fatal("worker task failed", Some(Box::new(e) as _)))??;
     }
     let elapsed = started.elapsed();
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);

@@ -1,11 +1,9 @@
 //! What a claim takes (options) and gives back (a lease, or why not).
 
-use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
-use crate::key::{ClaimId, Fingerprint, Key};
+use crate::key::{ClaimId, Fingerprint, Key, LeaseToken};
 use crate::record::RecordStateKind;
 
 /// Shortest lease or retention a store accepts.
@@ -113,67 +111,6 @@ impl ClaimOptions {
 impl Default for ClaimOptions {
     fn default() -> Self {
         Self::new(Self::DEFAULT_LEASE_TTL)
-    }
-}
-
-/// A fencing token: no other claim of the same key is ever handed the same one.
-///
-/// Cheap to clone: the text is shared.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct LeaseToken(Arc<str>);
-
-impl LeaseToken {
-    /// A fresh random token (128 bits from a UUIDv4, written as 32 hex digits).
-    /// Store authors reach it as [`backend::new_token`](crate::backend::new_token).
-    pub(crate) fn generate() -> Self {
-        Self::from_uuid(uuid::Uuid::new_v4())
-    }
-
-    /// The uuid's 32 lowercase hex digits, written without the formatting
-    /// machinery (a batch makes one token a key).
-    fn from_uuid(uuid: uuid::Uuid) -> Self {
-        let mut text = [0u8; uuid::fmt::Simple::LENGTH];
-        Self(Arc::from(&*uuid.simple().encode_lower(&mut text)))
-    }
-
-    /// `n` fresh tokens from one read of the OS's random source (the same
-    /// source `new_v4` reads, 16 bytes a token). Should that read fail, each
-    /// token is made on its own, as [`generate`](Self::generate) makes it.
-    pub(crate) fn generate_many(n: usize) -> Vec<Self> {
-        let mut bytes = vec![0u8; n * 16];
-        if getrandom::fill(&mut bytes).is_err() {
-            return (0..n).map(|_| Self::generate()).collect();
-        }
-        bytes
-            .chunks_exact(16)
-            .map(|chunk| {
-                let mut random = [0u8; 16];
-                random.copy_from_slice(chunk);
-                Self::from_uuid(uuid::Builder::from_random_bytes(random).into_uuid())
-            })
-            .collect()
-    }
-
-    /// Wraps a token read back from storage.
-    pub(crate) fn from_stored(token: impl Into<String>) -> Self {
-        Self(Arc::from(token.into()))
-    }
-
-    /// The token as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for LeaseToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LeaseToken({})", self.0)
-    }
-}
-
-impl fmt::Display for LeaseToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 

@@ -46,6 +46,7 @@ pub enum OnFailure {
 
 /// How a delivery was handled, when nothing failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Handled {
     /// This delivery won the claim, ran the work and recorded its outcome.
     Ran {

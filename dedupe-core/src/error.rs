@@ -166,15 +166,28 @@ impl Error {
         }
     }
 
-    /// An [`Error::Backend`].
-    pub fn backend(
-        message: impl Into<String>,
-        retryable: bool,
-        source: impl Into<Option<BoxError>>,
-    ) -> Self {
+    /// An [`Error::Backend`] a retry may get past (a deadlock, a
+    /// serialization failure, a throttled request).
+    ///
+    /// ```
+    /// use dedupe_core::Error;
+    /// assert!(Error::retryable("deadlock found", None).is_retryable());
+    /// assert!(!Error::fatal("no such table", None).is_retryable());
+    /// ```
+    pub fn retryable(message: impl Into<String>, source: impl Into<Option<BoxError>>) -> Self {
         Error::Backend {
             message: message.into(),
-            retryable,
+            retryable: true,
+            source: source.into(),
+        }
+    }
+
+    /// An [`Error::Backend`] no retry gets past (a missing table, a
+    /// permission refused, an answer the store cannot read).
+    pub fn fatal(message: impl Into<String>, source: impl Into<Option<BoxError>>) -> Self {
+        Error::Backend {
+            message: message.into(),
+            retryable: false,
             source: source.into(),
         }
     }

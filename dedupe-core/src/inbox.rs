@@ -1,47 +1,4 @@
-//! The inbox: deliveries accepted at once and processed later, by workers
-//! that take them under leases.
-//!
-//! A receiver that holds the provider's connection for its whole handler
-//! risks the provider giving up (5 to 30 s) and sending the event again while
-//! the first copy still runs. With an inbox the receiver only
-//! [`accept`](Inbox::accept)s the delivery (one atomic write, like a claim)
-//! and answers 2xx; workers in any number of processes
-//! [`take`](Inbox::take) due items, each leased to exactly one of them, run
-//! the handler, and [`complete`](crate::DedupeStore::complete) the item or
-//! [`fail`](Inbox::fail) it (due again after a backoff, or dead after the
-//! last attempt, waiting for an operator to [`replay`](Inbox::replay) it).
-//!
-//! An item lives in the same key space as the claims of the
-//! [`DedupeStore`] it extends: a completed item is a done record (later
-//! claims and accepts of its key answer it as a duplicate), and a claim of a
-//! key the inbox holds answers `InFlight` (the inbox owns it until it is
-//! done). Pending, failed and dead items never expire; only a completion's
-//! retention or [`forget`](crate::DedupeStore::forget) ends them.
-//!
-//! ```
-//! use std::time::Duration;
-//! use dedupe_core::{Accepted, DedupeStore, Inbox, Key, MemoryStore, Retry};
-//!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-//! let inbox = MemoryStore::new();
-//! let key = Key::new("stripe", "evt_1P9x")?;
-//! // The receiver: store the delivery, answer 2xx at once.
-//! assert_eq!(inbox.accept(&key, br#"{"id":"evt_1P9x"}"#).await?, Accepted::New);
-//! // A resend of the same event writes nothing.
-//! assert!(matches!(inbox.accept(&key, b"resent").await?, Accepted::Item(_)));
-//!
-//! // A worker: take, run, complete (or fail: due again after a backoff).
-//! for taken in inbox.take("stripe", 10, Duration::from_secs(30)).await? {
-//!     if taken.payload.is_empty() {
-//!         inbox.fail(&taken.lease, "empty body", Retry::After(Duration::from_secs(5))).await?;
-//!     } else {
-//!         inbox.complete(&taken.lease, b"credited", Duration::from_secs(86_400)).await?;
-//!     }
-//! }
-//! // Done: the event is a done record now.
-//! assert!(matches!(inbox.accept(&key, b"late").await?, Accepted::Done { .. }));
-//! # Ok::<(), dedupe_core::Error>(()) }).unwrap();
-//! ```
+//! The inbox: its trait, its items and its limits.
 
 use std::time::{Duration, SystemTime};
 
@@ -306,8 +263,52 @@ pub struct InboxCounts {
     pub oldest_due: Option<SystemTime>,
 }
 
-/// An inbox on a store: accept now, process later, under leases. See the
-/// [module](self) and CONTRACT.md (the inbox rules).
+/// An inbox on a store: deliveries accepted at once and processed later, by workers
+/// that take them under leases.
+///
+/// A receiver that holds the provider's connection for its whole handler
+/// risks the provider giving up (5 to 30 s) and sending the event again while
+/// the first copy still runs. With an inbox the receiver only
+/// [`accept`](Inbox::accept)s the delivery (one atomic write, like a claim)
+/// and answers 2xx; workers in any number of processes
+/// [`take`](Inbox::take) due items, each leased to exactly one of them, run
+/// the handler, and [`complete`](crate::DedupeStore::complete) the item or
+/// [`fail`](Inbox::fail) it (due again after a backoff, or dead after the
+/// last attempt, waiting for an operator to [`replay`](Inbox::replay) it).
+///
+/// An item lives in the same key space as the claims of the
+/// [`DedupeStore`] it extends: a completed item is a done record (later
+/// claims and accepts of its key answer it as a duplicate), and a claim of a
+/// key the inbox holds answers `InFlight` (the inbox owns it until it is
+/// done). Pending, failed and dead items never expire; only a completion's
+/// retention or [`forget`](crate::DedupeStore::forget) ends them.
+///
+/// ```
+/// use std::time::Duration;
+/// use dedupe_core::{Accepted, DedupeStore, Inbox, Key, MemoryStore, Retry};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let inbox = MemoryStore::new();
+/// let key = Key::new("stripe", "evt_1P9x")?;
+/// // The receiver: store the delivery, answer 2xx at once.
+/// assert_eq!(inbox.accept(&key, br#"{"id":"evt_1P9x"}"#).await?, Accepted::New);
+/// // A resend of the same event writes nothing.
+/// assert!(matches!(inbox.accept(&key, b"resent").await?, Accepted::Item(_)));
+///
+/// // A worker: take, run, complete (or fail: due again after a backoff).
+/// for taken in inbox.take("stripe", 10, Duration::from_secs(30)).await? {
+///     if taken.payload.is_empty() {
+///         inbox.fail(&taken.lease, "empty body", Retry::After(Duration::from_secs(5))).await?;
+///     } else {
+///         inbox.complete(&taken.lease, b"credited", Duration::from_secs(86_400)).await?;
+///     }
+/// }
+/// // Done: the event is a done record now.
+/// assert!(matches!(inbox.accept(&key, b"late").await?, Accepted::Done { .. }));
+/// # Ok::<(), dedupe_core::Error>(()) }).unwrap();
+/// ```
+///
+/// CONTRACT.md has the inbox rules.
 ///
 /// The lease of a taken item is a [`Lease`] of the store: complete it with
 /// [`DedupeStore::complete`] (the item becomes a done record), keep it with
@@ -386,51 +387,9 @@ macro_rules! forward_inbox {
 
 forward_inbox!(std::sync::Arc<S>, Box<S>);
 
-/// Checks a payload against [`MAX_PAYLOAD_BYTES`].
-pub fn check_payload(payload: &[u8]) -> Result<()> {
-    if payload.len() > MAX_PAYLOAD_BYTES {
-        return Err(Error::PayloadTooLarge {
-            size: payload.len(),
-            limit: MAX_PAYLOAD_BYTES,
-        });
-    }
-    Ok(())
-}
-
-/// Checks how many items a take asks for (1 to [`MAX_TAKE`]) and its lease.
-pub fn check_take(max: usize, lease: Duration) -> Result<()> {
-    if !(1..=MAX_TAKE).contains(&max) {
-        return Err(Error::config(format!(
-            "a take hands out 1 to {MAX_TAKE} items, {max} asked"
-        )));
-    }
-    crate::claim::check_ttl("lease ttl", lease)
-}
-
-/// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary.
-pub fn cut_error(error: &str) -> String {
-    if error.len() <= MAX_ERROR_BYTES {
-        return error.to_string();
-    }
-    let mut end = MAX_ERROR_BYTES;
-    while !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    error[..end].to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_are_cut_at_a_character_boundary() {
-        let long = "é".repeat(MAX_ERROR_BYTES);
-        let cut = cut_error(&long);
-        assert!(cut.len() <= MAX_ERROR_BYTES && cut.len() >= MAX_ERROR_BYTES - 1);
-        assert!(cut.chars().all(|c| c == 'é'));
-        assert_eq!(cut_error("short"), "short");
-    }
 
     #[test]
     fn statuses_round_trip_as_text() {

@@ -29,13 +29,14 @@
 //! ```
 
 pub mod backend;
+mod batch;
 mod capabilities;
 mod claim;
 mod deduper;
 mod error;
 mod expire_task;
-pub mod inbox;
-pub mod inbox_worker;
+mod inbox;
+mod inbox_worker;
 mod key;
 mod memory;
 mod record;
@@ -45,17 +46,18 @@ mod traced;
 mod work;
 
 pub use capabilities::{Capabilities, DEFAULT_MAX_OUTCOME_BYTES};
-pub use claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken, MAX_BATCH_KEYS, MAX_TTL, MIN_TTL};
+pub use claim::{ClaimOptions, ClaimOutcome, Lease, MAX_BATCH_KEYS, MAX_TTL, MIN_TTL};
 pub use deduper::{Deduper, HandleError, Handled, OnFailure};
 pub use error::{BoxError, Error, Result};
 pub use expire_task::{spawn_expire_task, ExpireTask};
 pub use inbox::{
     Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry, Taken,
+    MAX_ERROR_BYTES, MAX_PAGE, MAX_PAYLOAD_BYTES, MAX_TAKE,
 };
 pub use inbox_worker::{Backoff, InboxWorker};
 pub use key::{
-    ClaimId, Fingerprint, Key, KeyError, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES, MAX_ID_BYTES,
-    MAX_NAMESPACE_BYTES,
+    ClaimId, Fingerprint, Key, KeyError, LeaseToken, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES,
+    MAX_ID_BYTES, MAX_NAMESPACE_BYTES,
 };
 pub use memory::MemoryStore;
 pub use record::{Record, RecordState, RecordStateKind};

@@ -6,13 +6,13 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease, LeaseToken};
+use crate::backend::{self, check_payload, check_take, cut_error};
+use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease};
 use crate::error::{Error, Result};
 use crate::inbox::{
-    check_payload, check_take, cut_error, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery,
-    ItemStatus, Retry, Taken,
+    Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry, Taken,
 };
-use crate::key::{ClaimId, Fingerprint, Key};
+use crate::key::{ClaimId, Fingerprint, Key, LeaseToken};
 use crate::record::{Record, RecordState};
 use crate::store::DedupeStore;
 
@@ -291,7 +291,9 @@ impl MemoryStore {
         now: SystemTime,
     ) -> ClaimOutcome {
         let previous = match map.map.get(key) {
-            Some(entry) if entry.is_live(now) => return entry.record(key).into_claim_answer(opts),
+            Some(entry) if entry.is_live(now) => {
+                return backend::losing_claim(entry.record(key), opts)
+            }
             other => other,
         };
         // Absent or expired: this claim wins. Taking over an expired in-flight record

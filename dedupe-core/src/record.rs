@@ -2,8 +2,7 @@
 
 use std::time::SystemTime;
 
-use crate::claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken};
-use crate::key::{ClaimId, Fingerprint, Key};
+use crate::key::{ClaimId, Fingerprint, Key, LeaseToken};
 
 /// The two states a live record can be in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,52 +83,6 @@ impl Record {
             fingerprint,
             attempts,
             first_seen,
-        }
-    }
-}
-
-impl Record {
-    /// The answer a claim with `opts` gets from this record when it is live (its
-    /// deadline not passed): `Mismatch` when both sides carry fingerprints that
-    /// differ, `Duplicate` when done, `Claimed` with the same lease when in flight
-    /// and held by the same claim id, `InFlight` otherwise.
-    ///
-    /// Store implementations call this (as
-    /// [`backend::losing_claim`](crate::backend::losing_claim)) after their atomic
-    /// claim found a live record, so every store answers losing claims by the same
-    /// rule.
-    pub(crate) fn into_claim_answer(self, opts: &ClaimOptions) -> ClaimOutcome {
-        if let (Some(given), Some(stored)) = (&opts.fingerprint, &self.fingerprint) {
-            if given != stored {
-                return ClaimOutcome::Mismatch {
-                    state: self.state.kind(),
-                };
-            }
-        }
-        match self.state {
-            RecordState::Done {
-                completed_at,
-                outcome,
-                ..
-            } => ClaimOutcome::Duplicate {
-                outcome,
-                completed_at,
-            },
-            RecordState::InFlight { lease_deadline }
-                if opts.claim_id.is_some() && opts.claim_id == self.claim_id =>
-            {
-                ClaimOutcome::Claimed(Lease {
-                    key: self.key,
-                    token: self.token,
-                    deadline: lease_deadline,
-                    attempt: self.attempts,
-                    claim_id: self.claim_id,
-                })
-            }
-            RecordState::InFlight { lease_deadline } => ClaimOutcome::InFlight {
-                deadline: lease_deadline,
-                attempt: self.attempts,
-            },
         }
     }
 }

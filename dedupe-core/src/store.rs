@@ -158,8 +158,8 @@ pub trait DedupeStore: Debug + Send + Sync + 'static {
     ///
     /// [`claim`]: DedupeStore::claim
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
-        crate::backend::check_batch(keys)?;
-        let batch = crate::backend::BatchKeys::new(keys);
+        crate::claim::check_batch(keys)?;
+        let batch = crate::batch::BatchKeys::new(keys);
         let mut firsts = Vec::with_capacity(batch.distinct().len());
         for key in batch.distinct() {
             firsts.push(self.claim(key, opts).await?);

@@ -32,7 +32,7 @@ use crate::store::DedupeStore;
 /// counted the same way (`dedupe.accept` answering `new`, `item`, `done` or
 /// `in_flight`; `dedupe.take` with the namespace and the number taken;
 /// `dedupe.fail`, `dedupe.item`, `dedupe.list`, `dedupe.replay`,
-/// `dedupe.counts`); the [`InboxWorker`](crate::inbox_worker::InboxWorker) and
+/// `dedupe.counts`); the [`InboxWorker`](crate::InboxWorker) and
 /// the webhook receiver's inbox mode put their inbox behind one.
 ///
 /// [`Deduper`](crate::Deduper) wraps its store in one, so every store, a third

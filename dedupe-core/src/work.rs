@@ -23,8 +23,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::claim::{Lease, LeaseToken, MIN_TTL};
+use crate::claim::{Lease, MIN_TTL};
 use crate::error::Error;
+use crate::key::LeaseToken;
 use crate::store::DedupeStore;
 
 /// What to do with a claim once its work has returned.

@@ -58,19 +58,14 @@ where
             Some(code) if retryable_code(code) => {
                 Error::unavailable("dynamodb throttled or unavailable", Some(Box::new(e)))
             }
-            Some("ResourceNotFoundException") => Error::backend(
+            Some("ResourceNotFoundException") => Error::fatal(
                 "dynamodb table missing: create it (see create_table_if_missing)",
-                false,
                 Some(Box::new(e) as _),
             ),
             _ if status.is_some_and(|s| s >= 500) => {
                 Error::unavailable("dynamodb server error", Some(Box::new(e)))
             }
-            _ => Error::backend(
-                "dynamodb refused the request",
-                false,
-                Some(Box::new(e) as _),
-            ),
+            _ => Error::fatal("dynamodb refused the request", Some(Box::new(e) as _)),
         },
     }
 }

@@ -31,7 +31,7 @@ use aws_sdk_dynamodb::types::{
 use dedupe_core::backend::{
     self, check_ttl, duration_millis, from_millis, taken_item, to_millis, StoredRecord,
 };
-use dedupe_core::inbox::{check_payload, check_take, cut_error};
+use dedupe_core::backend::{check_payload, check_take, cut_error};
 use dedupe_core::{
     Accepted, Error, Inbox, InboxCounts, ItemPage, ItemQuery, ItemStatus, Key, Lease, RecordState,
     Result, Retry, Taken,
@@ -386,9 +386,8 @@ impl DynamoStore {
             while let Some(ask) = pending.take() {
                 rounds += 1;
                 if rounds > 8 {
-                    return Err(Error::backend(
+                    return Err(Error::retryable(
                         "the service kept keys of a batch read unprocessed; retry",
-                        true,
                         None,
                     ));
                 }
@@ -499,9 +498,8 @@ impl Inbox for DynamoStore {
                     RecordState::Done { .. } => None,
                 };
             }
-            Err(Error::backend(
+            Err(Error::retryable(
                 "the record kept changing under the accept; retry",
-                true,
                 None,
             ))
         })
@@ -545,9 +543,8 @@ impl Inbox for DynamoStore {
                     ]);
                     match self.update(&key, LEASE, DUE, vals, true).await? {
                         Updated::Done(Some(item)) => self.taken(key, &item).map(Some),
-                        Updated::Done(None) => Err(Error::backend(
+                        Updated::Done(None) => Err(Error::retryable(
                             "the service did not return the item it leased",
-                            true,
                             None,
                         )),
                         // This very update, sent again by the SDK after its

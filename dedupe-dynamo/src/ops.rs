@@ -169,9 +169,8 @@ impl DynamoStore {
             }
             replacing = Some(record);
         }
-        Err(Error::backend(
+        Err(Error::retryable(
             "the record kept changing under the claim; retry",
-            true,
             None,
         ))
     }
@@ -288,11 +287,14 @@ impl DynamoStore {
             } else {
                 format!("your item {i}")
             };
-            return Err(Error::backend(
-                format!("the transaction was cancelled by {whose}: {code} {message}"),
-                retryable_code(code),
-                Some(Box::new(e) as _),
-            ));
+            let message = format!("the transaction was cancelled by {whose}: {code} {message}");
+            let retryable = retryable_code(code);
+            let source = Some(Box::new(e) as _);
+            return Err(if retryable {
+                Error::retryable(message, source)
+            } else {
+                Error::fatal(message, source)
+            });
         }
         Err(self.fail(e))
     }
@@ -402,16 +404,14 @@ impl DynamoStore {
                     match self.transact(items, ours).await? {
                         Transacted::Committed => Ok(()),
                         Transacted::OursFailed(_) => Err(Error::lease_lost(&lease.key)),
-                        Transacted::Conflict => Err(Error::backend(
+                        Transacted::Conflict => Err(Error::retryable(
                             "another transaction held the record; retry",
-                            true,
                             None,
                         )),
                     }
                 }
-                Transacted::Conflict => Err(Error::backend(
+                Transacted::Conflict => Err(Error::retryable(
                     "another transaction held the record; retry",
-                    true,
                     None,
                 )),
             }

@@ -710,9 +710,8 @@ impl DedupeStore for DynamoStore {
                     Err(e) => return Err(self.fail(e)),
                 }
             }
-            Err(Error::backend(
+            Err(Error::retryable(
                 "the record kept changing under forget; retry",
-                true,
                 None,
             ))
         })
@@ -767,7 +766,7 @@ impl DedupeStore for DynamoStore {
                 );
             }
         }
-        Err(first_error.unwrap_or_else(|| Error::backend("the batch failed", true, None)))
+        Err(first_error.unwrap_or_else(|| Error::retryable("the batch failed", None)))
     }
 
     fn capabilities(&self) -> Capabilities {

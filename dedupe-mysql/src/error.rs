@@ -38,20 +38,18 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
             1040 | 1053 | 2006 | 2013 | 1927 => {
                 Error::unavailable("mysql server unavailable", Some(Box::new(e)))
             }
-            1213 => Error::backend("mysql deadlock", true, Some(Box::new(e) as _)),
-            1153 => Error::backend(
+            1213 => Error::retryable("mysql deadlock", Some(Box::new(e) as _)),
+            1153 => Error::fatal(
                 "statement larger than the server's max_allowed_packet",
-                false,
                 Some(Box::new(e) as _),
             ),
-            1146 => Error::backend(
+            1146 => Error::fatal(
                 "dedupe table missing: run MySqlStore::migrate()",
-                false,
                 Some(Box::new(e) as _),
             ),
-            _ => Error::backend("mysql statement failed", false, Some(Box::new(e) as _)),
+            _ => Error::fatal("mysql statement failed", Some(Box::new(e) as _)),
         },
-        _ => Error::backend("mysql client error", false, Some(Box::new(e) as _)),
+        _ => Error::fatal("mysql client error", Some(Box::new(e) as _)),
     }
 }
 

@@ -239,9 +239,8 @@ impl Ops<'_> {
                 return Ok(answer);
             }
         }
-        Err(Error::backend(
+        Err(Error::retryable(
             "the key's record kept changing between the claim and its read-back",
-            true,
             None,
         ))
     }
@@ -355,7 +354,7 @@ impl Ops<'_> {
         let first = answers
             .into_iter()
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| Error::backend("a batch key went unanswered", false, None))?;
+            .ok_or_else(|| Error::fatal("a batch key went unanswered", None))?;
         Ok(batch.answers(first, opts)?)
     }
 

@@ -45,11 +45,9 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                     Error::unavailable("postgres connection exception", Some(Box::new(e)))
                 }
                 // serialization_failure, deadlock_detected, lock_not_available.
-                "40001" | "40P01" | "55P03" => Error::backend(
-                    "postgres transaction conflict",
-                    true,
-                    Some(Box::new(e) as _),
-                ),
+                "40001" | "40P01" | "55P03" => {
+                    Error::retryable("postgres transaction conflict", Some(Box::new(e) as _))
+                }
                 // invalid_text_representation: a claim statement that met a
                 // live record it would not decode fails on purpose with one.
                 "22P02" => match undecodable_key(db.message()) {
@@ -58,26 +56,22 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                         "the stored record does not decode (its state, token, attempts, \
                          claim id or fingerprint is out of range); the claim wrote nothing",
                     ),
-                    None => {
-                        Error::backend("postgres statement failed", false, Some(Box::new(e) as _))
-                    }
+                    None => Error::fatal("postgres statement failed", Some(Box::new(e) as _)),
                 },
                 // undefined_column: a table this version did not make.
-                "42703" => Error::backend(
+                "42703" => Error::fatal(
                     "the dedupe table lacks a column the statement names: it was not made \
                      by PgStore::migrate() of this version",
-                    false,
                     Some(Box::new(e) as _),
                 ),
-                "42P01" => Error::backend(
+                "42P01" => Error::fatal(
                     "dedupe table missing: run PgStore::migrate()",
-                    false,
                     Some(Box::new(e) as _),
                 ),
-                _ => Error::backend("postgres statement failed", false, Some(Box::new(e) as _)),
+                _ => Error::fatal("postgres statement failed", Some(Box::new(e) as _)),
             }
         }
-        _ => Error::backend("postgres client error", false, Some(Box::new(e) as _)),
+        _ => Error::fatal("postgres client error", Some(Box::new(e) as _)),
     }
 }
 

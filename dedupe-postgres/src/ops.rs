@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use dedupe_core::backend::cut_error;
 use dedupe_core::backend::{
     self, check_ttl, from_millis, one_row_changed, status_code, stored_counts, taken_item,
     BatchKeys, StoredItem,
 };
-use dedupe_core::inbox::cut_error;
 use dedupe_core::{
     Accepted, Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, InboxCounts,
     Item, ItemPage, ItemQuery, Key, Lease, LeaseToken, Record, RecordState, Result, Retry, Taken,
@@ -147,7 +147,7 @@ impl Ops<'_> {
         let row = self
             .claim_row(conn, &self.sql.claim, key, &token, opts)
             .await?
-            .ok_or_else(|| Error::backend("the claim statement answered no row", false, None))?;
+            .ok_or_else(|| Error::fatal("the claim statement answered no row", None))?;
         answer_from_row(key, &row, opts)
     }
 
@@ -246,9 +246,8 @@ impl Ops<'_> {
         let answers = answers
             .into_iter()
             .map(|answer| {
-                answer.ok_or_else(|| {
-                    Error::backend("the batch statement left a key unanswered", false, None)
-                })
+                answer
+                    .ok_or_else(|| Error::fatal("the batch statement left a key unanswered", None))
             })
             .collect::<Result<Vec<_>>>()?;
         batch.answers(answers, opts)
@@ -376,7 +375,7 @@ fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
         ))
     };
     let (joined, stored) =
-        read().map_err(|e| Error::backend(format!("undecodable inbox row: {e}"), false, None))?;
+        read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
     StoredItem {
         id: id_in(namespace, &joined)?.to_string(),
         ..stored
@@ -389,13 +388,7 @@ fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
     joined
         .strip_prefix(namespace)
         .and_then(|rest| rest.strip_prefix(':'))
-        .ok_or_else(|| {
-            Error::backend(
-                format!("an inbox row of another namespace: {joined}"),
-                false,
-                None,
-            )
-        })
+        .ok_or_else(|| Error::fatal(format!("an inbox row of another namespace: {joined}"), None))
 }
 
 /// The inbox's statements (CONTRACT.md I1 to I8), one statement each.
@@ -436,9 +429,8 @@ impl Ops<'_> {
                     attempt: record.attempts,
                 },
             }),
-            None => Err(Error::backend(
+            None => Err(Error::retryable(
                 "accept left a record in place but found none live; retry",
-                true,
                 None,
             )),
         }
@@ -470,10 +462,8 @@ impl Ops<'_> {
                         row.try_get::<Option<String>, _>("last_error")?,
                     ))
                 };
-                let (joined, token, deadline, attempts, payload, last_error) =
-                    read().map_err(|e| {
-                        Error::backend(format!("undecodable inbox row: {e}"), false, None)
-                    })?;
+                let (joined, token, deadline, attempts, payload, last_error) = read()
+                    .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
                 let key = Key::new(namespace, id_in(namespace, &joined)?)?;
                 taken_item(
                     key,
@@ -577,7 +567,7 @@ impl Ops<'_> {
             ))
         };
         let (pending, running, failed, dead, oldest) =
-            read().map_err(|e| Error::backend(format!("undecodable counts: {e}"), false, None))?;
+            read().map_err(|e| Error::fatal(format!("undecodable counts: {e}"), None))?;
         Ok(stored_counts(pending, running, failed, dead, oldest))
     }
 }

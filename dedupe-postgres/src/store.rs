@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use dedupe_core::backend::{check_payload, check_take};
 use dedupe_core::backend::{check_ttl, duration_millis};
-use dedupe_core::inbox::{check_payload, check_take};
 use dedupe_core::{
     Accepted, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, InboxCounts,
     Item, ItemPage, ItemQuery, Key, Lease, Record, Result, Retry, Taken, DEFAULT_MAX_OUTCOME_BYTES,

@@ -170,11 +170,11 @@ async fn pg_claim_in(
         .pool()
         .begin()
         .await
-        .map_err(|e| Error::backend(format!("BEGIN: {e}"), true, None))?;
+        .map_err(|e| Error::retryable(format!("BEGIN: {e}"), None))?;
     let r = store.claim_in(&mut tx, k, o).await;
     match tx.commit().await {
         Ok(()) => r,
-        Err(e) => Err(Error::backend(format!("COMMIT: {e}"), true, None)),
+        Err(e) => Err(Error::retryable(format!("COMMIT: {e}"), None)),
     }
 }
 

@@ -91,7 +91,7 @@ pub(crate) fn map(
             Some(Box::new(e)),
         );
     }
-    Error::backend("redis command failed", false, Some(Box::new(e) as _))
+    Error::fatal("redis command failed", Some(Box::new(e) as _))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, taken_item};
-use dedupe_core::inbox::{check_payload, check_take, cut_error};
+use dedupe_core::backend::{check_payload, check_take, cut_error};
 use dedupe_core::{
     Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, Result,
     Retry, Taken,

@@ -341,9 +341,8 @@ impl DedupeStore for RedisStore {
                 _ => return Err(Self::unexpected(key, "forget")),
             }
         }
-        Err(Error::backend(
+        Err(Error::retryable(
             "the record kept changing under forget; retry",
-            true,
             None,
         ))
     }

@@ -29,7 +29,8 @@ async fn on_webhook(deduper: &Deduper, event_id: Option<&str>, body: &[u8]) -> u
         // Processed before, and its failure was kept (OnFailure::Keep): never a success.
         Ok(Handled::Failed { .. }) => 500,
         Err(HandleError::Store(e)) if e.is_retryable() => 503,
-        Err(_) => 500,
+        // An answer added in a later version, or the work failed.
+        Ok(_) | Err(_) => 500,
     }
 }
 

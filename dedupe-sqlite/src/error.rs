@@ -19,11 +19,10 @@ use rusqlite::ErrorCode;
 pub(crate) fn map(e: rusqlite::Error, busy_timeout: Duration) -> Error {
     if let rusqlite::Error::SqliteFailure(failure, _) = &e {
         if failure.extended_code == rusqlite::ffi::SQLITE_BUSY_SNAPSHOT {
-            return Error::backend(
+            return Error::retryable(
                 "sqlite: the transaction read before another connection committed, so it \
                  cannot write; roll it back and begin again (BEGIN IMMEDIATE takes the \
                  write lock first and avoids this)",
-                true,
                 Some(Box::new(e) as BoxError),
             );
         }
@@ -52,8 +51,8 @@ fn classify(code: Option<ErrorCode>, e: BoxError, busy_timeout: Duration) -> Err
             | ErrorCode::FileLockingProtocolFailed,
         ) => Error::unavailable("sqlite database cannot be used right now", Some(e)),
         Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
-            Error::backend("sqlite file is corrupt or not a database", false, Some(e))
+            Error::fatal("sqlite file is corrupt or not a database", Some(e))
         }
-        _ => Error::backend("sqlite statement failed", false, Some(e)),
+        _ => Error::fatal("sqlite statement failed", Some(e)),
     }
 }

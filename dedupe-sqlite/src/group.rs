@@ -108,9 +108,8 @@ impl FileWriter {
             .name("dedupe-sqlite-writer".into())
             .spawn(move || serve(&path, &thread_turn, &writes))
             .map_err(|e| {
-                Error::backend(
+                Error::fatal(
                     "could not start the sqlite writer thread",
-                    false,
                     Some(Box::new(e) as _),
                 )
             })?;
@@ -167,11 +166,10 @@ impl FileWriter {
         self.sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.queue
             .send(Box::new(pending))
-            .map_err(|_| Error::backend("the sqlite writer thread stopped", false, None))?;
+            .map_err(|_| Error::fatal("the sqlite writer thread stopped", None))?;
         answered.await.map_err(|_| {
-            Error::backend(
+            Error::fatal(
                 "the sqlite writer thread did not answer this write (it panicked)",
-                false,
                 None,
             )
         })?

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use dedupe_core::backend::cut_error;
 use dedupe_core::backend::{
     self, check_ttl, duration_millis, from_millis, one_row_changed, status_code, stored_counts,
     taken_item, StoredItem, StoredRecord,
 };
-use dedupe_core::inbox::cut_error;
 use dedupe_core::{
     Accepted, Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, InboxCounts,
     Item, ItemPage, ItemQuery, Key, Lease, Record, Result, Retry, Taken,
@@ -141,9 +141,8 @@ impl Ops<'_> {
             Some(_) => Err(Error::corrupt(key, "claim returned another token")),
             None => match self.get_at(conn, key, now)? {
                 Some(record) => Ok(backend::losing_claim(record, opts)),
-                None => Err(Error::backend(
+                None => Err(Error::retryable(
                     "claim left a record in place but found none live",
-                    true,
                     None,
                 )),
             },
@@ -359,9 +358,8 @@ impl Ops<'_> {
                     attempt: record.attempts,
                 },
             }),
-            None => Err(Error::backend(
+            None => Err(Error::retryable(
                 "accept left a record in place but found none live",
-                true,
                 None,
             )),
         }

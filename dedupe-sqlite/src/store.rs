@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use dedupe_core::backend::{check_payload, check_take};
 use dedupe_core::backend::{check_ttl, to_millis, BatchKeys};
-use dedupe_core::inbox::{check_payload, check_take};
 use dedupe_core::{
     Accepted, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Inbox, InboxCounts, Item,
     ItemPage, ItemQuery, Key, Lease, Record, Result, Retry, Taken,

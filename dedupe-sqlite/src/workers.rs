@@ -58,7 +58,7 @@ impl Slot {
         // Set just above.
         self.conn
             .as_mut()
-            .ok_or_else(|| Error::backend("sqlite connection missing", true, None))
+            .ok_or_else(|| Error::retryable("sqlite connection missing", None))
     }
 }
 
@@ -80,9 +80,8 @@ impl Workers {
                     }
                 })
                 .map_err(|e| {
-                    Error::backend(
+                    Error::fatal(
                         "could not start a sqlite connection thread",
-                        false,
                         Some(Box::new(e) as _),
                     )
                 })?;
@@ -126,13 +125,9 @@ impl Workers {
         });
         self.queue
             .send(job)
-            .map_err(|_| Error::backend("sqlite connection threads stopped", false, None))?;
+            .map_err(|_| Error::fatal("sqlite connection threads stopped", None))?;
         answered.await.map_err(|_| {
-            Error::backend(
-                "a sqlite connection thread stopped before answering",
-                false,
-                None,
-            )
+            Error::fatal("a sqlite connection thread stopped before answering", None)
         })?
     }
 }

@@ -103,10 +103,10 @@ fn claim_in_committed(
 ) -> dedupe_core::Result<ClaimOutcome> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|e| Error::backend(format!("BEGIN IMMEDIATE: {e}"), true, None))?;
+        .map_err(|e| Error::retryable(format!("BEGIN IMMEDIATE: {e}"), None))?;
     let r = store.claim_in(&tx, k, o);
     tx.commit()
-        .map_err(|e| Error::backend(format!("COMMIT: {e}"), true, None))?;
+        .map_err(|e| Error::retryable(format!("COMMIT: {e}"), None))?;
     r
 }
 
@@ -122,7 +122,7 @@ fn sqlite_claim_in(store: &SqliteStore, db: &Path) -> ClaimIn {
                 claim_in_committed(&store, &mut conn, &k, &o)
             })
             .await
-            .unwrap_or_else(|e| Err(Error::backend(format!("claim_in task: {e}"), false, None)))
+            .unwrap_or_else(|e| Err(Error::fatal(format!("claim_in task: {e}"), None)))
         })
     })
 }

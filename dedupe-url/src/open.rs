@@ -361,8 +361,8 @@ impl Opener {
                     conn.execute_batch(&format!("DROP TABLE IF EXISTS \"{table}\""))
                 })
                 .await
-                .map_err(|e| Error::backend("dropping the table", false, Some(Box::new(e) as _)))?
-                .map_err(|e| Error::backend("dropping the table", true, Some(Box::new(e) as _)))
+                .map_err(|e| Error::fatal("dropping the table", Some(Box::new(e) as _)))?
+                .map_err(|e| Error::retryable("dropping the table", Some(Box::new(e) as _)))
             }
             #[cfg(feature = "postgres")]
             Target::Postgres { schema, .. } => {
@@ -383,9 +383,7 @@ impl Opener {
                     .execute(store.pool())
                     .await
                     .map(|_| ())
-                    .map_err(|e| {
-                        Error::backend("dropping the namespace", true, Some(Box::new(e) as _))
-                    })
+                    .map_err(|e| Error::retryable("dropping the namespace", Some(Box::new(e) as _)))
             }
             #[cfg(feature = "mysql")]
             Target::Mysql { .. } => {
@@ -399,9 +397,7 @@ impl Opener {
                     .execute(store.pool())
                     .await
                     .map(|_| ())
-                    .map_err(|e| {
-                        Error::backend("dropping the namespace", true, Some(Box::new(e) as _))
-                    })
+                    .map_err(|e| Error::retryable("dropping the namespace", Some(Box::new(e) as _)))
             }
             #[cfg(feature = "redis")]
             Target::Redis { urls, prefix, .. } => {
@@ -445,7 +441,7 @@ impl Opener {
 async fn delete_prefixed(url: &str, prefix: &str) -> Result<(), Error> {
     use dedupe_redis::redis::{self, AsyncCommands};
     let fail = |e: redis::RedisError| {
-        Error::backend("deleting the prefix's keys", true, Some(Box::new(e) as _))
+        Error::retryable("deleting the prefix's keys", Some(Box::new(e) as _))
     };
     let client = redis::Client::open(url).map_err(fail)?;
     let mut conn = client

@@ -172,7 +172,7 @@ impl Webhook {
     /// | a new event | 202 `{"accepted": true, "key": ...}` |
     /// | an event the inbox holds (pending, running, failed, dead) or has done | 200 `{"accepted": false, "key": ..., "state": ...}`: nothing stored, nothing run |
     /// | an event a synchronous claim holds (another receiver of the same namespace not in inbox mode) | 409 with `Retry-After` |
-    /// | over the inbox's limit ([`MAX_PAYLOAD_BYTES`](dedupe_core::inbox::MAX_PAYLOAD_BYTES), body and headers together) | 413 |
+    /// | over the inbox's limit ([`MAX_PAYLOAD_BYTES`](dedupe_core::MAX_PAYLOAD_BYTES), body and headers together) | 413 |
     /// | the store unreachable | 503 with `Retry-After`, nothing stored |
     ///
     /// A resend carrying another body under the same key is answered as the
@@ -222,7 +222,7 @@ impl Webhook {
                     .insert(header::RETRY_AFTER, HeaderValue::from(1));
                 response
             }
-            Ok(_) => store_error(&Error::backend("an unknown accept answer", false, None)),
+            Ok(_) => store_error(&Error::fatal("an unknown accept answer", None)),
             Err(Error::PayloadTooLarge { size, limit }) => json_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Answer::TooLarge,

@@ -216,7 +216,7 @@ async fn failures_end_dead_replay_runs_again_and_refusals_store_nothing() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let big = format!(
         r#"{{"id":"evt_big","pad":"{}"}}"#,
-        "x".repeat(dedupe_core::inbox::MAX_PAYLOAD_BYTES)
+        "x".repeat(dedupe_core::MAX_PAYLOAD_BYTES)
     );
     let (status, json) = post(&setup, &big, &signed(&big)).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{json}");

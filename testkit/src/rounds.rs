@@ -318,7 +318,7 @@ pub async fn plain_claimer(a: usize, s: Arc<dyn DedupeStore>, keys: Arc<Vec<Key>
                     .and_then(|v| {
                         v.into_iter()
                             .next()
-                            .ok_or_else(|| Error::backend("an empty answer", false, None))
+                            .ok_or_else(|| Error::fatal("an empty answer", None))
                     })
             };
             match r {

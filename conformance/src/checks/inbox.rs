@@ -35,7 +35,7 @@ async fn take_n(inbox: &dyn Inbox, want: usize, lease: Duration) -> Result<Vec<T
         let more = inbox
             .take(
                 "inbox",
-                (want - taken.len()).min(dedupe_core::inbox::MAX_TAKE),
+                (want - taken.len()).min(dedupe_core::MAX_TAKE),
                 lease,
             )
             .await?;
@@ -203,7 +203,7 @@ pub async fn inbox_accepts_once(factory: &dyn StoreFactory) -> CheckResult {
 
     // Too large: refused, nothing written.
     let big = item_key("too-big")?;
-    let oversized = vec![7u8; dedupe_core::inbox::MAX_PAYLOAD_BYTES + 1];
+    let oversized = vec![7u8; dedupe_core::MAX_PAYLOAD_BYTES + 1];
     ensure!(
         matches!(
             inbox.accept(&big, &oversized).await,
@@ -215,7 +215,7 @@ pub async fn inbox_accepts_once(factory: &dyn StoreFactory) -> CheckResult {
         inbox.item(&big).await?.is_none() && store.get(&big).await?.is_none(),
         "a refused payload left something under its key"
     );
-    let max: Vec<u8> = (0..dedupe_core::inbox::MAX_PAYLOAD_BYTES)
+    let max: Vec<u8> = (0..dedupe_core::MAX_PAYLOAD_BYTES)
         .map(|i| (i % 251) as u8)
         .collect();
     ensure!(
@@ -432,7 +432,7 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         .ok_or_else(|| Failure::new("a due item was not taken"))?;
     // Three-byte characters: 1024 is no boundary, so a cut past the limit to
     // the next one shows.
-    let long_error = "€".repeat(dedupe_core::inbox::MAX_ERROR_BYTES);
+    let long_error = "€".repeat(dedupe_core::MAX_ERROR_BYTES);
     let retry = Duration::from_millis(300);
     inbox
         .fail(&first.lease, &long_error, Retry::After(retry))
@@ -445,8 +445,8 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
     ensure!(
         failed.status == ItemStatus::Failed
             && failed.attempts == 1
-            && kept.len() <= dedupe_core::inbox::MAX_ERROR_BYTES
-            && kept.len() + 3 > dedupe_core::inbox::MAX_ERROR_BYTES
+            && kept.len() <= dedupe_core::MAX_ERROR_BYTES
+            && kept.len() + 3 > dedupe_core::MAX_ERROR_BYTES
             && long_error.starts_with(&kept),
         "a failed item shows status {:?}, {} attempts, an error of {} bytes",
         failed.status,

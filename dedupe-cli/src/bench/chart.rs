@@ -93,7 +93,7 @@ fn draw_one(path: &Path, title: &str, y_desc: &str, lines: &Series) -> Result<()
 
 /// Writes `throughput.svg` and `latency.svg` into `dir`.
 pub fn draw(rows: &[Row], dir: &Path) -> Result<(), Error> {
-    let fail = |what: &str, e: String| Error::backend(format!("drawing {what}: {e}"), false, None);
+    let fail = |what: &str, e: String| Error::fatal(format!("drawing {what}: {e}"), None);
     draw_one(
         &dir.join("throughput.svg"),
         "ops/s: store (thick) and its raw driver (thin, dotted)",

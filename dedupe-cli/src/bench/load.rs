@@ -130,7 +130,7 @@ pub(super) async fn purge(opener: &Opener, args: &BenchArgs, n: u64) -> Result<P
     stop.store(true, Ordering::Relaxed);
     let (measured, elapsed, _) = claims
         .await
-        .map_err(|e| Error::backend("claims during the purge", false, Some(Box::new(e) as _)))?;
+        .map_err(|e| Error::fatal("claims during the purge", Some(Box::new(e) as _)))?;
     figure.removed = removed?;
     figure.claims_per_sec = measured.ops as f64 / elapsed.as_secs_f64().max(1e-9);
     figure.claims_p99_us = measured

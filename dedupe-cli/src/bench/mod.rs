@@ -610,9 +610,8 @@ async fn measure_store(
                         };
                         let (filled, _, back) = run_row(sides, fill, limits, None).await;
                         if let Some(e) = filled.first_error {
-                            return Err(Error::backend(
+                            return Err(Error::retryable(
                                 format!("accepting the work row's items: {e}"),
-                                true,
                                 None,
                             ));
                         }

@@ -33,7 +33,7 @@ use dedupe_core::Error;
 use dedupe_url::{Opener, Target};
 
 fn fail(what: &'static str) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> Error {
-    move |e| Error::backend(what, true, Some(e))
+    move |e| Error::retryable(what, Some(e))
 }
 
 /// The raw baseline's shared setup (a table, a key prefix).

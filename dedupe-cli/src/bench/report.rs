@@ -190,7 +190,7 @@ fn purge_line(p: &Purge) -> String {
 pub(super) fn print(rows: &[Row], purges: &[Purge], args: &BenchArgs) -> Result<(), Error> {
     let everything = serde_json::json!({ "rows": rows, "purges": purges });
     let json = serde_json::to_string_pretty(&everything)
-        .map_err(|e| Error::backend("results as JSON", false, Some(Box::new(e) as _)))?;
+        .map_err(|e| Error::fatal("results as JSON", Some(Box::new(e) as _)))?;
     if args.json {
         println!("{json}");
     } else {
@@ -203,9 +203,7 @@ pub(super) fn print(rows: &[Row], purges: &[Purge], args: &BenchArgs) -> Result<
         let write = |name: &str, text: &str| {
             std::fs::create_dir_all(dir)
                 .and_then(|()| std::fs::write(dir.join(name), text))
-                .map_err(|e| {
-                    Error::backend(format!("writing {name}"), false, Some(Box::new(e) as _))
-                })
+                .map_err(|e| Error::fatal(format!("writing {name}"), Some(Box::new(e) as _)))
         };
         write("results.json", &json)?;
         write("results.csv", &csv(rows))?;

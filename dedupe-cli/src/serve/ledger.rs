@@ -183,7 +183,7 @@ impl Ledger {
                     })
                 })
                 .await
-                .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))??;
+                .map_err(|e| Error::fatal("ledger thread", Some(Box::new(e) as _)))??;
                 Opened::inbox(Arc::new(store.clone()), Ledger::Sqlite { store, conns })
             }
             Target::Postgres { connections, .. } => {
@@ -292,7 +292,7 @@ impl Ledger {
                     })
                 })
                 .await
-                .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))?
+                .map_err(|e| Error::fatal("ledger thread", Some(Box::new(e) as _)))?
             }
             Ledger::Postgres { store, table } => {
                 let mut tx = store.pool().begin().await.map_err(pg_err)?;
@@ -417,7 +417,7 @@ impl Ledger {
                     })
                 })
                 .await
-                .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))??
+                .map_err(|e| Error::fatal("ledger thread", Some(Box::new(e) as _)))??
             }
             Ledger::Postgres { store, table } => {
                 let after: i64 = match after {
@@ -561,7 +561,7 @@ impl Ledger {
                     })
                 })
                 .await
-                .map_err(|e| Error::backend("ledger thread", false, Some(Box::new(e) as _)))??;
+                .map_err(|e| Error::fatal("ledger thread", Some(Box::new(e) as _)))??;
                 removed += n as u64;
                 if (n as i64) < PRUNE_BATCH {
                     return Ok(removed);

@@ -1,11 +1,17 @@
-//! Inbox items as a store keeps them in a row: the columns every SQL store
-//! reads back, decoded and checked in one place.
+//! Inbox items as a store keeps them in a row (the columns every SQL store
+//! reads back, decoded and checked in one place), and the input checks and
+//! answers every store's inbox shares.
 
-use crate::backend::{from_millis, stored_token};
+use std::time::Duration;
+
+use super::time::from_millis;
 use crate::claim::Lease;
 use crate::error::{Error, Result};
-use crate::inbox::{InboxCounts, Item, ItemStatus, Taken};
-use crate::key::Key;
+use crate::inbox::{
+    Accepted, InboxCounts, Item, ItemStatus, Taken, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES, MAX_TAKE,
+};
+use crate::key::{Key, LeaseToken};
+use crate::record::{Record, RecordState};
 
 /// An item's columns as read: `wait` is 0 held by a worker, 1 due, 2 dead.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +79,7 @@ pub fn taken_item(
     Ok(Taken::new(
         Lease {
             key,
-            token: stored_token(token),
+            token: LeaseToken::from_stored(token),
             deadline: from_millis(deadline_ms),
             attempt,
             claim_id: None,
@@ -110,5 +116,71 @@ pub fn stored_counts(
         failed: count(failed),
         dead: count(dead),
         oldest_due: oldest_due_ms.map(from_millis),
+    }
+}
+
+/// What an inbox accept answers about a live record that is not an item:
+/// its outcome when done, the claim holding it when in flight.
+pub fn accepted_over(record: Record) -> Accepted {
+    match record.state {
+        RecordState::Done {
+            outcome,
+            completed_at,
+            ..
+        } => Accepted::Done {
+            outcome,
+            completed_at,
+        },
+        RecordState::InFlight { lease_deadline } => Accepted::InFlight {
+            deadline: lease_deadline,
+            attempt: record.attempts,
+        },
+    }
+}
+
+/// Checks a payload against [`MAX_PAYLOAD_BYTES`].
+pub fn check_payload(payload: &[u8]) -> Result<()> {
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(Error::PayloadTooLarge {
+            size: payload.len(),
+            limit: MAX_PAYLOAD_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Checks how many items a take asks for (1 to [`MAX_TAKE`]) and its lease.
+pub fn check_take(max: usize, lease: Duration) -> Result<()> {
+    if !(1..=MAX_TAKE).contains(&max) {
+        return Err(Error::config(format!(
+            "a take hands out 1 to {MAX_TAKE} items, {max} asked"
+        )));
+    }
+    crate::claim::check_ttl("lease ttl", lease)
+}
+
+/// `error` cut to [`MAX_ERROR_BYTES`] at a character boundary.
+pub fn cut_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_BYTES {
+        return error.to_string();
+    }
+    let mut end = MAX_ERROR_BYTES;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    error[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let cut = cut_error(&long);
+        assert!(cut.len() <= MAX_ERROR_BYTES && cut.len() >= MAX_ERROR_BYTES - 1);
+        assert!(cut.chars().all(|c| c == 'é'));
+        assert_eq!(cut_error("short"), "short");
     }
 }

@@ -43,51 +43,25 @@
 //! # Ok::<(), dedupe_core::Error>(())
 //! ```
 
-mod batch;
 mod first;
 mod item;
 mod stored;
+mod time;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
+pub use crate::batch::BatchKeys;
 pub use crate::claim::{check_batch, check_ttl};
-pub use batch::BatchKeys;
 pub use first::FirstStatement;
-pub use item::{status_code, stored_counts, taken_item, StoredItem};
+pub use item::{
+    accepted_over, check_payload, check_take, cut_error, status_code, stored_counts, taken_item,
+    StoredItem,
+};
 pub use stored::{check_identifier, StoredRecord};
+pub use time::{duration_millis, from_millis, now_millis, to_millis};
 
-use crate::claim::{ClaimOptions, ClaimOutcome, Lease, LeaseToken};
+use crate::claim::{ClaimOptions, ClaimOutcome, Lease};
 use crate::error::{Error, Result};
-use crate::key::Key;
+use crate::key::{Key, LeaseToken};
 use crate::record::{Record, RecordState};
-
-/// Milliseconds since the Unix epoch, the unit every store keeps deadlines in.
-pub fn to_millis(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-    }
-}
-
-/// The inverse of [`to_millis`].
-pub fn from_millis(ms: i64) -> SystemTime {
-    if ms >= 0 {
-        UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs())
-    } else {
-        UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs())
-    }
-}
-
-/// Milliseconds in a duration, saturating.
-pub fn duration_millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The caller's clock in milliseconds since the epoch (for stores without a
-/// clock of their own).
-pub fn now_millis() -> i64 {
-    to_millis(SystemTime::now())
-}
 
 /// A fresh lease token: 128 random bits, never handed to two claims.
 pub fn new_token() -> LeaseToken {
@@ -114,31 +88,44 @@ pub fn stored_token(token: impl Into<String>) -> LeaseToken {
     LeaseToken::from_stored(token)
 }
 
-/// What an inbox accept answers about a live record that is not an item:
-/// its outcome when done, the claim holding it when in flight.
-pub fn accepted_over(record: Record) -> crate::inbox::Accepted {
+/// The answer a claim gets from the live record that stopped it: `Mismatch` when
+/// both sides carry fingerprints that differ, `Duplicate` with the stored outcome
+/// when done, `Claimed` with the stored lease (token, deadline, attempt) when in
+/// flight and held by the claim's own claim id, `InFlight` otherwise. Every store
+/// (the memory store too) answers a losing claim through this one rule.
+pub fn losing_claim(record: Record, opts: &ClaimOptions) -> ClaimOutcome {
+    if let (Some(given), Some(stored)) = (&opts.fingerprint, &record.fingerprint) {
+        if given != stored {
+            return ClaimOutcome::Mismatch {
+                state: record.state.kind(),
+            };
+        }
+    }
     match record.state {
         RecordState::Done {
-            outcome,
             completed_at,
+            outcome,
             ..
-        } => crate::inbox::Accepted::Done {
+        } => ClaimOutcome::Duplicate {
             outcome,
             completed_at,
         },
-        RecordState::InFlight { lease_deadline } => crate::inbox::Accepted::InFlight {
+        RecordState::InFlight { lease_deadline }
+            if opts.claim_id.is_some() && opts.claim_id == record.claim_id =>
+        {
+            ClaimOutcome::Claimed(Lease {
+                key: record.key,
+                token: record.token,
+                deadline: lease_deadline,
+                attempt: record.attempts,
+                claim_id: record.claim_id,
+            })
+        }
+        RecordState::InFlight { lease_deadline } => ClaimOutcome::InFlight {
             deadline: lease_deadline,
             attempt: record.attempts,
         },
     }
-}
-
-/// The answer a claim gets from the live record that stopped it: `Mismatch` when
-/// both sides carry fingerprints that differ, `Duplicate` with the stored outcome
-/// when done, `Claimed` with the stored lease (token, deadline, attempt) when in
-/// flight and held by the claim's own claim id, `InFlight` otherwise.
-pub fn losing_claim(record: Record, opts: &ClaimOptions) -> ClaimOutcome {
-    record.into_claim_answer(opts)
 }
 
 /// The `Claimed` answer of a claim that wrote `record` (read back from the same

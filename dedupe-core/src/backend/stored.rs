@@ -1,9 +1,9 @@
 //! Helpers for store implementations: decoding a stored row into a [`Record`]
 //! with every field checked, and validating names that go into SQL or keys.
 
-use super::from_millis;
-use crate::claim::LeaseToken;
+use super::time::from_millis;
 use crate::error::{Error, Result};
+use crate::key::LeaseToken;
 use crate::key::{ClaimId, Fingerprint, Key};
 use crate::record::{Record, RecordState};
 

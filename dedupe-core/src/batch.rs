@@ -104,13 +104,12 @@ impl<'a> BatchKeys<'a> {
         opts: &ClaimOptions,
     ) -> Result<Vec<ClaimOutcome>> {
         if distinct_answers.len() != self.distinct.len() {
-            return Err(Error::backend(
+            return Err(Error::fatal(
                 format!(
                     "claim_many got {} answers for {} distinct keys",
                     distinct_answers.len(),
                     self.distinct.len()
                 ),
-                false,
                 None,
             ));
         }
