@@ -9,8 +9,9 @@ use dedupe_core::{ClaimOptions, Error, Key};
 use dedupe_url::Opener;
 use serde::Serialize;
 
+use super::args::{BenchArgs, Limits, Workload};
 use super::raw::RawStore;
-use super::{run_row, BenchArgs, KeyStream, Limits, Side, Workload};
+use super::run::{run_row, store_handle, KeyStream, Side};
 
 const CHUNK: u64 = 500;
 
@@ -97,7 +98,7 @@ pub(super) async fn purge(opener: &Opener, args: &BenchArgs, n: u64) -> Result<P
     }
     let mut sides = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
-        sides.push(Side::Store(super::store_handle(opener).await?));
+        sides.push(Side::Store(store_handle(opener).await?));
     }
     let stream = Arc::new(KeyStream {
         label: "during-purge".into(),

@@ -5,8 +5,9 @@ use std::time::Duration;
 use dedupe_core::Error;
 use serde::Serialize;
 
+use super::args::{BenchArgs, Workload};
 use super::load::Purge;
-use super::{BenchArgs, Measured, Workload};
+use super::run::Measured;
 
 /// One store, one workload, one concurrency, measured through the store and
 /// through its raw driver.
@@ -207,7 +208,6 @@ pub(super) fn print(rows: &[Row], purges: &[Purge], args: &BenchArgs) -> Result<
         };
         write("results.json", &json)?;
         write("results.csv", &csv(rows))?;
-        super::chart::draw(rows, dir)?;
     }
     Ok(())
 }

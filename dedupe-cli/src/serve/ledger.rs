@@ -648,27 +648,6 @@ impl Ledger {
     }
 }
 
-/// Prunes the ledger with the store's retention: rows of events whose
-/// records are gone go too. Every half retention, at most every minute.
-pub fn spawn_pruner(app: Arc<super::App>, retention: Duration) -> tokio::task::JoinHandle<()> {
-    let every = (retention / 2).clamp(Duration::from_millis(100), Duration::from_secs(60));
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(every).await;
-            let cutoff = SystemTime::now()
-                .checked_sub(retention)
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0);
-            match app.ledger.prune(cutoff).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(removed = n, "ledger pruned"),
-                Err(e) => tracing::warn!(error = %e, "ledger prune failed"),
-            }
-        }
-    })
-}
-
 /// Whether `record` is the completion of `lease` (done, by its claim).
 fn completed_by(record: &dedupe_core::Record, lease: &dedupe_core::Lease) -> bool {
     matches!(record.state, dedupe_core::RecordState::Done { .. }) && record.token == lease.token

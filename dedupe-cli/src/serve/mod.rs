@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
@@ -394,7 +394,7 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         }
         None => None,
     };
-    let pruner = ledger::spawn_pruner(Arc::clone(&app), retention);
+    let pruner = spawn_pruner(Arc::clone(&app), retention);
     // The recorder drains its histograms only on upkeep: without a scrape (no
     // admin listener) they would grow with every delivery.
     let upkeep = {
@@ -701,4 +701,25 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
         app.metrics.render(),
     )
         .into_response()
+}
+
+/// Prunes the ledger with the store's retention: rows of events whose
+/// records are gone go too. Every half retention, at most every minute.
+fn spawn_pruner(app: Arc<App>, retention: Duration) -> tokio::task::JoinHandle<()> {
+    let every = (retention / 2).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let cutoff = SystemTime::now()
+                .checked_sub(retention)
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0);
+            match app.ledger.prune(cutoff).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(removed = n, "ledger pruned"),
+                Err(e) => tracing::warn!(error = %e, "ledger prune failed"),
+            }
+        }
+    })
 }
