@@ -192,6 +192,15 @@ impl Error {
         }
     }
 
+    /// An [`Error::Timeout`] with no error of the driver's: the call did not
+    /// finish within `after`.
+    pub fn timeout(after: Duration) -> Self {
+        Error::Timeout {
+            after,
+            source: None,
+        }
+    }
+
     /// An [`Error::CorruptRecord`].
     pub fn corrupt(key: impl std::fmt::Display, reason: impl Into<String>) -> Self {
         Error::CorruptRecord {

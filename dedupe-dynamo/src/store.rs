@@ -144,13 +144,7 @@ impl DynamoStore {
         &self,
         op: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        let bound = self.inner.timeout;
-        tokio::time::timeout(bound, op)
-            .await
-            .unwrap_or(Err(Error::Timeout {
-                after: bound,
-                source: None,
-            }))
+        dedupe_core::backend::within(self.inner.timeout, op).await
     }
 
     /// Default of [`DynamoBuilder::timeout`] when the client sets no

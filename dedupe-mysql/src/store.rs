@@ -208,13 +208,7 @@ impl MySqlStore {
     /// Runs `op` bounded by the timeout and the backstop, so the server's
     /// statement bounds (which stop the statement) fire first.
     async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        let bound = self.timeout + Self::BACKSTOP;
-        tokio::time::timeout(bound, op)
-            .await
-            .unwrap_or(Err(Error::Timeout {
-                after: bound,
-                source: None,
-            }))
+        dedupe_core::backend::within(self.timeout + Self::BACKSTOP, op).await
     }
 
     /// Runs `f` on a connection of the pool, bounded by the timeout.
@@ -237,14 +231,12 @@ impl MySqlStore {
 // methods, which take no connection of the store's.
 #[async_trait]
 impl DedupeStore for MySqlStore {
-    #[tracing::instrument(name = "dedupe.mysql.claim", skip_all, fields(key = %key))]
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;
         self.call(async |ops, conn| ops.claim(conn, key, opts).await)
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.mysql.complete", skip_all, fields(key = %lease.key))]
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
         dedupe_core::backend::check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
@@ -252,36 +244,30 @@ impl DedupeStore for MySqlStore {
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.mysql.release", skip_all, fields(key = %lease.key))]
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.call(async |ops, conn| ops.release(conn, lease).await)
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.mysql.extend", skip_all, fields(key = %lease.key))]
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         dedupe_core::backend::check_ttl("lease ttl", ttl)?;
         self.call(async |ops, conn| ops.extend(conn, lease, ttl).await)
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.mysql.expire", skip_all)]
     async fn expire(&self) -> Result<u64> {
         self.call(async |ops, conn| ops.expire(conn).await).await
     }
 
-    #[tracing::instrument(name = "dedupe.mysql.get", skip_all, fields(key = %key))]
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.call(async |ops, conn| ops.get(conn, key).await).await
     }
 
-    #[tracing::instrument(name = "dedupe.mysql.forget", skip_all, fields(key = %key))]
     async fn forget(&self, key: &Key) -> Result<bool> {
         self.call(async |ops, conn| ops.forget(conn, key).await)
             .await
     }
 
-    #[tracing::instrument(name = "dedupe.mysql.claim_many", skip_all, fields(keys = keys.len()))]
     async fn claim_many(&self, keys: &[Key], opts: &ClaimOptions) -> Result<Vec<ClaimOutcome>> {
         dedupe_core::backend::check_batch(keys)?;
         opts.validate()?;

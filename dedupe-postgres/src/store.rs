@@ -146,10 +146,7 @@ impl PgStore {
         // database). This one fails with the reason.
         let probe = tokio::time::timeout(timeout, sqlx::ConnectOptions::connect(&options))
             .await
-            .map_err(|_| Error::Timeout {
-                after: timeout,
-                source: None,
-            })?
+            .map_err(|_| Error::timeout(timeout))?
             .map_err(|e| crate::error::map(e, timeout))?;
         let _ = sqlx::Connection::close(probe).await;
         PgPoolOptions::new()
@@ -178,13 +175,7 @@ impl PgStore {
     /// Runs `op` bounded by the store's timeout plus the backstop margin, so the
     /// server's `statement_timeout` (which cancels cleanly) fires first.
     async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        let bound = self.timeout + Self::BACKSTOP;
-        tokio::time::timeout(bound, op)
-            .await
-            .unwrap_or(Err(Error::Timeout {
-                after: bound,
-                source: None,
-            }))
+        dedupe_core::backend::within(self.timeout + Self::BACKSTOP, op).await
     }
 
     async fn acquire(&self) -> Result<Checkout> {

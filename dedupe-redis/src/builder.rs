@@ -257,10 +257,7 @@ impl RedisBuilder {
                         ConnectionManager::new_with_config(client.clone(), config.clone()),
                     )
                     .await
-                    .map_err(|_| Error::Timeout {
-                        after: timeout * 2,
-                        source: None,
-                    })?
+                    .map_err(|_| Error::timeout(timeout * 2))?
                     .map_err(map)?;
                     Ok::<_, Error>(Link::new(
                         Conn::Single(manager),
@@ -296,10 +293,7 @@ impl RedisBuilder {
                 let open = || async {
                     let conn = tokio::time::timeout(timeout * 2, client.get_async_connection())
                         .await
-                        .map_err(|_| Error::Timeout {
-                            after: timeout * 2,
-                            source: None,
-                        })?
+                        .map_err(|_| Error::timeout(timeout * 2))?
                         .map_err(map)?;
                     Ok::<_, Error>(Link::new(
                         Conn::Cluster(conn),

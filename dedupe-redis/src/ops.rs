@@ -111,13 +111,7 @@ impl RedisStore {
     /// Bounds `op` by twice the timeout, so a call never hangs through an outage
     /// even when the connection's own timers do not fire.
     pub(crate) async fn bounded<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        let bound = self.timeout * 2;
-        tokio::time::timeout(bound, op)
-            .await
-            .unwrap_or(Err(Error::Timeout {
-                after: bound,
-                source: None,
-            }))
+        dedupe_core::backend::within(self.timeout * 2, op).await
     }
 
     /// Runs a script that only reads (or whose write no failover can undo

@@ -333,10 +333,7 @@ fn run_group(
             if write.deadline() <= now {
                 write.refuse(&|after| match &busy {
                     Some(e) => crate::error::map_shared(e, after),
-                    None => Error::Timeout {
-                        after,
-                        source: None,
-                    },
+                    None => Error::timeout(after),
                 });
             } else {
                 kept.push(write);

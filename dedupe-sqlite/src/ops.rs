@@ -90,10 +90,7 @@ impl Ops<'_> {
         writer
             .try_lock_until(deadline)
             .map(Some)
-            .ok_or(Error::Timeout {
-                after: self.busy_timeout,
-                source: None,
-            })
+            .ok_or(Error::timeout(self.busy_timeout))
     }
 
     /// The claim: one upsert decides; when it leaves a live record alone, that

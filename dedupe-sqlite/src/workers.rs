@@ -114,10 +114,7 @@ impl Workers {
                 return; // the caller has gone: do nothing on its behalf
             }
             let result = if Instant::now() >= deadline {
-                Err(Error::Timeout {
-                    after: busy_timeout,
-                    source: None,
-                })
+                Err(Error::timeout(busy_timeout))
             } else {
                 with_busy_deadline(deadline, || f(slot))
             };

@@ -63,6 +63,28 @@ use crate::error::{Error, Result};
 use crate::key::{Key, LeaseToken};
 use crate::record::{Record, RecordState};
 
+/// Runs `op`, or answers [`Error::Timeout`] once `bound` has passed without
+/// its answer (`op` is dropped: whether it took effect is unknown, as the
+/// error says). Every store bounds its calls with it.
+///
+/// ```
+/// use std::time::Duration;
+/// use dedupe_core::{backend::within, Error};
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let never = std::future::pending::<Result<(), Error>>();
+/// let answer = within(Duration::from_millis(5), never).await;
+/// assert!(matches!(answer, Err(Error::Timeout { after, .. }) if after == Duration::from_millis(5)));
+/// # });
+/// ```
+pub async fn within<T>(
+    bound: std::time::Duration,
+    op: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(bound, op)
+        .await
+        .unwrap_or(Err(Error::timeout(bound)))
+}
+
 /// A fresh lease token: 128 random bits, never handed to two claims.
 pub fn new_token() -> LeaseToken {
     LeaseToken::generate()
