@@ -8,7 +8,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use dedupe_core::{ClaimOptions, ClaimOutcome, Deduper, Fingerprint, Key, Lease, Settle, Worked};
+use dedupe_core::{
+    ClaimOptions, ClaimOutcome, Deduper, Error, Fingerprint, Key, Lease, RecordState, Settle,
+    Worked,
+};
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
@@ -17,8 +20,8 @@ use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
 use tower::{Layer, Service, ServiceExt};
 
+use crate::answer::{count, Answer, OnMismatch};
 use crate::header::{IdempotencyKey, KeyError};
-use crate::problem::Problem;
 use crate::stored::{StoredResponse, REPLAYED};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -45,6 +48,30 @@ pub enum LargeResponse {
     /// Send the response and release the claim: nothing is kept, and a retry
     /// with the key runs the handler again.
     PassAndRelease,
+}
+
+/// A request's key decided in front of the layer, by a layer that checked
+/// the request first (dedupe-webhook's signature check puts one on every
+/// delivery it lets through): with [`Idempotency::keyed_by_extension`], the
+/// layer claims this key instead of reading the `Idempotency-Key` header.
+#[derive(Debug, Clone)]
+pub struct RequestKey {
+    /// The store key, namespace included.
+    pub key: Key,
+    /// What makes two requests with the key the same one (`None`: the key
+    /// alone decides).
+    pub fingerprint: Option<Fingerprint>,
+    /// What the key with another fingerprint gets.
+    pub on_mismatch: OnMismatch,
+}
+
+/// Where the layer finds a request's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeySource {
+    /// The `Idempotency-Key` header, scoped and hashed.
+    Header,
+    /// A [`RequestKey`] extension.
+    Extension,
 }
 
 type PolicyFn = dyn Fn(&Parts) -> KeyPolicy + Send + Sync;
@@ -90,6 +117,8 @@ pub struct Idempotency {
     large_response: LargeResponse,
     wait: Option<Duration>,
     never_replayed: Vec<HeaderName>,
+    source: KeySource,
+    acknowledge_foreign: bool,
 }
 
 impl fmt::Debug for Idempotency {
@@ -103,6 +132,7 @@ impl fmt::Debug for Idempotency {
             .field("max_response_bytes", &self.max_response_bytes)
             .field("large_response", &self.large_response)
             .field("wait", &self.wait)
+            .field("source", &self.source)
             .finish_non_exhaustive()
     }
 }
@@ -150,7 +180,31 @@ impl Idempotency {
             large_response: LargeResponse::Refuse,
             wait: None,
             never_replayed: Vec::new(),
+            source: KeySource::Header,
+            acknowledge_foreign: false,
         }
+    }
+
+    /// Keys requests by the [`RequestKey`] a layer in front of this one put
+    /// in their extensions, not by the header: the one engine under every
+    /// front door (dedupe-webhook keys deliveries by their provider's event
+    /// id this way). A request without one is as a request without a key
+    /// ([`policy`](Self::policy)); the scope, the namespace and the
+    /// fingerprint settings are the front layer's to apply.
+    pub fn keyed_by_extension(mut self) -> Self {
+        self.source = KeySource::Extension;
+        self
+    }
+
+    /// A done record whose outcome is not a kept response (the key was
+    /// completed by other code: an inbox worker, a handler of another
+    /// version) is answered 200 with `{"duplicate": true, "key": ...}`,
+    /// marked replayed, instead of 500 `corrupt-stored-response`. For
+    /// webhook senders, which need only to hear that the event was
+    /// processed.
+    pub fn acknowledge_foreign_outcomes(mut self) -> Self {
+        self.acknowledge_foreign = true;
+        self
     }
 
     /// The store namespace of the keys (default `http`).
@@ -404,10 +458,16 @@ where
 
 /// What the held work hands back.
 enum Ran<ResB, E> {
-    /// The response to send.
-    Respond(Response<ResB>),
+    /// The response to send, and what it answers.
+    Respond(Response<ResB>, Answer),
     /// The inner service failed: its error is the layer's.
     Failed(E),
+}
+
+/// A keyed request's key, as found before its body is read.
+enum Found {
+    Header(IdempotencyKey),
+    Extension(RequestKey),
 }
 
 async fn handle<S, ReqB, ResB>(
@@ -426,23 +486,37 @@ where
     ResB::Data: Send,
     ResB::Error: Into<BoxError>,
 {
-    let (parts, body) = req.into_parts();
+    let started = Instant::now();
+    let (mut parts, body) = req.into_parts();
     let policy = (config.policy)(&parts);
     if policy == KeyPolicy::Ignored {
         return inner.oneshot(Request::from_parts(parts, body)).await;
     }
-    let key = match IdempotencyKey::from_headers(&parts.headers) {
-        Ok(Some(key)) => key,
+    let found = match config.source {
+        KeySource::Header => {
+            IdempotencyKey::from_headers(&parts.headers).map(|k| k.map(Found::Header))
+        }
+        KeySource::Extension => Ok(parts
+            .extensions
+            .remove::<RequestKey>()
+            .map(Found::Extension)),
+    };
+    let refused = |response: Response<ResB>| {
+        count(&config.namespace, started, &response);
+        Ok(response)
+    };
+    let found = match found {
+        Ok(Some(found)) => found,
         Ok(None) if policy == KeyPolicy::Optional => {
             return inner.oneshot(Request::from_parts(parts, body)).await
         }
-        Ok(None) => return Ok(bad_key(&KeyError::Missing)),
-        Err(e) => return Ok(bad_key(&e)),
+        Ok(None) => return refused(bad_key(&KeyError::Missing)),
+        Err(e) => return refused(bad_key(&e)),
     };
     let body = match Limited::new(body, config.max_request_bytes).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Ok(Problem::BodyTooLarge.response(
+            return refused(Answer::TooLarge.problem(
                 &format!(
                     "the request body is over {} bytes; nothing was run",
                     config.max_request_bytes
@@ -451,44 +525,78 @@ where
             ))
         }
         Err(e) => {
-            return Ok(Problem::BodyUnreadable.response(&format!("{e}; nothing was run"), None))
+            return refused(Answer::BadRequest.problem(
+                &format!("the request body could not be read ({e}); nothing was run"),
+                None,
+            ))
         }
     };
-    let scope = config.scope.as_ref().map(|f| f(&parts));
-    let store_key = match config.store_key(
-        // An extractor's `None` (anonymous) is not `Some("")`.
-        scope.as_ref().and_then(|s| s.as_deref()),
-        &parts.method,
-        parts.uri.path(),
-        &key,
-    ) {
-        Ok(k) => k,
-        Err(e) => return Ok(bad_key(&e)),
+    let keyed = match found {
+        Found::Extension(keyed) => keyed,
+        Found::Header(key) => {
+            let scope = config.scope.as_ref().map(|f| f(&parts));
+            match config.store_key(
+                // An extractor's `None` (anonymous) is not `Some("")`.
+                scope.as_ref().and_then(|s| s.as_deref()),
+                &parts.method,
+                parts.uri.path(),
+                &key,
+            ) {
+                Ok(store_key) => RequestKey {
+                    key: store_key,
+                    fingerprint: config.fingerprint_of(&parts, &body),
+                    on_mismatch: OnMismatch::Refuse,
+                },
+                Err(e) => return refused(bad_key(&e)),
+            }
+        }
     };
+    let namespace = keyed.key.namespace().to_string();
+    let answered = claim(config, inner, parts, body, keyed).await;
+    if let Ok(response) = &answered {
+        count(&namespace, started, response);
+    }
+    answered
+}
+
+/// Claims the request's key, then runs the handler under the claim, or
+/// answers what the claim found.
+async fn claim<S, ReqB, ResB>(
+    config: Arc<Idempotency>,
+    inner: S,
+    parts: Parts,
+    body: Bytes,
+    keyed: RequestKey,
+) -> Result<Response<ResB>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: From<Bytes> + Send + 'static,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: Into<BoxError>,
+{
+    let key = keyed.key;
     let mut opts = ClaimOptions::new(config.deduper.lease_ttl());
-    if let Some(fp) = config.fingerprint_of(&parts, &body) {
+    if let Some(fp) = keyed.fingerprint {
         opts = opts.with_fingerprint(fp);
     }
     let waiting_until = config.wait.map(|bound| Instant::now() + bound);
     let mut poll = Duration::from_millis(25);
     loop {
-        let answer = config.deduper.store().claim(&store_key, &opts).await;
-        match answer {
-            Err(e) => {
-                tracing::warn!(key = %store_key, error = %e, "idempotency store unavailable: answering 503");
-                return Ok(Problem::StoreUnavailable.response(
-                    &format!("{e}; nothing was run"),
-                    Some(Duration::from_secs(1)),
-                ));
+        match config.deduper.store().claim(&key, &opts).await {
+            Err(e) => return Ok(store_error(&key, &e)),
+            Ok(ClaimOutcome::Duplicate { outcome, .. }) => {
+                return Ok(replay(&config, &key, &outcome, Answer::Replayed))
             }
-            Ok(ClaimOutcome::Duplicate { outcome, .. }) => return Ok(replay(&config, &outcome)),
+            Ok(ClaimOutcome::Mismatch { .. }) if keyed.on_mismatch == OnMismatch::Replay => {
+                return Ok(mismatch_replay(&config, &key).await)
+            }
             Ok(ClaimOutcome::Mismatch { .. }) => {
-                return Ok(Problem::KeyReused.response(
-                    &format!(
-                        "the Idempotency-Key {:?} was used with another request (method, path, \
-                         headers or body differ); nothing was run",
-                        key.as_str()
-                    ),
+                return Ok(Answer::Mismatch.problem(
+                    "this key was used with another request (method, path, headers or body \
+                     differ); nothing was run",
                     None,
                 ))
             }
@@ -498,15 +606,7 @@ where
                     poll = (poll * 2).min(Duration::from_millis(500));
                     continue;
                 }
-                let left = deadline
-                    .duration_since(SystemTime::now())
-                    .unwrap_or_default()
-                    .min(Duration::from_secs(60));
-                return Ok(Problem::InFlight.response(
-                    "the first request with this Idempotency-Key is still being processed; \
-                     retry after the time given",
-                    Some(left),
-                ));
+                return Ok(in_flight(deadline));
             }
             Ok(ClaimOutcome::Claimed(lease)) => {
                 return run(config, inner, parts, body, lease).await;
@@ -515,7 +615,7 @@ where
     }
 }
 
-/// Runs the handler under `lease` in a task of the `Deduper`, then stores
+/// Runs the handler under `lease` in a task of the `Deduper`, then keeps
 /// its response, or releases the claim, as the settings say.
 async fn run<S, ReqB, ResB>(
     config: Arc<Idempotency>,
@@ -533,9 +633,13 @@ where
     ResB::Data: Send,
     ResB::Error: Into<BoxError>,
 {
+    let retention = config
+        .deduper
+        .retention()
+        .for_namespace(lease.key.namespace());
     let idem = Idempotent {
         lease: lease.clone(),
-        retention: config.retention(),
+        retention,
         settled: Arc::new(AtomicBool::new(false)),
     };
     parts.extensions.insert(idem.clone());
@@ -547,13 +651,18 @@ where
             Ok(response) => response,
             Err(e) => return (Ran::Failed(e), Settle::Release),
         };
+        let ran = if response.status().is_success() {
+            Answer::Processed
+        } else {
+            Answer::Failed
+        };
         if idem.settled.load(Ordering::SeqCst) {
-            return (Ran::Respond(response), Settle::Settled);
+            return (Ran::Respond(response, ran), Settle::Settled);
         }
         let (head, body) = response.into_parts();
         if !(this.stored_statuses)(head.status) {
             return (
-                Ran::Respond(Response::from_parts(head, body)),
+                Ran::Respond(Response::from_parts(head, body), Answer::Failed),
                 Settle::Release,
             );
         }
@@ -564,13 +673,15 @@ where
         };
         // The handler's work is done: a problem kept in its response's place
         // is what the key answers from now on, so it never runs twice.
-        let kept_problem = |kind: Problem, detail: String| {
-            let problem = kind.stored(&detail, None);
+        let kept_problem = |answer: Answer, detail: String| {
+            let problem = answer.stored_problem(&detail, None);
+            let mut response: Response<ResB> = problem.clone().into_response();
+            response.extensions_mut().insert(answer);
             (
-                Ran::Respond(problem.clone().into_response()),
+                Ran::Respond(response, answer),
                 Settle::Complete {
                     outcome: problem.encode(),
-                    retention: this.retention(),
+                    retention,
                 },
             )
         };
@@ -578,7 +689,7 @@ where
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
                 return kept_problem(
-                    Problem::ResponseTooLarge,
+                    Answer::ResponseTooLarge,
                     format!(
                         "the handler ran, and its response is over the {} bytes kept for \
                          retries; it was not sent, and a retry answers this again",
@@ -588,7 +699,7 @@ where
             }
             Err(e) => {
                 return kept_problem(
-                    Problem::HandlerPanicked,
+                    Answer::Panicked,
                     format!(
                         "the handler ran, and its response body failed ({e}); a retry \
                          answers this again"
@@ -614,19 +725,19 @@ where
             .filter(|outcome| outcome.len() <= store_limit);
         match (outcome, &this.large_response) {
             (Some(outcome), _) => (
-                Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
-                Settle::Complete {
-                    outcome,
-                    retention: this.retention(),
-                },
+                Ran::Respond(Response::from_parts(head, ResB::from(bytes)), ran),
+                Settle::Complete { outcome, retention },
             ),
             // Sent, not kept.
             (None, LargeResponse::PassAndRelease) => (
-                Ran::Respond(Response::from_parts(head, ResB::from(bytes))),
+                Ran::Respond(
+                    Response::from_parts(head, ResB::from(bytes)),
+                    Answer::Failed,
+                ),
                 Settle::Release,
             ),
             (None, LargeResponse::Refuse) => kept_problem(
-                Problem::ResponseTooLarge,
+                Answer::ResponseTooLarge,
                 format!(
                     "the handler ran, and its response with its headers is over the \
                      {store_limit} bytes the store keeps; it was not sent, and a retry answers \
@@ -638,75 +749,145 @@ where
     let held = deduper.clone();
     let task = match deduper.spawn(async move { held.hold(lease, work).await }) {
         Ok(task) => task,
-        Err(e) => {
-            return Ok(
-                Problem::StoreUnavailable.response(&e.to_string(), Some(Duration::from_secs(1)))
-            )
+        Err(_) => {
+            return Ok(Answer::Unavailable.problem(
+                "the server is shutting down; nothing was run",
+                Some(Duration::from_secs(5)),
+            ))
         }
     };
     let worked = match task.await {
         Ok(worked) => worked,
         Err(e) => {
-            return Ok(
-                Problem::HandlerPanicked.response(&format!("the handler's task ended: {e}"), None)
-            )
+            tracing::error!(error = %e, "the request's task ended early");
+            return Ok(Answer::Panicked.problem(
+                "the request's task ended early; a retry runs it again",
+                None,
+            ));
         }
     };
-    match worked {
+    Ok(match worked {
         Worked::Returned { value, settled } => {
-            if let Err(e) = settled {
-                tracing::error!(error = %e, "the request ran but its claim could not be settled");
-            }
-            match value {
-                Ran::Respond(response) => Ok(response),
-                Ran::Failed(e) => Err(e),
-            }
+            let (mut response, answer) = match value {
+                Ran::Respond(response, answer) => (response, answer),
+                Ran::Failed(e) => return Err(e),
+            };
+            // Answering an error after the handler's work would make the
+            // client retry work that is done: its response goes out.
+            let answer = match settled {
+                Err(Error::LeaseLost { .. }) => Answer::LeaseLost,
+                _ => answer,
+            };
+            response.extensions_mut().insert(answer);
+            response
         }
-        Worked::Panicked { .. } => Ok(Problem::HandlerPanicked.response(
+        Worked::Panicked { .. } => Answer::Panicked.problem(
             "the handler panicked; nothing was kept, and a retry runs it again",
             None,
-        )),
-        Worked::TimedOut { limit, .. } => Ok(Problem::StoreUnavailable.response(
+        ),
+        Worked::TimedOut { limit, .. } => Answer::HandlerTimeout.problem(
             &format!(
                 "the handler ran past its {limit:?} bound and was stopped; a retry runs it again"
             ),
             Some(Duration::from_secs(1)),
-        )),
-        Worked::AlreadyRunning { deadline } => Ok(Problem::InFlight.response(
-            "the first request with this Idempotency-Key is still being processed",
-            Some(
-                deadline
-                    .duration_since(SystemTime::now())
-                    .unwrap_or_default(),
-            ),
-        )),
-        _ => Ok(Problem::StoreUnavailable.response(
+        ),
+        Worked::AlreadyRunning { deadline } => in_flight(deadline),
+        _ => Answer::Unavailable.problem(
             "the server is shutting down; the request was stopped and a retry runs it again",
-            Some(Duration::from_secs(1)),
-        )),
-    }
+            Some(Duration::from_secs(5)),
+        ),
+    })
 }
 
 fn bad_key<B: From<Bytes>>(error: &dyn std::error::Error) -> Response<B> {
-    Problem::BadKey.response(&format!("{error}; nothing was run"), None)
+    Answer::BadKey.problem(&format!("{error}; nothing was run"), None)
 }
 
-/// The stored response of a done request, marked as a replay.
-fn replay<B: From<Bytes>>(config: &Idempotency, outcome: &[u8]) -> Response<B> {
-    match StoredResponse::decode(outcome) {
+/// 409 with `Retry-After` until the holder's lease passes (at most a
+/// minute).
+fn in_flight<B: From<Bytes>>(deadline: SystemTime) -> Response<B> {
+    let left = deadline
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
+        .min(Duration::from_secs(60));
+    Answer::InFlight.problem(
+        "the first request with this key is still being processed; retry after the time given",
+        Some(left),
+    )
+}
+
+/// A store error before anything ran: 503 when a retry may get through,
+/// else 500. The store's own text goes to the log only: it can name hosts,
+/// tables or credentials.
+fn store_error<B: From<Bytes>>(key: &Key, e: &Error) -> Response<B> {
+    if e.is_retryable() {
+        tracing::warn!(%key, error = %e, "idempotency store unavailable: answering 503");
+        Answer::Unavailable.problem(
+            "the idempotency store is unavailable; nothing was run",
+            Some(Duration::from_secs(1)),
+        )
+    } else {
+        tracing::error!(%key, error = %e, "idempotency store refused the claim");
+        Answer::Error.problem(
+            "the idempotency store refused the request; nothing was run (see the server's log)",
+            None,
+        )
+    }
+}
+
+/// The key with another fingerprint, where a mismatch is a duplicate: the
+/// kept response, 409 while the first runs (logged and counted).
+async fn mismatch_replay<B: From<Bytes>>(config: &Idempotency, key: &Key) -> Response<B> {
+    tracing::warn!(%key, "a known key with another fingerprint: answered as a duplicate");
+    match config.deduper.store().get(key).await {
+        Ok(Some(record)) => match record.state {
+            RecordState::Done { outcome, .. } => {
+                replay(config, key, &outcome, Answer::MismatchReplayed)
+            }
+            RecordState::InFlight { lease_deadline } => in_flight(lease_deadline),
+        },
+        // Gone between the claim and the read (released, expired): come
+        // back, the next claim decides.
+        Ok(None) => in_flight(SystemTime::now()),
+        Err(e) => store_error(key, &e),
+    }
+}
+
+/// The kept response of a done request, marked as a replay.
+fn replay<B: From<Bytes>>(
+    config: &Idempotency,
+    key: &Key,
+    outcome: &[u8],
+    answer: Answer,
+) -> Response<B> {
+    let mut response: Response<B> = match StoredResponse::decode(outcome) {
         Ok(stored) => {
             let mut response: Response<B> = stored.into_response();
             for name in &config.never_replayed {
                 response.headers_mut().remove(name);
             }
             response
-                .headers_mut()
-                .insert(REPLAYED, HeaderValue::from_static("true"));
+        }
+        Err(_) if config.acknowledge_foreign => {
+            // Completed by other code: the request was processed, and that
+            // is all there is to say.
+            let body = serde_json::json!({ "duplicate": true, "key": key.to_string() });
+            let mut response = Response::new(B::from(Bytes::from(body.to_string())));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             response
         }
         Err(e) => {
-            tracing::error!(error = %e, "a stored response does not decode");
-            Problem::CorruptStored.response(&format!("{e}; the request is not run again"), None)
+            tracing::error!(%key, error = %e, "a kept response does not decode");
+            return Answer::CorruptStored
+                .problem(&format!("{e}; the request is not run again"), None);
         }
-    }
+    };
+    response
+        .headers_mut()
+        .insert(REPLAYED, HeaderValue::from_static("true"));
+    response.extensions_mut().insert(answer);
+    response
 }

@@ -45,22 +45,15 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod answer;
 mod header;
 mod layer;
-mod problem;
 mod stored;
 
+pub use answer::{count, Answer, OnMismatch, PROBLEM_BASE};
 pub use header::{IdempotencyKey, KeyError, IDEMPOTENCY_KEY, MAX_KEY_BYTES};
 pub use layer::{
     stored_by_default, Idempotency, IdempotencyLayer, IdempotencyService, Idempotent, KeyPolicy,
-    LargeResponse,
+    LargeResponse, RequestKey,
 };
-pub use problem::PROBLEM_BASE;
 pub use stored::{CorruptResponse, StoredResponse, NEVER_REPLAYED, REPLAYED};
-
-/// The `type` URIs of the problems the layer answers, each `PROBLEM_BASE`
-/// followed by one of: `bad-key` (400), `body-unreadable` (400),
-/// `body-too-large` (413), `in-flight` (409), `key-reused` (422),
-/// `handler-panicked` (500), `response-too-large` (500),
-/// `corrupt-stored-response` (500), `store-unavailable` (503).
-pub mod problems {}

@@ -239,7 +239,7 @@ async fn orders_cases(store: Arc<dyn DedupeStore>) {
     assert!(
         problem["type"]
             .as_str()
-            .is_some_and(|t| t.ends_with("#key-reused")),
+            .is_some_and(|t| t.ends_with("#mismatch")),
         "{problem}"
     );
     assert_eq!(mine(&alice), 1);
