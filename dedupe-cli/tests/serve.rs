@@ -222,14 +222,14 @@ async fn whole_path(serve: &Serve, rounds: usize) {
     let body = format!(r#"{{"id":"{id}","type":"payment_intent.succeeded","amount":2500}}"#);
     let (status, headers, first) = deliver(&http, &hooks, &body, "del_a1", &[]).await;
     assert_eq!(status, StatusCode::OK, "{first}");
-    assert!(headers.get("idempotent-replay").is_none());
+    assert!(headers.get("idempotent-replayed").is_none());
     let first: Value = serde_json::from_str(&first).expect("json");
     assert_eq!(first["processed"], true);
     let key = first["key"].as_str().expect("key").to_string();
     assert_eq!(key, format!("hooks:{id}"));
     let (status, headers, second) = deliver(&http, &hooks, &body, "del_b2", &[]).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(serde_json::from_str::<Value>(&second).expect("json"), first);
     let ledger = rows(&http, &serve.admin, Some(&key)).await;
     assert_eq!(ledger.len(), 1, "{ledger:?}");
@@ -247,7 +247,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
         .await;
         let processed = replies
             .iter()
-            .filter(|(s, h, _)| *s == StatusCode::OK && h.get("idempotent-replay").is_none())
+            .filter(|(s, h, _)| *s == StatusCode::OK && h.get("idempotent-replayed").is_none())
             .count();
         for (status, headers, text) in &replies {
             match *status {
@@ -272,7 +272,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
     assert!(key.starts_with("hooks:sha256:"), "{key}");
     let (status, headers, _) = deliver(&http, &hooks, &anonymous, "del_n2", &[]).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(rows(&http, &serve.admin, Some(&key)).await.len(), 1);
 
     // The same id with another payload: 422, no row.
@@ -371,7 +371,7 @@ async fn whole_path(serve: &Serve, rounds: usize) {
     );
     let (status, headers, _) = deliver(&http, &hooks, &body, "f2", &[]).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(headers.get("idempotent-replay").is_none());
+    assert!(headers.get("idempotent-replayed").is_none());
     let ledger = rows(&http, &serve.admin, Some(&format!("hooks:{id}"))).await;
     assert_eq!(ledger.len(), 1);
     assert_eq!(ledger[0]["delivery_id"], "f2");
@@ -526,7 +526,7 @@ async fn graceful_shutdown_finishes_in_flight_deliveries() {
     assert!(term.is_ok_and(|s| s.success()), "kill -TERM failed");
     let (status, headers, text) = in_flight.await.expect("delivery task");
     assert_eq!(status, StatusCode::OK, "{text}");
-    assert!(headers.get("idempotent-replay").is_none());
+    assert!(headers.get("idempotent-replayed").is_none());
     let mut serve = serve;
     let exited = serve.child.wait().expect("wait");
     assert!(exited.success(), "dedupe serve exited with {exited}");
@@ -535,7 +535,7 @@ async fn graceful_shutdown_finishes_in_flight_deliveries() {
     let (status, headers, _) =
         deliver(&http, &format!("{}/hooks", again.base), body, "del_2", &[]).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     let ledger = rows(&http, &again.admin, Some("hooks:evt_shutdown")).await;
     assert_eq!(ledger.len(), 1, "{ledger:?}");
     assert_eq!(ledger[0]["delivery_id"], "del_1");
@@ -609,14 +609,14 @@ async fn a_side_effect_runs_once_per_event_across_timeouts_bursts_and_restarts()
     .await;
     let processed = replies
         .iter()
-        .filter(|(s, h, _)| *s == StatusCode::OK && h.get("idempotent-replay").is_none())
+        .filter(|(s, h, _)| *s == StatusCode::OK && h.get("idempotent-replayed").is_none())
         .count();
     assert_eq!(processed, 1);
 
     // After the first event's work: its first delivery's response.
     let (status, headers, text) = deliver(&http, &hooks, slow, "del_3", &[]).await;
     assert_eq!(status, StatusCode::OK, "{text}");
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     let replayed: Value = serde_json::from_str(&text).expect("json");
     assert_eq!(replayed["delivery_id"], "del_1");
 
@@ -639,7 +639,7 @@ async fn a_side_effect_runs_once_per_event_across_timeouts_bursts_and_restarts()
         deliver(&http, &format!("{}/hooks", again.base), last, "r2", &[]).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     assert_eq!(
-        headers["idempotent-replay"], "true",
+        headers["idempotent-replayed"], "true",
         "the drained handler's outcome was lost"
     );
 
@@ -689,12 +689,12 @@ async fn named_routes_of_one_provider_are_two_consumers() {
         let (status, headers, text) = deliver(&http, &url, body, "d1", &signed).await;
         assert_eq!(status, StatusCode::OK, "{route}: {text}");
         assert!(
-            headers.get("idempotent-replay").is_none(),
+            headers.get("idempotent-replayed").is_none(),
             "{route} did not run"
         );
         let (status, headers, _) = deliver(&http, &url, body, "d2", &signed).await;
         assert_eq!(
-            (status, headers.contains_key("idempotent-replay")),
+            (status, headers.contains_key("idempotent-replayed")),
             (StatusCode::OK, true)
         );
         // The other route's secret does not sign for this one.
@@ -859,7 +859,7 @@ async fn metrics_count_every_answer() {
     let deliveries = |answer| {
         sample(
             &text,
-            "dedupe_webhook_deliveries_total",
+            "dedupe_requests_total",
             &[("namespace", "hooks"), ("answer", answer)],
         )
     };
@@ -903,7 +903,7 @@ async fn metrics_count_every_answer() {
     assert_eq!(
         sample(
             &text,
-            "dedupe_webhook_deliveries_total",
+            "dedupe_requests_total",
             &[("answer", "handler_timeout")]
         ),
         1.0,

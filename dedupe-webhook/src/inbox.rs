@@ -16,7 +16,9 @@ use dedupe_core::{Accepted, DedupeStore, Error, Inbox, Key, Taken};
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
-use crate::receiver::{json_error, store_error, AcceptedDelivery, Answer, Webhook, WebhookEvent};
+use dedupe_http::Answer;
+
+use crate::receiver::{store_error, AcceptedDelivery, Webhook, WebhookEvent};
 use crate::KeyRule;
 
 /// Headers never kept with a delivery: credentials and the connection's own.
@@ -133,15 +135,14 @@ fn decode(taken: &Taken, retention: Duration) -> Result<(WebhookEvent, HeaderMap
         headers.append(name, value);
     }
     Ok((
-        WebhookEvent {
-            key: key.clone(),
-            event_id: meta.event_id,
-            delivery_id: meta.delivery_id,
-            lease: taken.lease.clone(),
+        WebhookEvent::from_parts(
+            taken.lease.clone(),
+            meta.event_id,
+            meta.delivery_id,
             body,
             payload,
             retention,
-        },
+        ),
         headers,
     ))
 }
@@ -211,22 +212,16 @@ impl Webhook {
                 Some(item.status.as_str()),
             ),
             Ok(Accepted::Done { .. }) => answer(StatusCode::OK, Answer::Known, &key, Some("done")),
-            Ok(Accepted::InFlight { .. }) => {
-                let mut response = json_error(
-                    StatusCode::CONFLICT,
-                    Answer::InFlight,
-                    format!("{key} is being processed by a synchronous receiver"),
-                );
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(1));
-                response
-            }
+            Ok(Accepted::InFlight { .. }) => Answer::InFlight.problem(
+                &format!("{key} is being processed by a synchronous receiver"),
+                Some(Duration::from_secs(1)),
+            ),
             Ok(_) => store_error(&Error::fatal("an unknown accept answer", None)),
-            Err(Error::PayloadTooLarge { size, limit }) => json_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                Answer::TooLarge,
-                format!("the delivery ({size} bytes with its headers) is over the inbox's {limit}"),
+            Err(Error::PayloadTooLarge { size, limit }) => Answer::TooLarge.problem(
+                &format!(
+                    "the delivery ({size} bytes with its headers) is over the inbox's {limit}"
+                ),
+                None,
             ),
             Err(e) => store_error(&e),
         }

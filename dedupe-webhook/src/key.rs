@@ -73,25 +73,18 @@ pub enum PayloadFingerprint {
     Nothing,
 }
 
-/// What a delivery whose key is known with another payload fingerprint gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnMismatch {
-    /// 422: the same key was delivered before with a different payload. The
-    /// default on routes without a signature check, where a mismatch is
-    /// someone reusing an id.
-    Refuse,
-    /// Answer it as the duplicate it is (the stored response, or 409 while
-    /// the first is in flight), and log and count it. The default where the
-    /// signature covered the key (a Standard Webhooks or Svix message id, a
-    /// Stripe body `id`): the sender is authenticated, and a provider that
-    /// re-rendered the body of a resend must not get a 4xx (a retry storm).
-    /// Where the key comes from unsigned headers (GitHub, Shopify), whoever
-    /// holds one old signed body could send it under a future event's id
-    /// and have the real event answered as a duplicate, so there the default
-    /// stays [`OnMismatch::Refuse`]; those providers resend the same body.
-    Replay,
-}
+/// What a delivery whose key is known with another payload fingerprint gets
+/// (the engine's setting): 422 ([`OnMismatch::Refuse`], the default on routes
+/// without a signature check, where a mismatch is someone reusing an id), or
+/// the duplicate's answer ([`OnMismatch::Replay`], the default where the
+/// signature covered the key: a Standard Webhooks or Svix message id, a
+/// Stripe body `id`; the sender is authenticated, and a provider that
+/// re-rendered the body of a resend must not get a 4xx, a retry storm).
+/// Where the key comes from unsigned headers (GitHub, Shopify), whoever holds
+/// one old signed body could send it under a future event's id and have the
+/// real event answered as a duplicate, so there the default stays `Refuse`;
+/// those providers resend the same body.
+pub use dedupe_http::OnMismatch;
 
 /// How a delivery's key is derived: the first source that gives an id wins.
 ///

@@ -13,7 +13,7 @@
 //!    not JSON);
 //! 4. in a task of its own, which the request only awaits, the key is claimed
 //!    with the payload's fingerprint ([`PayloadFingerprint`]): a duplicate is
-//!    answered with the stored response and `Idempotent-Replay: true`, a
+//!    answered with the kept response and `Idempotent-Replayed: true`, a
 //!    delivery still in flight elsewhere with 409 and `Retry-After`, the same
 //!    key with another payload with 422 or, on signed routes, as a duplicate
 //!    ([`OnMismatch`]), an unreachable store with 503 and `Retry-After`
@@ -48,12 +48,15 @@ mod layer;
 mod receiver;
 mod signature;
 
+/// The engine's answers and its replay header, the same for a webhook
+/// delivery and an `Idempotency-Key` request.
+pub use dedupe_http::{Answer, REPLAYED};
 pub use key::{
     delivery_id, DeriveError, DerivedKey, KeyRule, KeySource, OnMismatch, PayloadFingerprint,
     PER_ATTEMPT_HEADERS,
 };
 pub use layer::{WebhookLayer, WebhookService};
-pub use receiver::{Answer, Completed, ConcurrencyLimit, Webhook, WebhookEvent, REPLAY_HEADER};
+pub use receiver::{ConcurrencyLimit, Webhook, WebhookEvent};
 pub use signature::{Scheme, SecretError, SignatureError, Verified, Verifier};
 
 /// The README's examples, compiled as doctests.

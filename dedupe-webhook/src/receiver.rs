@@ -1,109 +1,33 @@
-//! The receiving path: read the body (bounded), verify the signature, derive the
-//! key; then, in a task of its own that the request only awaits, claim it, run
-//! the app's handler under the claim, and complete with its response or release
-//! on failure. Duplicates are answered with the stored response.
+//! The receiving path: read the body (bounded), verify the signature, derive
+//! the key; then hand the delivery, keyed by its provider's event id, to the
+//! one engine every front door runs on (dedupe-http's `Idempotency`), which
+//! claims it, runs the app's handler under the claim in a task of its own,
+//! and keeps or releases its response. Duplicates get the kept response.
 
+use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
-use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
-use dedupe_core::{
-    ClaimOptions, ClaimOutcome, DedupeStore, Deduper, Drained, Error, Fingerprint, Key, Lease,
-    OnFailure, RecordState, Settle, Worked,
+use axum::response::Response;
+use dedupe_core::{DedupeStore, Deduper, Drained, Error, Fingerprint, Key, Lease, OnFailure};
+use dedupe_http::{
+    count, Answer, Idempotency, IdempotencyLayer, Idempotent, KeyPolicy, OnMismatch, RequestKey,
+    StoredResponse,
 };
+use futures_util::future::BoxFuture;
 use http::{header, HeaderValue, Request, StatusCode};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
+use tower::{Layer, Service, ServiceExt};
 
-use crate::key::{DerivedKey, KeyRule, OnMismatch};
+use crate::key::{DerivedKey, KeyRule};
 use crate::signature::Verifier;
 
-/// The header that marks an answer replayed from a stored response.
-pub const REPLAY_HEADER: &str = "idempotent-replay";
-
-/// What the receiver answered, put in every response's extensions (for metrics
-/// and logs of the app around it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Answer {
-    /// First delivery: the handler ran and its response was stored.
-    Processed,
-    /// A duplicate, answered with the stored response.
-    Replayed,
-    /// The same key is being processed elsewhere (409).
-    InFlight,
-    /// The same key with another payload (422).
-    Mismatch,
-    /// The same key with another payload on a route whose policy is
-    /// [`OnMismatch::Replay`]: answered as a duplicate (the stored response).
-    MismatchReplayed,
-    /// Over the receiver's concurrency limit (503 with `Retry-After`); nothing
-    /// was claimed.
-    Busy,
-    /// The body is over the limit (413).
-    TooLarge,
-    /// The body is not JSON, or holds no usable id (400).
-    BadRequest,
-    /// The body did not arrive in time (408).
-    TimedOut,
-    /// Missing, bad or stale signature (401).
-    Unauthorized,
-    /// The store could not be reached (503); nothing was recorded.
-    Unavailable,
-    /// Inbox mode: a new event, accepted into the inbox (202); the handler
-    /// runs on a worker.
-    Queued,
-    /// Inbox mode: an event the inbox holds or has done (200); nothing was
-    /// stored or run.
-    Known,
-    /// The handler failed; the claim was released so a retry runs it (its
-    /// status, usually 500), or kept with the deduper's
-    /// [`OnFailure::Keep`].
-    Failed,
-    /// The handler panicked; the claim was released (500).
-    Panicked,
-    /// The handler ran past the deduper's
-    /// [`max_work_time`](Deduper::with_max_work_time): it was aborted and its
-    /// claim released (503 with `Retry-After`).
-    HandlerTimeout,
-    /// The handler finished after its lease was taken over by another
-    /// delivery: its response is answered, but the event may have been
-    /// processed twice (logged at `ERROR`).
-    LeaseLost,
-    /// The store refused the request for a reason a retry does not fix (500).
-    Error,
-}
-
-impl Answer {
-    /// A short name, for metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Answer::Processed => "processed",
-            Answer::Replayed => "replayed",
-            Answer::InFlight => "in_flight",
-            Answer::Mismatch => "mismatch",
-            Answer::MismatchReplayed => "mismatch_replayed",
-            Answer::Busy => "busy",
-            Answer::TooLarge => "too_large",
-            Answer::BadRequest => "bad_request",
-            Answer::TimedOut => "timed_out",
-            Answer::Unauthorized => "unauthorized",
-            Answer::Unavailable => "unavailable",
-            Answer::Queued => "queued",
-            Answer::Known => "known",
-            Answer::Failed => "failed",
-            Answer::Panicked => "panicked",
-            Answer::HandlerTimeout => "handler_timeout",
-            Answer::LeaseLost => "lease_lost",
-            Answer::Error => "error",
-        }
-    }
-}
-
-/// The claimed delivery, handed to the app's handler as a request extension
-/// (and as an axum extractor).
+/// The claimed delivery, handed to the app's handler: an axum extractor (and,
+/// for a handler called through [`Webhook::handle`],
+/// [`WebhookEvent::of`] on its request's extensions).
 #[derive(Debug, Clone)]
 pub struct WebhookEvent {
     /// The idempotency key.
@@ -120,109 +44,101 @@ pub struct WebhookEvent {
     /// (GitHub's `application/x-www-form-urlencoded` content type) its
     /// `payload` field. The handler's request carries this as its body.
     pub payload: Bytes,
-    /// How long the stored response is kept.
+    /// How long the kept response is kept.
     pub retention: Duration,
+    /// The engine's hold on the claim, for [`completed`](Self::completed)
+    /// (none for an event taken from the inbox: its worker settles it).
+    claim: Option<Idempotent>,
+}
+
+/// What the verifying half leaves in the request's extensions for the
+/// handler's [`WebhookEvent`].
+#[derive(Debug, Clone)]
+struct Delivered {
+    event_id: Option<String>,
+    delivery_id: Option<String>,
+    body: Bytes,
+    payload: Bytes,
 }
 
 impl WebhookEvent {
-    /// The outcome bytes to store for a response, as the receiver itself stores
-    /// them: for a handler that completes the lease itself, in its own
-    /// transaction, and then marks its response [`Completed`].
+    /// The outcome bytes to keep for a response, as the engine keeps them
+    /// (dedupe-http's [`StoredResponse`]): for a handler that completes the
+    /// lease itself, in its own transaction, and then says so with
+    /// [`completed`](Self::completed).
     pub fn outcome_for(status: StatusCode, content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
-        StoredResponse::new(status, content_type, body).encode()
+        let mut stored = StoredResponse::new(status).body(Bytes::copy_from_slice(body));
+        if let Some(content_type) = content_type {
+            stored = stored.header(header::CONTENT_TYPE, content_type);
+        }
+        stored.encode()
+    }
+
+    /// Says the handler completed (or released) the lease itself, for
+    /// example with `complete_in` in the transaction of its own writes: the
+    /// receiver sends the handler's response as it is and settles nothing.
+    /// Call it after the commit. On an event taken from the inbox it does
+    /// nothing: the worker completes the item with the handler's outcome,
+    /// which answers Ok when the handler already did with the same one.
+    pub fn completed(&self) {
+        if let Some(claim) = &self.claim {
+            claim.completed();
+        }
+    }
+
+    /// The event of a request the receiver claimed, from its extensions;
+    /// `None` on a request that did not come through a receiver.
+    pub fn of(extensions: &http::Extensions) -> Option<Self> {
+        let delivered = extensions.get::<Delivered>()?;
+        let claim = extensions.get::<Idempotent>()?;
+        Some(Self {
+            key: claim.lease().key.clone(),
+            event_id: delivered.event_id.clone(),
+            delivery_id: delivered.delivery_id.clone(),
+            lease: claim.lease().clone(),
+            body: delivered.body.clone(),
+            payload: delivered.payload.clone(),
+            retention: claim.retention(),
+            claim: Some(claim.clone()),
+        })
+    }
+
+    /// An event taken from the inbox ([`WebhookEvent::from_item`]).
+    pub(crate) fn from_parts(
+        lease: Lease,
+        event_id: Option<String>,
+        delivery_id: Option<String>,
+        body: Bytes,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Self {
+        Self {
+            key: lease.key.clone(),
+            event_id,
+            delivery_id,
+            lease,
+            body,
+            payload,
+            retention,
+            claim: None,
+        }
     }
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for WebhookEvent {
-    type Rejection = (StatusCode, &'static str);
+    type Rejection = Response;
 
     async fn from_request_parts(
         parts: &mut http::request::Parts,
         _state: &S,
     ) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<WebhookEvent>().cloned().ok_or((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "WebhookEvent used on a route without the webhook layer",
-        ))
+        Self::of(&parts.extensions).ok_or_else(|| {
+            Answer::Error.problem(
+                "WebhookEvent used on a route without the webhook layer",
+                None,
+            )
+        })
     }
-}
-
-/// Marks a response whose handler completed the lease itself (for example with
-/// `complete_in`, in the transaction of its own writes): the receiver then
-/// neither completes nor releases it.
-#[derive(Debug, Clone, Copy)]
-pub struct Completed;
-
-impl IntoResponseParts for Completed {
-    type Error = std::convert::Infallible;
-
-    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        res.extensions_mut().insert(Completed);
-        Ok(res)
-    }
-}
-
-/// A response as stored in the record's outcome, replayed to duplicates.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct StoredResponse {
-    status: u16,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    content_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    body: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    body_hex: Option<String>,
-}
-
-impl StoredResponse {
-    fn new(status: StatusCode, content_type: Option<&str>, body: &[u8]) -> Self {
-        let (text, hex_body) = match std::str::from_utf8(body) {
-            Ok(text) => (Some(text.to_string()), None),
-            Err(_) => (None, Some(hex::encode(body))),
-        };
-        Self {
-            status: status.as_u16(),
-            content_type: content_type.map(str::to_string),
-            body: text,
-            body_hex: hex_body,
-        }
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        serde_json::from_slice(bytes).ok()
-    }
-
-    fn into_response(self, key: &Key) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::OK);
-        let body = match (self.body, self.body_hex.and_then(|h| hex::decode(h).ok())) {
-            (Some(text), _) => text.into_bytes(),
-            (None, Some(bytes)) => bytes,
-            (None, None) => Vec::new(),
-        };
-        let mut response = (status, body).into_response();
-        if let Some(ct) = self
-            .content_type
-            .and_then(|c| HeaderValue::from_str(&c).ok())
-        {
-            response.headers_mut().insert(header::CONTENT_TYPE, ct);
-        }
-        mark_replay(&mut response, key);
-        response
-    }
-}
-
-fn mark_replay(response: &mut Response, key: &Key) {
-    response
-        .headers_mut()
-        .insert(REPLAY_HEADER, HeaderValue::from_static("true"));
-    if let Ok(k) = HeaderValue::from_str(&key.to_string()) {
-        response.headers_mut().insert("idempotency-key", k);
-    }
-    response.extensions_mut().insert(Answer::Replayed);
 }
 
 /// A webhook receiver over one store: its key rule, signature check and limits.
@@ -231,6 +147,15 @@ fn mark_replay(response: &mut Response, key: &Key) {
 /// [`Webhook::handle`] from middleware of your own. Clones share the store, the
 /// running handlers and the concurrency limit.
 ///
+/// The receiver verifies and keys each delivery, then hands it to
+/// dedupe-http's [`Idempotency`] engine keyed by that key
+/// ([`Idempotency::keyed_by_extension`]): a delivery and an
+/// `Idempotency-Key` request take the same path from the claim on, with the
+/// same answers ([`Answer`]), the same kept-response format, RFC 9457
+/// problem bodies for every refusal, and the same metrics
+/// (`dedupe_requests_total{namespace, answer}`,
+/// `dedupe_request_seconds{answer}`).
+///
 /// # What a provider sees
 ///
 /// The claim and the handler run in a task of their own, which the request
@@ -238,10 +163,10 @@ fn mark_replay(response: &mut Response, key: &Key) {
 ///
 /// | what happens | the delivery | a copy meanwhile | a copy afterwards |
 /// |---|---|---|---|
-/// | the handler answers 2xx | its response | 409 + `Retry-After` | the stored response, `Idempotent-Replay: true` |
+/// | the handler answers 2xx | its response | 409 + `Retry-After` | the kept response, `Idempotent-Replayed: true` |
 /// | the provider gives up (timeout, disconnect) mid-handler | (gone) | 409 + `Retry-After`: the handler goes on | the stored response of the first delivery |
 /// | the handler answers non-2xx | its response | 409 | runs again (claim released); with the deduper's [`OnFailure::Keep`], the stored failure |
-/// | the handler panics | 500 | 409 | runs again (claim released) |
+/// | the handler panics | 500 `panicked` | 409 | runs again (claim released) |
 /// | past the deduper's [`max_work_time`](Deduper::with_max_work_time) (10 minutes by default) | 503 + `Retry-After` (handler aborted) | 409 | runs again (claim released) |
 /// | [`shutdown`](Self::shutdown) | new deliveries 503 + `Retry-After`; running handlers finish within the grace, then are aborted and released | | |
 /// | the process crashes | (connection reset) | 409 until the lease passes | runs again as a takeover (attempt 2) |
@@ -276,6 +201,8 @@ pub struct Webhook {
     require_json: bool,
     read_timeout: Duration,
     slots: Option<ConcurrencyLimit>,
+    /// The engine's settings, and the layer built from them.
+    engine: (Idempotency, IdempotencyLayer),
     /// Inbox mode ([`Webhook::inbox`]): deliveries are accepted into it.
     pub(crate) inbox: Option<Arc<dyn dedupe_core::Inbox>>,
 }
@@ -303,50 +230,6 @@ impl std::fmt::Debug for Webhook {
     }
 }
 
-/// A JSON error answer. `message` is ours: never a store's or a driver's text,
-/// which can name hosts, tables or credentials.
-pub(crate) fn json_error(status: StatusCode, answer: Answer, message: String) -> Response {
-    let mut response = (
-        status,
-        axum::Json(serde_json::json!({ "error": answer.as_str(), "message": message })),
-    )
-        .into_response();
-    response.extensions_mut().insert(answer);
-    response
-}
-
-fn retry_after(response: &mut Response, secs: u64) {
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-}
-
-/// A 503 with `Retry-After`: come back, nothing was recorded.
-fn come_back(answer: Answer, message: &str, secs: u64) -> Response {
-    let mut response = json_error(StatusCode::SERVICE_UNAVAILABLE, answer, message.into());
-    retry_after(&mut response, secs);
-    response
-}
-
-/// Counts an answer (`dedupe_webhook_deliveries_total`, by namespace and
-/// answer) and its latency (`dedupe_webhook_seconds`, by answer).
-fn counted(namespace: &str, started: Instant, response: Response) -> Response {
-    let answer = response
-        .extensions()
-        .get::<Answer>()
-        .copied()
-        .unwrap_or(Answer::Error);
-    metrics::counter!(
-        "dedupe_webhook_deliveries_total",
-        "namespace" => namespace.to_string(),
-        "answer" => answer.as_str()
-    )
-    .increment(1);
-    metrics::histogram!("dedupe_webhook_seconds", "answer" => answer.as_str())
-        .record(started.elapsed().as_secs_f64());
-    response
-}
-
 /// A request that passed every check before the claim.
 pub(crate) struct AcceptedDelivery {
     pub(crate) body: Bytes,
@@ -369,6 +252,44 @@ impl AcceptedDelivery {
     }
 }
 
+/// The route's handler, called once, as the service the engine runs.
+struct Once<F>(Arc<Mutex<Option<F>>>);
+
+impl<F> Clone for Once<F> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<F, Fut> Service<Request<Body>> for Once<F>
+where
+    F: FnOnce(Request<Body>) -> Fut + Send + 'static,
+    Fut: Future<Output = Response> + Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let handler = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        Box::pin(async move {
+            Ok(match handler {
+                Some(handler) => handler(req).await,
+                // The engine calls the handler once per delivery.
+                None => Answer::Error.problem("the handler was asked twice", None),
+            })
+        })
+    }
+}
+
 impl Webhook {
     /// Default largest body accepted, for providers without a larger need of
     /// their own (GitHub's rule asks for 25 MB).
@@ -379,14 +300,23 @@ impl Webhook {
     /// A receiver keyed by `rule`, with no signature check, whose claims
     /// live as `deduper` says: its store, lease and heartbeat, the bound on a
     /// handler's run ([`Deduper::with_max_work_time`], 10 minutes by
-    /// default), how long stored responses answer duplicates (its
+    /// default), how long kept responses answer duplicates (its
     /// [`Retention`](dedupe_core::Retention) for the rule's namespace, 35
     /// days by default), and whether a failed handler's response is kept
-    /// ([`OnFailure`]; released by default). Receivers that share a deduper
-    /// share its running handlers, and [`shutdown`](Self::shutdown) drains
-    /// them all.
+    /// ([`OnFailure`]; released by default, so the provider's retry runs the
+    /// handler again). Receivers that share a deduper share its running
+    /// handlers, and [`shutdown`](Self::shutdown) drains them all.
     pub fn new(deduper: Deduper, rule: KeyRule) -> Self {
-        Self {
+        let keep_failures = deduper.on_failure() == OnFailure::Keep;
+        let engine = Idempotency::new(deduper.clone())
+            .namespace(rule.namespace())
+            .keyed_by_extension()
+            .policy(|_| KeyPolicy::Required)
+            // A provider's retry of a non-2xx runs the handler again, unless
+            // failures are kept.
+            .stored_statuses(move |status| keep_failures || status.is_success())
+            .acknowledge_foreign_outcomes();
+        let mut hook = Self {
             deduper,
             rule,
             verifier: None,
@@ -394,8 +324,21 @@ impl Webhook {
             require_json: true,
             read_timeout: Self::DEFAULT_READ_TIMEOUT,
             slots: None,
+            engine: (engine.clone(), engine.layer()),
             inbox: None,
-        }
+        };
+        hook.set_engine_body_limit();
+        hook
+    }
+
+    /// The engine reads bodies as large as this receiver accepts.
+    fn set_engine_body_limit(&mut self) {
+        let engine = self
+            .engine
+            .0
+            .clone()
+            .max_request_bytes(self.body_limit_bytes());
+        self.engine = (engine.clone(), engine.layer());
     }
 
     /// How long the whole body may take to arrive (default 30 s); a slower one
@@ -423,6 +366,7 @@ impl Webhook {
     /// [`WebhookEvent::payload`] instead of the body.
     pub fn body_limit(mut self, bytes: usize) -> Self {
         self.body_limit = Some(bytes);
+        self.set_engine_body_limit();
         self
     }
 
@@ -499,24 +443,29 @@ impl Webhook {
         F: FnOnce(Request<Body>) -> Fut + Send + 'static,
         Fut: Future<Output = Response> + Send + 'static,
     {
-        use tracing::Instrument;
         let started = Instant::now();
         let namespace = rule.namespace();
-        let permit = match &self.slots {
+        let refused = |response: Response| {
+            count(namespace, started, &response);
+            response
+        };
+        let _permit = match &self.slots {
             None => None,
             Some(slots) => match Arc::clone(&slots.0).try_acquire_owned() {
                 Ok(permit) => Some(permit),
                 Err(_) => {
                     tracing::warn!("concurrency limit reached");
-                    let busy = come_back(Answer::Busy, "too many deliveries at once", 1);
-                    return counted(namespace, started, busy);
+                    return refused(Answer::Busy.problem(
+                        "too many deliveries at once; nothing was read or claimed",
+                        Some(Duration::from_secs(1)),
+                    ));
                 }
             },
         };
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let accepted = match self.accept(rule, &parts.headers, body).await {
             Ok(accepted) => accepted,
-            Err(refused) => return counted(namespace, started, refused),
+            Err(refusal) => return refused(refusal),
         };
         let span = tracing::Span::current();
         span.record("key", tracing::field::display(&accepted.derived.key));
@@ -526,42 +475,44 @@ impl Webhook {
         if let Some(inbox) = &self.inbox {
             // Inbox mode: one accept, answered at once; the handler runs on
             // a worker.
-            let response = Self::enqueue(inbox.as_ref(), accepted, &parts.headers).await;
-            drop(permit);
-            return counted(namespace, started, response);
+            return refused(Self::enqueue(inbox.as_ref(), accepted, &parts.headers).await);
         }
-        // From here the delivery is a task of its own: dropping this request
-        // (the provider gave up) neither stops the handler nor frees its claim.
-        let delivery = Delivery {
-            deduper: self.deduper.clone(),
-            retention: self.deduper.retention().for_namespace(namespace),
-        };
-        let owned_namespace = namespace.to_string();
-        let task = self.deduper.spawn(
-            async move {
-                let response = delivery.process(accepted, parts, handler).await;
-                drop(permit);
-                counted(&owned_namespace, started, response)
-            }
-            .in_current_span(),
-        );
-        let task = match task {
-            Ok(task) => task,
-            Err(_) => {
-                let closing = come_back(Answer::Unavailable, "the receiver is shutting down", 5);
-                return counted(namespace, started, closing);
-            }
-        };
-        match task.await {
+        // From here the engine's: the claim, the handler in a task of its
+        // own (dropping this request does not stop it or free its claim),
+        // the kept response.
+        let AcceptedDelivery {
+            body,
+            payload,
+            derived,
+            fingerprint,
+            on_mismatch,
+        } = accepted;
+        if body != payload {
+            parts.headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        parts.extensions.insert(RequestKey {
+            key: derived.key,
+            fingerprint,
+            on_mismatch,
+        });
+        parts.extensions.insert(Delivered {
+            event_id: derived.event_id,
+            delivery_id: derived.delivery_id,
+            body,
+            payload: payload.clone(),
+        });
+        let request = Request::from_parts(parts, Body::from(payload));
+        let engine = self
+            .engine
+            .1
+            .layer(Once(Arc::new(Mutex::new(Some(handler)))));
+        match engine.oneshot(request).await {
             Ok(response) => response,
-            Err(e) => {
-                tracing::error!(error = %e, "the delivery's task ended early");
-                json_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    Answer::Error,
-                    "the delivery could not be processed".into(),
-                )
-            }
+            Err(never) => match never {},
         }
     }
 
@@ -585,21 +536,18 @@ impl Webhook {
         }
         let read = tokio::time::timeout(self.read_timeout, read_body(body, limit)).await;
         let Ok(read) = read else {
-            return Err(json_error(
-                StatusCode::REQUEST_TIMEOUT,
-                Answer::TimedOut,
-                format!("the body did not arrive within {:?}", self.read_timeout),
+            return Err(Answer::TimedOut.problem(
+                &format!("the body did not arrive within {:?}", self.read_timeout),
+                None,
             ));
         };
         let body = match read {
             Ok(body) => body,
             Err(BodyError::TooLarge) => return Err(self.too_large()),
             Err(BodyError::Broken(e)) => {
-                return Err(json_error(
-                    StatusCode::BAD_REQUEST,
-                    Answer::BadRequest,
-                    format!("could not read the body: {e}"),
-                ))
+                return Err(
+                    Answer::BadRequest.problem(&format!("could not read the body: {e}"), None)
+                )
             }
         };
         let verified = match &self.verifier {
@@ -608,16 +556,11 @@ impl Webhook {
                 Ok(verified) => Some(verified),
                 Err(e) => {
                     tracing::info!(error = %e, "signature refused");
-                    return Err(json_error(
-                        StatusCode::UNAUTHORIZED,
-                        Answer::Unauthorized,
-                        e.to_string(),
-                    ));
+                    return Err(Answer::Unauthorized.problem(&e.to_string(), None));
                 }
             },
         };
-        let bad =
-            |message: String| json_error(StatusCode::BAD_REQUEST, Answer::BadRequest, message);
+        let bad = |message: String| Answer::BadRequest.problem(&message, None);
         let form = if rule.accepts_form_payload() {
             form_payload(headers, &body)
         } else {
@@ -646,210 +589,14 @@ impl Webhook {
     }
 
     fn too_large(&self) -> Response {
-        json_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Answer::TooLarge,
-            format!("body over {} bytes", self.body_limit_bytes()),
+        Answer::TooLarge.problem(
+            &format!(
+                "body over {} bytes; nothing was claimed",
+                self.body_limit_bytes()
+            ),
+            None,
         )
     }
-}
-
-/// What a delivery's task needs of its receiver: the claim's lifecycle and
-/// what to do with the handler's response (not the rule or the verifier,
-/// which have done their part before the task starts).
-struct Delivery {
-    deduper: Deduper,
-    retention: Duration,
-}
-
-impl Delivery {
-    /// The delivery's task: claim, then run the handler under the claim and
-    /// settle it; or answer what the claim found.
-    async fn process<F, Fut>(
-        self,
-        accepted: AcceptedDelivery,
-        mut parts: http::request::Parts,
-        handler: F,
-    ) -> Response
-    where
-        F: FnOnce(Request<Body>) -> Fut,
-        Fut: Future<Output = Response>,
-    {
-        let AcceptedDelivery {
-            body,
-            payload,
-            derived,
-            fingerprint,
-            on_mismatch,
-        } = accepted;
-        let key = derived.key;
-        let mut opts = ClaimOptions::new(self.deduper.lease_ttl());
-        if let Some(fingerprint) = fingerprint {
-            opts = opts.with_fingerprint(fingerprint);
-        }
-        let lease = match self.deduper.store().claim(&key, &opts).await {
-            Ok(ClaimOutcome::Claimed(lease)) => lease,
-            Ok(ClaimOutcome::Duplicate { outcome, .. }) => return replay(&key, &outcome),
-            Ok(ClaimOutcome::InFlight { deadline, .. }) => return in_flight(&key, deadline),
-            Ok(ClaimOutcome::Mismatch { .. }) => return self.mismatch(&key, on_mismatch).await,
-            Err(e) => return store_error(&e),
-        };
-        if body != payload {
-            parts.headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            parts.headers.remove(header::CONTENT_LENGTH);
-        }
-        parts.extensions.insert(WebhookEvent {
-            key: key.clone(),
-            event_id: derived.event_id,
-            delivery_id: derived.delivery_id,
-            lease: lease.clone(),
-            body,
-            payload: payload.clone(),
-            retention: self.retention,
-        });
-        let request = Request::from_parts(parts, Body::from(payload));
-        let (retention, on_failure) = (self.retention, self.deduper.on_failure());
-        let max_outcome = self.deduper.store().capabilities().max_outcome_bytes;
-        let worked = self
-            .deduper
-            .hold(lease, async move {
-                let response = handler(request).await;
-                let by_handler = response.extensions().get::<Completed>().is_some();
-                let (head, body) = response.into_parts();
-                let body = axum::body::to_bytes(body, RESPONSE_LIMIT).await;
-                let success = head.status.is_success();
-                let settle = if by_handler {
-                    Settle::Settled
-                } else if success || on_failure == OnFailure::Keep {
-                    let content_type = head
-                        .headers
-                        .get(header::CONTENT_TYPE)
-                        .and_then(|v| v.to_str().ok());
-                    let mut outcome = match &body {
-                        Ok(bytes) => WebhookEvent::outcome_for(head.status, content_type, bytes),
-                        Err(_) => WebhookEvent::outcome_for(head.status, None, b""),
-                    };
-                    if outcome.len() > max_outcome {
-                        tracing::warn!(
-                            bytes = outcome.len(),
-                            "response too large to store; duplicates get its status and an empty body"
-                        );
-                        outcome = WebhookEvent::outcome_for(head.status, None, b"");
-                    }
-                    Settle::Complete { outcome, retention }
-                } else {
-                    Settle::Release
-                };
-                let mut head = head;
-                if body.is_err() {
-                    // The body could not be read (or was over the limit): it
-                    // goes out empty, without the length it declared.
-                    head.headers.remove(header::CONTENT_LENGTH);
-                }
-                ((head, body.unwrap_or_default(), success), settle)
-            })
-            .await;
-        match worked {
-            Worked::Returned {
-                value: (mut head, body, success),
-                settled,
-            } => {
-                let answer = match (&settled, success) {
-                    (Err(Error::LeaseLost { .. }), _) => Answer::LeaseLost,
-                    (_, true) => Answer::Processed,
-                    (_, false) => Answer::Failed,
-                };
-                // Answering an error after a successful handler would make the
-                // provider retry work that is done: the response goes out.
-                head.extensions.insert(answer);
-                Response::from_parts(head, Body::from(body))
-            }
-            Worked::Panicked { .. } => json_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Answer::Panicked,
-                "the handler panicked; the event will be processed again".into(),
-            ),
-            Worked::TimedOut { limit, .. } => come_back(
-                Answer::HandlerTimeout,
-                &format!("the handler ran past {limit:?} and was stopped; retry"),
-                1,
-            ),
-            Worked::Aborted { .. } => come_back(
-                Answer::Unavailable,
-                "the receiver shut down while the handler ran; retry",
-                5,
-            ),
-            Worked::AlreadyRunning { deadline } => in_flight(&key, deadline),
-            _ => json_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Answer::Error,
-                "the delivery ended in a way this receiver does not know".into(),
-            ),
-        }
-    }
-
-    /// The same key with another fingerprint: 422, or with
-    /// [`OnMismatch::Replay`] the duplicate's answer (logged and counted).
-    async fn mismatch(&self, key: &Key, on_mismatch: OnMismatch) -> Response {
-        if on_mismatch == OnMismatch::Refuse {
-            return json_error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Answer::Mismatch,
-                format!("{key} was delivered before with a different payload"),
-            );
-        }
-        tracing::warn!(%key, "a signed delivery of a known key with a different payload: answered as a duplicate");
-        match self.deduper.store().get(key).await {
-            Ok(Some(record)) => match record.state {
-                RecordState::Done { outcome, .. } => {
-                    let mut response = replay(key, &outcome);
-                    response.extensions_mut().insert(Answer::MismatchReplayed);
-                    response
-                }
-                RecordState::InFlight { lease_deadline } => in_flight(key, lease_deadline),
-            },
-            // Gone between the claim and the read (released, expired): come
-            // back, the next claim decides.
-            Ok(None) => in_flight(key, SystemTime::now()),
-            Err(e) => store_error(&e),
-        }
-    }
-}
-
-/// The stored response of a done record, marked as a replay.
-fn replay(key: &Key, outcome: &[u8]) -> Response {
-    match StoredResponse::decode(outcome) {
-        Some(stored) => stored.into_response(key),
-        None => {
-            // Completed by something other than this receiver: the event was
-            // processed, and that is all there is to say.
-            let mut response = (
-                StatusCode::OK,
-                axum::Json(serde_json::json!({"duplicate": true, "key": key.to_string()})),
-            )
-                .into_response();
-            mark_replay(&mut response, key);
-            response
-        }
-    }
-}
-
-/// 409 with `Retry-After` until the holder's lease passes.
-fn in_flight(key: &Key, deadline: SystemTime) -> Response {
-    let wait = deadline
-        .duration_since(SystemTime::now())
-        .map(|d| d.as_secs() + 1)
-        .unwrap_or(1);
-    let mut response = json_error(
-        StatusCode::CONFLICT,
-        Answer::InFlight,
-        format!("{key} is being processed by another delivery"),
-    );
-    retry_after(&mut response, wait);
-    response
 }
 
 /// The `payload` field of a form-encoded delivery (GitHub's
@@ -885,10 +632,6 @@ enum BodyError {
 /// 413, so that the client, still sending, reads the answer instead of a reset
 /// connection. Past it the connection is simply closed.
 const DRAIN_LIMIT: usize = 8 * 1024 * 1024;
-
-/// Largest handler response read (and returned); a larger one is cut, and
-/// duplicates get its status with an empty body.
-const RESPONSE_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Reads the body, at most `limit` bytes; an oversized one is drained up to
 /// [`DRAIN_LIMIT`] (for at most two seconds) and refused.
@@ -930,20 +673,21 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, BodyError> {
     Ok(Bytes::from(buf))
 }
 
+/// A store error of an inbox accept: 503 when a retry may get through, else
+/// 500. The store's text goes to the log only: it can name hosts, tables or
+/// credentials.
 pub(crate) fn store_error(e: &Error) -> Response {
     if e.is_retryable() {
         tracing::warn!(error = %e, "store unavailable");
-        come_back(
-            Answer::Unavailable,
+        Answer::Unavailable.problem(
             "the idempotency store is unavailable; nothing was recorded",
-            1,
+            Some(Duration::from_secs(1)),
         )
     } else {
-        tracing::error!(error = %e, "store refused the claim");
-        json_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Answer::Error,
-            "the idempotency store refused the delivery; see the receiver's log".into(),
+        tracing::error!(error = %e, "store refused the delivery");
+        Answer::Error.problem(
+            "the idempotency store refused the delivery; see the receiver's log",
+            None,
         )
     }
 }
@@ -974,19 +718,5 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
-    }
-
-    #[test]
-    fn stored_responses_round_trip() {
-        let key = Key::new("t", "k").expect("key");
-        for body in [&b"{\"ok\":true}"[..], &[0xff, 0x00, 0x10][..], b""] {
-            let bytes = WebhookEvent::outcome_for(StatusCode::ACCEPTED, Some("x/y"), body);
-            let stored = StoredResponse::decode(&bytes).expect("decodes");
-            let response = stored.into_response(&key);
-            assert_eq!(response.status(), StatusCode::ACCEPTED);
-            assert_eq!(response.headers()[REPLAY_HEADER], "true");
-            assert_eq!(response.headers()[header::CONTENT_TYPE], "x/y");
-        }
-        assert!(StoredResponse::decode(b"not json").is_none());
     }
 }

@@ -147,7 +147,7 @@ async fn a_provider_that_gives_up_mid_handler_does_not_get_the_work_run_twice() 
     let (status, headers, text) =
         ok(&client, &server, body, &[("x-delivery-id", "del_3".into())]).await;
     assert_eq!(status, StatusCode::OK, "{text}");
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     let replayed: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(
         replayed["delivery"], "del_1",
@@ -205,7 +205,7 @@ async fn svix_senders_are_accepted_and_keyed_by_the_signed_id() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     // Unsigned: refused.
     let (status, _, _) = ok(&client, &server, body, &[("svix-id", "msg_2".into())]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -231,7 +231,7 @@ async fn a_signed_resend_with_a_re_rendered_body_is_a_duplicate() {
     assert_eq!(status, StatusCode::OK);
     let (status, headers, replayed) = ok(&client, &server, resend, &sign(resend)).await;
     assert_eq!(status, StatusCode::OK, "{replayed}");
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(replayed, original);
     assert_eq!(server.effects.runs.load(Ordering::SeqCst), 1);
 
@@ -256,7 +256,7 @@ async fn a_signed_resend_with_a_re_rendered_body_is_a_duplicate() {
     assert_eq!(ok(&client, &pointers, first, &[]).await.0, StatusCode::OK);
     let (status, headers, _) = ok(&client, &pointers, resend, &[]).await;
     assert_eq!(
-        (status, headers.contains_key("idempotent-replay")),
+        (status, headers.contains_key("idempotent-replayed")),
         (StatusCode::OK, true)
     );
     let changed = r#"{"id":"evt_1","type":"charge.refunded"}"#;
@@ -302,7 +302,7 @@ async fn github_hooks_sharing_a_guid_form_bodies_and_big_bodies() {
     );
     let (status, headers, _) = ok(&client, &server, a, &gh("1001", guid, a.as_bytes())).await;
     assert_eq!(
-        (status, headers.contains_key("idempotent-replay")),
+        (status, headers.contains_key("idempotent-replayed")),
         (StatusCode::OK, true)
     );
     assert_eq!(server.effects.runs.load(Ordering::SeqCst), 2);
@@ -402,7 +402,7 @@ async fn time_bound_concurrency_limit_and_panics() {
     server.effects.work_ms.store(0, Ordering::SeqCst);
     let (status, headers, _) = ok(&client, &server, slow, &[]).await;
     assert_eq!(
-        (status, headers.contains_key("idempotent-replay")),
+        (status, headers.contains_key("idempotent-replayed")),
         (StatusCode::OK, false)
     );
     assert_eq!(server.effects.runs.load(Ordering::SeqCst), 2);

@@ -82,10 +82,10 @@ async fn every_answer(store: Arc<dyn DedupeStore>) {
     // First delivery, then a retry with a new delivery id: one run.
     let (status, headers, body) = send(&app, post_json(event, "del_a1")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(headers.get("idempotent-replay").is_none());
+    assert!(headers.get("idempotent-replayed").is_none());
     let (status, headers, replay) = send(&app, post_json(event, "del_b2")).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(
         replay, body,
         "the replay is the stored response, byte for byte"
@@ -116,7 +116,7 @@ async fn every_answer(store: Arc<dyn DedupeStore>) {
     let (first, _, _) = send(&app, post_json(anonymous, "del_f6")).await;
     let (_, headers, _) = send(&app, post_json(anonymous, "del_g7")).await;
     assert_eq!(first, StatusCode::OK);
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(counts.runs.load(Ordering::SeqCst), 2);
 
     // A failing business step releases the claim: the retry runs it.
@@ -127,7 +127,7 @@ async fn every_answer(store: Arc<dyn DedupeStore>) {
     assert_eq!(counts.runs.load(Ordering::SeqCst), 2);
     let (status, headers, _) = send(&app, post_json(other, "del_i9")).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(headers.get("idempotent-replay").is_none());
+    assert!(headers.get("idempotent-replayed").is_none());
     assert_eq!(counts.runs.load(Ordering::SeqCst), 3);
 
     // 64 copies at the same instant, 20 rounds: one run per round, the rest
@@ -149,7 +149,7 @@ async fn every_answer(store: Arc<dyn DedupeStore>) {
         );
         let processed = replies
             .iter()
-            .filter(|(s, h, _)| *s == StatusCode::OK && h.get("idempotent-replay").is_none())
+            .filter(|(s, h, _)| *s == StatusCode::OK && h.get("idempotent-replayed").is_none())
             .count();
         assert_eq!(processed, 1, "round {round}");
         for (status, headers, _) in &replies {
@@ -195,7 +195,7 @@ async fn every_answer(store: Arc<dyn DedupeStore>) {
         answered
     };
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(headers["idempotent-replay"], "true");
+    assert_eq!(headers["idempotent-replayed"], "true");
     let replayed: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(
         replayed["delivery"], "del_j1",

@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dedupe_core::{Error, InboxWorker, Retention, Taken};
 use dedupe_url::Opener;
-use dedupe_webhook::{Completed, KeyRule, Scheme, Webhook, WebhookEvent};
+use dedupe_webhook::{KeyRule, Scheme, Webhook, WebhookEvent};
 use http::{header, StatusCode};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -594,16 +594,15 @@ async fn business(
 
 /// The business step in the request: answers what a provider expects.
 async fn business_step(app: Arc<App>, req: Request<Body>) -> Response {
-    let Some(event) = req.extensions().get::<WebhookEvent>().cloned() else {
+    let Some(event) = WebhookEvent::of(req.extensions()) else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "no claimed event").into_response();
     };
     match business(&app, &event, req.headers()).await {
-        Ok(bytes) => (
-            Completed,
-            [(header::CONTENT_TYPE, "application/json")],
-            bytes,
-        )
-            .into_response(),
+        Ok(bytes) => {
+            // The ledger row and the completion committed together.
+            event.completed();
+            ([(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+        }
         Err(StepError::Refused) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Json(
