@@ -18,16 +18,12 @@ use crate::Webhook;
 /// the body again (`Json`, `Bytes`) may read as much as the receiver accepted
 /// ([`Webhook::body_limit`]): the layer sets axum's `DefaultBodyLimit` to it.
 #[derive(Debug, Clone)]
-pub struct WebhookLayer {
-    hook: Arc<Webhook>,
-}
+pub struct WebhookLayer(Arc<Webhook>);
 
 impl WebhookLayer {
     /// A layer running `hook`.
     pub fn new(hook: Webhook) -> Self {
-        Self {
-            hook: Arc::new(hook),
-        }
+        Self(Arc::new(hook))
     }
 }
 
@@ -35,19 +31,13 @@ impl<S> Layer<S> for WebhookLayer {
     type Service = WebhookService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        WebhookService {
-            hook: Arc::clone(&self.hook),
-            inner,
-        }
+        WebhookService(Arc::clone(&self.0), inner)
     }
 }
 
-/// The service [`WebhookLayer`] makes.
+/// The service [`WebhookLayer`] makes: the receiver, and the route it guards.
 #[derive(Debug, Clone)]
-pub struct WebhookService<S> {
-    hook: Arc<Webhook>,
-    inner: S,
-}
+pub struct WebhookService<S>(Arc<Webhook>, S);
 
 impl<S> Service<Request<Body>> for WebhookService<S>
 where
@@ -64,9 +54,9 @@ where
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let hook = Arc::clone(&self.hook);
+        let hook = Arc::clone(&self.0);
         let inner =
-            axum::extract::DefaultBodyLimit::max(hook.body_limit_bytes()).layer(self.inner.clone());
+            axum::extract::DefaultBodyLimit::max(hook.body_limit_bytes()).layer(self.1.clone());
         Box::pin(async move {
             let response = hook
                 .handle(req, |req| async move {

@@ -5,7 +5,9 @@
 //! same status, the same problem `type`, `Retry-After` and
 //! `Idempotent-Replayed` alike, and the same count of handler runs (a side
 //! effect the test owns). A delivery and a request take one code path after
-//! verification; this is where a drift between them shows.
+//! verification; this is where a drift between them shows. A second test
+//! hangs a handler behind each door with the default settings, on paused
+//! time.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,8 +22,9 @@ use dedupe_core::{
     MemoryStore, Record, Result as StoreResult,
 };
 use dedupe_http::{Idempotency, KeyPolicy, PROBLEM_BASE};
-use dedupe_webhook::{KeyRule, Webhook};
+use dedupe_webhook::{Answer, KeyRule, Webhook};
 use reqwest::StatusCode;
+use tower::ServiceExt;
 
 /// Runs of the handler, by the request's `id`.
 #[derive(Clone, Default)]
@@ -353,5 +356,68 @@ async fn both_front_doors_give_the_same_answers() {
             by_door.push(got);
         }
         assert_eq!(by_door[0], by_door[1], "{name}: the two doors differ");
+    }
+}
+
+/// A handler that hangs on its first run, behind each HTTP front door with
+/// the default settings: a copy nine minutes in is answered 409; at the
+/// deduper's default bound (10 minutes) the handler is dropped and its claim
+/// released, the first request answers 503 `handler-timeout`, and the next
+/// copy runs the handler. Without the bound the key is held for as long as
+/// the process lives and this fails. In process (`oneshot`), on paused time.
+#[tokio::test(start_paused = true)]
+async fn a_hung_handler_loses_its_claim_at_the_default_bound() {
+    for door in [Door::Http, Door::Webhook] {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let hangs_once = {
+            let runs = Arc::clone(&runs);
+            move || async move {
+                if runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                    std::future::pending::<()>().await;
+                }
+                "done"
+            }
+        };
+        let deduper = Deduper::new(MemoryStore::new());
+        let app = match door {
+            Door::Http => Router::new().route(
+                "/",
+                axum::routing::post(hangs_once).layer(Idempotency::new(deduper).layer()),
+            ),
+            Door::Webhook => Router::new().route(
+                "/",
+                axum::routing::post(hangs_once)
+                    .route_layer(Webhook::new(deduper, KeyRule::body_id("hooks")).layer()),
+            ),
+        };
+        let request = || {
+            http::Request::post("/")
+                .header("idempotency-key", "evt_hung")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(r#"{"id":"evt_hung"}"#))
+                .expect("a request")
+        };
+        let first = tokio::spawn(app.clone().oneshot(request()));
+        tokio::time::sleep(Duration::from_secs(9 * 60)).await;
+        let copy = app.clone().oneshot(request()).await.expect("answered");
+        assert_eq!(copy.status(), StatusCode::CONFLICT, "{door:?}");
+        let first = tokio::time::timeout(Duration::from_secs(2 * 60), first)
+            .await
+            .unwrap_or_else(|_| panic!("{door:?}: the default bound did not end the hung handler"))
+            .expect("joined")
+            .expect("answered");
+        assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE, "{door:?}");
+        assert_eq!(
+            first.extensions().get::<Answer>(),
+            Some(&Answer::HandlerTimeout),
+            "{door:?}"
+        );
+        let next = app.oneshot(request()).await.expect("answered");
+        assert_eq!(next.status(), StatusCode::OK, "{door:?}");
+        assert_eq!(
+            runs.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "{door:?}"
+        );
     }
 }
