@@ -6,9 +6,9 @@ use std::time::Duration;
 use dedupe_core::{Capabilities, Error, Result};
 use sqlx::MySqlPool;
 
-use crate::conn::Kept;
 use crate::sql::Statements;
 use crate::store::MySqlStore;
+use dedupe_sqlx::Kept;
 
 /// Settings of a [`MySqlStore`] on a pool.
 #[derive(Debug, Clone)]

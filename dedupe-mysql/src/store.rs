@@ -13,10 +13,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor, MySqlConnection, MySqlPool};
 
 use crate::builder::MySqlBuilder;
-use crate::conn::{Checkout, Kept};
 use crate::ops::Ops;
 use crate::sql::Statements;
 use dedupe_core::backend::FirstStatement;
+use dedupe_sqlx::{Checkout, Kept};
 
 /// Room for a completion's statement besides its outcome: the text, the key
 /// (576 bytes at most), the token and the packet headers.
@@ -36,7 +36,7 @@ pub struct MySqlStore {
     pub(crate) timeout: Duration,
     pub(crate) caps: Capabilities,
     /// Connections kept between calls (shared by the store's clones).
-    pub(crate) kept: Arc<Kept>,
+    pub(crate) kept: Arc<Kept<sqlx::MySql>>,
     /// Whether claims read first (shared by the store's clones).
     pub(crate) first: Arc<FirstStatement>,
 }
@@ -217,7 +217,8 @@ impl MySqlStore {
         f: impl AsyncFnOnce(Ops<'_>, &mut MySqlConnection) -> Result<T>,
     ) -> Result<T> {
         self.bounded(async {
-            let mut conn = Checkout::take(&self.pool, &self.kept, self.timeout).await?;
+            let mut conn =
+                Checkout::take(&self.pool, &self.kept, self.timeout, crate::error::map).await?;
             let answer = f(self.ops(false), &mut conn).await;
             conn.finish(&answer);
             answer

@@ -6,9 +6,9 @@ use std::time::Duration;
 use dedupe_core::{Capabilities, Error, Result};
 use sqlx::PgPool;
 
-use crate::conn::Held;
 use crate::sql::Statements;
 use crate::store::PgStore;
+use dedupe_sqlx::Kept;
 
 /// Settings of a [`PgStore`]; start with [`PgStore::builder`].
 #[derive(Debug, Clone)]
@@ -18,7 +18,7 @@ pub struct PgBuilder {
     pub(crate) table: String,
     pub(crate) timeout: Duration,
     pub(crate) max_outcome_bytes: usize,
-    pub(crate) hold: usize,
+    pub(crate) keep: usize,
 }
 
 impl PgBuilder {
@@ -68,8 +68,8 @@ impl PgBuilder {
     /// available to other users of the pool: hold only what the pool can
     /// spare, all of them on a pool the store has to itself. A connection
     /// whose call failed is never held.
-    pub fn hold_connections(mut self, n: usize) -> Self {
-        self.hold = n;
+    pub fn keep_connections(mut self, n: usize) -> Self {
+        self.keep = n;
         self
     }
 
@@ -83,11 +83,7 @@ impl PgBuilder {
         }
         Ok(PgStore {
             first: Arc::default(),
-            held: Arc::new(Held {
-                idle: parking_lot::Mutex::new(Vec::new()),
-                keep: self.hold,
-                waiting: Default::default(),
-            }),
+            kept: Arc::new(Kept::new(self.keep)),
             pool: self.pool,
             sql: Arc::new(sql),
             timeout: self.timeout,

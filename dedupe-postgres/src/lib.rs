@@ -10,7 +10,6 @@
 
 mod builder;
 mod codec;
-mod conn;
 mod error;
 mod ops;
 mod sql;

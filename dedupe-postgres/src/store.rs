@@ -15,10 +15,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
 
 pub use crate::builder::PgBuilder;
-use crate::conn::{Checkout, Held};
 use crate::ops::Ops;
 use crate::sql::{Statements, EXPIRE_BATCH, EXPIRE_PAGES};
 use dedupe_core::backend::FirstStatement;
+use dedupe_sqlx::{Checkout, Kept};
 
 /// The Postgres store: records in one table, every decision made by single
 /// statements on the server, with the server's clock.
@@ -68,7 +68,7 @@ use dedupe_core::backend::FirstStatement;
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pub(crate) pool: PgPool,
-    pub(crate) held: Arc<Held>,
+    pub(crate) kept: Arc<Kept<sqlx::Postgres>>,
     /// Picks a claim's first statement from what recent claims met.
     pub(crate) first: Arc<FirstStatement>,
     /// The statements, built once for the schema and table.
@@ -89,7 +89,7 @@ impl PgStore {
     pub const BACKSTOP: Duration = Duration::from_secs(1);
     /// How long a connection of a pool from [`connect_pool`](Self::connect_pool)
     /// lives before the pool replaces it.
-    pub const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
+    pub const MAX_CONNECTION_LIFETIME: Duration = dedupe_sqlx::MAX_CONNECTION_LIFETIME;
 
     /// Settings for a store on a pool the caller already has.
     pub fn builder(pool: PgPool) -> PgBuilder {
@@ -99,7 +99,7 @@ impl PgStore {
             table: Self::DEFAULT_TABLE.to_string(),
             timeout: Self::DEFAULT_TIMEOUT,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
-            hold: 0,
+            keep: 0,
         }
     }
 
@@ -112,7 +112,7 @@ impl PgStore {
     /// default operation timeout) and builds a store with default settings on it.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::builder(Self::connect_pool(url, 10, Self::DEFAULT_TIMEOUT).await?)
-            .hold_connections(5)
+            .keep_connections(5)
             .build()
     }
 
@@ -178,8 +178,8 @@ impl PgStore {
         dedupe_core::backend::within(self.timeout + Self::BACKSTOP, op).await
     }
 
-    async fn acquire(&self) -> Result<Checkout> {
-        Checkout::take(&self.pool, &self.held, self.timeout).await
+    async fn acquire(&self) -> Result<Checkout<sqlx::Postgres>> {
+        Checkout::take(&self.pool, &self.kept, self.timeout, crate::error::map).await
     }
 
     fn ops(&self) -> Ops<'_> {
@@ -198,7 +198,7 @@ impl PgStore {
         self.bounded(async {
             let mut conn = self.acquire().await?;
             let result = op(self.ops(), &mut conn).await;
-            conn.settle(&result);
+            conn.finish(&result);
             result
         })
         .await
@@ -211,7 +211,7 @@ impl PgStore {
         self.bounded(async {
             let mut conn = self.acquire().await?;
             let result = self.ops().migrate(&mut conn).await;
-            conn.settle(&result);
+            conn.finish(&result);
             result
         })
         .await

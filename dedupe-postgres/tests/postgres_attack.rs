@@ -46,7 +46,7 @@ async fn pg_handle(url: &str, schema: &str, conns: u32, hold: usize) -> PgStore 
     PgStore::builder(pool)
         .schema(schema)
         .timeout(OP_TIMEOUT)
-        .hold_connections(hold)
+        .keep_connections(hold)
         .build()
         .expect("build a store")
 }

@@ -168,7 +168,7 @@ impl Opener {
 
     /// A Postgres store on a pool of `connections` that is its own: it holds
     /// every connection between calls (no return check, one round trip a
-    /// call; see `PgBuilder::hold_connections`). Do not run queries of your
+    /// call; see `PgBuilder::keep_connections`). Do not run queries of your
     /// own on its pool; take [`postgres`](Self::postgres) for that.
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -238,7 +238,7 @@ impl Opener {
         let pool = dedupe_postgres::PgStore::connect_pool(url, connections, self.timeout()).await?;
         let mut builder = dedupe_postgres::PgStore::builder(pool)
             .timeout(self.timeout())
-            .hold_connections(hold);
+            .keep_connections(hold);
         if let Some(schema) = schema {
             builder = builder.schema(schema);
         }

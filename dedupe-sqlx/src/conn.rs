@@ -1,87 +1,96 @@
-//! The connection a call runs on: taken from the ones the store keeps, or
-//! from the pool, and where it goes afterwards.
+//! The connection a call runs on: taken from the ones a store keeps, or from
+//! the pool, and where it goes afterwards.
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use dedupe_core::Result;
+use dedupe_core::{Error, Result};
 use sqlx::pool::PoolConnection;
-use sqlx::{MySql, MySqlConnection, MySqlPool};
+use sqlx::{Database, Pool};
 use tokio::sync::oneshot;
 
-type Pooled = PoolConnection<MySql>;
+/// How long a connection lives before its pool renews it: the lifetime of a
+/// store's pool (`max_lifetime`), and past it a kept connection goes back to
+/// the pool instead of to the next call.
+pub const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
-/// Connections the store keeps between its calls instead of giving them
-/// back to the pool.
-///
-/// sqlx pings every connection going back to its pool before the next
-/// caller may have it: with one connection per task, every call waited for
-/// a third round trip after its two. A kept connection goes from a finished
-/// call to the next one as it is. Measured with `dedupe bench` on MariaDB
-/// 10.11, one run each way (README): claims 2,082/s from one task and
-/// 8,519/s from 64 through the pool, 2,467/s and 11,773/s kept;
-/// claim-then-complete from 64 tasks 4,865/s, then 7,033/s.
-///
-/// - **At most `keep` connections** ([`MySqlBuilder::keep_connections`],
-///   none unless asked) are ever kept, parked or in use: every other
-///   connection goes back through the pool, whose fair queue also serves
-///   the pool's other users (the caller's own transactions, a ledger beside
-///   the store). With every slot kept, a `dedupe serve` ledger sharing the
-///   pool waited out its timeout on every event after one burst.
-/// - **First come, first served**: a finished call hands its connection to
-///   the call that has waited longest, and parks it only when none waits.
-///   (A reviewer reasoned that with a stack and a wake-up, a task calling in
-///   a loop could take back its own connection ahead of a woken waiter; the
-///   test `callers_in_a_loop_are_served_in_turn` did not show it on the old
-///   code, and fails when waiters are not handed connections at all.)
-///
-/// [`MySqlBuilder::keep_connections`]: crate::MySqlBuilder::keep_connections
-#[derive(Debug)]
-pub(crate) struct Kept {
-    state: Mutex<State>,
+/// A connection parked longer than this goes back to the pool (whose check
+/// finds one a firewall, `wait_timeout` or `idle_session_timeout` cut)
+/// instead of to the next call.
+const IDLE_FOR: Duration = Duration::from_secs(30);
+
+/// A connection ready for a call, and when it was first taken from the pool.
+type Ready<DB> = (PoolConnection<DB>, Instant);
+
+/// Connections a store keeps between its calls instead of giving them back
+/// to the pool (see the [crate](crate) docs). Shared by a store's clones.
+pub struct Kept<DB: Database> {
+    state: Mutex<State<DB>>,
     keep: usize,
 }
 
-#[derive(Debug, Default)]
-struct State {
+struct State<DB: Database> {
     /// Parked: the connection, when it was first taken from the pool, when
     /// it was parked.
-    idle: Vec<(Pooled, Instant, Instant)>,
+    idle: Vec<(PoolConnection<DB>, Instant, Instant)>,
     /// Calls waiting for a kept connection, oldest first.
-    waiters: VecDeque<oneshot::Sender<(Pooled, Instant)>>,
+    waiters: VecDeque<oneshot::Sender<Ready<DB>>>,
     /// Connections kept, parked or in use (at most `keep`).
     members: usize,
 }
 
-impl Kept {
-    /// A connection parked longer than this goes back to the pool (whose
-    /// ping finds one the server's `wait_timeout` or a firewall cut)
-    /// instead of to the next call.
-    const IDLE_FOR: Duration = Duration::from_secs(30);
-    /// A connection this old goes back to the pool, which renews it.
-    const LIFETIME: Duration = Duration::from_secs(30 * 60);
+impl<DB: Database> fmt::Debug for Kept<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state();
+        f.debug_struct("Kept")
+            .field("keep", &self.keep)
+            .field("members", &state.members)
+            .field("parked", &state.idle.len())
+            .field("waiting", &state.waiters.len())
+            .finish()
+    }
+}
 
-    pub(crate) fn new(keep: usize) -> Self {
+impl<DB: Database> Kept<DB> {
+    /// Keeps up to `keep` connections (0: every call takes one from the pool
+    /// and gives it back).
+    pub fn new(keep: usize) -> Self {
         Self {
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                idle: Vec::new(),
+                waiters: VecDeque::new(),
+                members: 0,
+            }),
             keep,
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    /// How many connections are kept at most.
+    pub fn keep(&self) -> usize {
+        self.keep
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<DB>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A fresh parked connection, or a place in the queue for the next one.
+    /// A parked connection fit for a call, or a place in the queue for the
+    /// next one handed on. Unfit ones (parked too long, too old, their pool
+    /// closed) go back to the pool.
     fn pop_or_wait(
         &self,
+        pool: &Pool<DB>,
         bound: Duration,
-    ) -> std::result::Result<(Pooled, Instant), oneshot::Receiver<(Pooled, Instant)>> {
+    ) -> std::result::Result<Ready<DB>, oneshot::Receiver<Ready<DB>>> {
         let mut state = self.state();
         while let Some((conn, since, parked)) = state.idle.pop() {
-            if parked.elapsed() < Self::IDLE_FOR {
+            if parked.elapsed() < IDLE_FOR
+                && since.elapsed() < MAX_CONNECTION_LIFETIME
+                && !pool.is_closed()
+            {
                 return Ok((conn, since));
             }
             state.members -= 1;
@@ -105,7 +114,7 @@ impl Kept {
 
     /// A kept connection whose call ended well: to the oldest waiter, or
     /// parked.
-    fn hand_on(&self, conn: Pooled, since: Instant) {
+    fn hand_on(&self, conn: PoolConnection<DB>, since: Instant) {
         let mut state = self.state();
         let mut item = (conn, since);
         while let Some(waiter) = state.waiters.pop_front() {
@@ -125,7 +134,7 @@ impl Kept {
     }
 }
 
-impl Drop for Kept {
+impl<DB: Database> Drop for Kept<DB> {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         for (conn, _, _) in state.idle.drain(..) {
@@ -134,10 +143,12 @@ impl Drop for Kept {
     }
 }
 
-/// Returns `conn` to its pool through sqlx's ping, bounded; outside a
+/// Returns `conn` to its pool through sqlx's check, bounded; outside a
 /// runtime (sqlx's return task needs one) or past the bound, the connection
-/// is closed and its pool slot freed.
-fn give_back(mut conn: Pooled, bound: Duration) {
+/// is closed and its pool slot freed. Unbounded, a connection whose network
+/// went silent (blackholed, half-open) never answers that check and holds
+/// its pool slot until the kernel gives up on the socket, minutes later.
+fn give_back<DB: Database>(mut conn: PoolConnection<DB>, bound: Duration) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             let back = conn.return_to_pool();
@@ -145,7 +156,7 @@ fn give_back(mut conn: Pooled, bound: Duration) {
                 if tokio::time::timeout(bound, back).await.is_err() {
                     tracing::warn!(
                         ?bound,
-                        "a MySQL connection did not answer its return check; dropped it"
+                        "a connection did not answer its return check; dropped it"
                     );
                 }
             });
@@ -154,35 +165,46 @@ fn give_back(mut conn: Pooled, bound: Duration) {
     }
 }
 
-/// A connection for one call.
+/// A connection for one call: dereferences to the driver's connection.
 ///
 /// Where it goes when dropped:
-/// - the call answered Ok, or an error of the store's own (a lost lease, bad
-///   input, a corrupt record), on a kept connection: to the next call
-///   ([`Kept`]);
+/// - the call ended with [`finish`](Self::finish) on an answer that leaves
+///   the connection as good as before (`Ok`, or an error of the store's own)
+///   and it is a kept one: to the next call ([`Kept`]);
 /// - the call answered an error from the server or the driver (a cut
 ///   connection, a timeout, a statement refused), or it is not a kept
-///   connection: back to the pool through its ping, bounded by the timeout;
-/// - the call was stopped part-way (its timeout fired, its future was
-///   dropped), leaving the connection out of step with the server: closed,
-///   never reused. Before, a blackhole of 2.5 s left every connection of the
-///   pool waiting forever on its return ping.
-pub(crate) struct Checkout {
-    conn: Option<Pooled>,
+///   connection: back to the pool through its check, bounded by the timeout;
+/// - the call was stopped part-way (never finished: its timeout fired, its
+///   future was dropped), leaving the connection out of step with the
+///   server: closed, never reused.
+pub struct Checkout<DB: Database> {
+    conn: Option<PoolConnection<DB>>,
     since: Instant,
-    kept: Arc<Kept>,
+    kept: Arc<Kept<DB>>,
     /// One of the kept connections.
     member: bool,
     ended: Option<bool>,
     bound: Duration,
 }
 
-impl Checkout {
+impl<DB: Database> fmt::Debug for Checkout<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkout")
+            .field("kept", &self.member)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Database> Checkout<DB> {
     /// A kept connection, or one from the pool: whichever comes first.
-    pub(crate) async fn take(
-        pool: &MySqlPool,
-        kept: &Arc<Kept>,
+    /// `map` turns the pool's error (its acquire timed out, the server is
+    /// away) into the store's.
+    pub async fn take(
+        pool: &Pool<DB>,
+        kept: &Arc<Kept<DB>>,
         timeout: Duration,
+        map: fn(sqlx::Error, Duration) -> Error,
     ) -> Result<Self> {
         let checkout = |conn, since, member| Self {
             conn: Some(conn),
@@ -192,16 +214,15 @@ impl Checkout {
             ended: None,
             bound: timeout,
         };
-        let acquire = || async {
-            pool.acquire()
-                .await
-                .map_err(|e| crate::error::map(e, timeout))
-        };
+        // Boxed: sqlx's acquire future is 8.6 KB, and unboxed it made every
+        // call's future 18 KB, copied at each await layer (about 1 µs of
+        // memmove a claim, measured on Postgres).
+        let acquire = || async { Box::pin(pool.acquire()).await.map_err(|e| map(e, timeout)) };
         if kept.keep == 0 {
             return Ok(checkout(acquire().await?, Instant::now(), false));
         }
         loop {
-            let mut handed = match kept.pop_or_wait(timeout) {
+            let mut handed = match kept.pop_or_wait(pool, timeout) {
                 Ok((conn, since)) => return Ok(checkout(conn, since, true)),
                 Err(handed) => handed,
             };
@@ -227,12 +248,11 @@ impl Checkout {
         }
     }
 
-    /// The call ran to its end with `answer`.
-    pub(crate) fn finish<T>(mut self, answer: &Result<T>) {
-        use dedupe_core::Error;
-        // An answer of the store's own: the connection is as good as before.
-        // Anything the server or the driver said may have ended the session
-        // (a packet over `max_allowed_packet` closes it).
+    /// The call ran to its end with `answer`: an answer of the store's own
+    /// leaves the connection as good as before; anything the server or the
+    /// driver said may have ended the session (a packet over MySQL's
+    /// `max_allowed_packet` closes it).
+    pub fn finish<T>(&mut self, answer: &Result<T>) {
         let fine = match answer {
             Ok(_) => true,
             Err(e) => !matches!(
@@ -244,31 +264,31 @@ impl Checkout {
     }
 }
 
-impl Deref for Checkout {
-    type Target = MySqlConnection;
+impl<DB: Database> Deref for Checkout<DB> {
+    type Target = DB::Connection;
 
-    fn deref(&self) -> &MySqlConnection {
+    fn deref(&self) -> &DB::Connection {
         self.conn
             .as_deref()
             .expect("a checkout holds its connection until dropped")
     }
 }
 
-impl DerefMut for Checkout {
-    fn deref_mut(&mut self) -> &mut MySqlConnection {
+impl<DB: Database> DerefMut for Checkout<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
         self.conn
             .as_deref_mut()
             .expect("a checkout holds its connection until dropped")
     }
 }
 
-impl Drop for Checkout {
+impl<DB: Database> Drop for Checkout<DB> {
     fn drop(&mut self) {
         let Some(conn) = self.conn.take() else {
             return;
         };
         let fine = self.ended;
-        if self.member && fine == Some(true) && self.since.elapsed() < Kept::LIFETIME {
+        if self.member && fine == Some(true) && self.since.elapsed() < MAX_CONNECTION_LIFETIME {
             self.kept.hand_on(conn, self.since);
             return;
         }
