@@ -30,10 +30,12 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod admin;
 mod open;
 mod parse;
 
-pub use open::{open_deduper, open_store, Opener, DEFAULT_TIMEOUT};
+pub use admin::Admin;
+pub use open::{open_deduper, open_store, Opened, Opener, DEFAULT_TIMEOUT};
 pub use parse::{StoreUrl, Target, UrlError};
 
 /// Why a store could not be opened: its URL, or the store itself.

@@ -6,7 +6,50 @@ use std::time::Duration;
 
 use dedupe_core::{DedupeStore, Deduper, Error, Inbox, MemoryStore};
 
+#[cfg(feature = "dynamodb")]
+use crate::admin::DynamoAdmin;
+#[cfg(feature = "mysql")]
+use crate::admin::MySqlAdmin;
+#[cfg(feature = "postgres")]
+use crate::admin::PgAdmin;
+#[cfg(feature = "redis")]
+use crate::admin::RedisAdmin;
+#[cfg(feature = "sqlite")]
+use crate::admin::SqliteAdmin;
+use crate::admin::{Admin, MemoryAdmin};
 use crate::parse::{StoreUrl, Target};
+
+/// A store opened by URL: the store, the same store as its inbox when it
+/// offers one, and its store-wide operations.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// A handle with a connection (or pool) of its own.
+    pub store: Arc<dyn DedupeStore>,
+    /// The same handle as an inbox, when the store offers one.
+    pub inbox: Option<Arc<dyn Inbox>>,
+    /// Migrate, remove the namespace, durability.
+    pub admin: Arc<dyn Admin>,
+}
+
+impl Opened {
+    fn with_inbox<S: Inbox + 'static>(store: S, admin: impl Admin + 'static) -> Self {
+        let store = Arc::new(store);
+        Self {
+            store: store.clone(),
+            inbox: Some(store),
+            admin: Arc::new(admin),
+        }
+    }
+
+    #[cfg(feature = "mysql")]
+    fn without_inbox<S: DedupeStore + 'static>(store: S, admin: impl Admin + 'static) -> Self {
+        Self {
+            store: Arc::new(store),
+            inbox: None,
+            admin: Arc::new(admin),
+        }
+    }
+}
 
 /// The bound on each store call when the URL sets no `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -71,68 +114,57 @@ impl Opener {
     }
 
     async fn prepare(&self) -> Result<(), Error> {
-        match self.url.target() {
-            #[cfg(feature = "postgres")]
-            Target::Postgres { .. } => self.postgres(2).await?.migrate().await,
-            #[cfg(feature = "mysql")]
-            Target::Mysql { .. } => self.mysql(2).await?.migrate().await,
-            #[cfg(feature = "dynamodb")]
-            Target::Dynamo { .. } => self.dynamo().await?.create_table_if_missing().await,
-            _ => self.handle().await.map(|_| ()),
-        }
+        self.open().await?.admin.migrate().await
     }
 
-    /// A new handle onto the store's inbox ([`Inbox`]), when the store offers
-    /// one: every store built in does (a Redis Cluster with
-    /// `?namespace_hash_tags=true`).
-    pub async fn inbox_handle(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+    /// Opens the store anew: a handle with a connection (or pool) of its
+    /// own, the same store as its inbox when it offers one, and its
+    /// [`Admin`]. This is the one place a URL's store is chosen.
+    pub async fn open(&self) -> Result<Opened, Error> {
         Ok(match self.url.target() {
-            Target::Memory => Some(Arc::new(self.memory.clone())),
+            Target::Memory => Opened::with_inbox(self.memory.clone(), MemoryAdmin),
             #[cfg(feature = "sqlite")]
-            Target::Sqlite { connections, .. } => Some(Arc::new(
-                self.sqlite(connections.map_or(
-                    dedupe_sqlite::SqliteStore::DEFAULT_CONNECTION_THREADS,
-                    |n| n as usize,
-                ))
-                .await?,
-            )),
+            Target::Sqlite { connections, .. } => {
+                let store = self
+                    .sqlite(connections.map_or(
+                        dedupe_sqlite::SqliteStore::DEFAULT_CONNECTION_THREADS,
+                        |n| n as usize,
+                    ))
+                    .await?;
+                Opened::with_inbox(store.clone(), SqliteAdmin(store))
+            }
             #[cfg(feature = "postgres")]
-            Target::Postgres { connections, .. } => Some(Arc::new(
-                self.postgres_dedicated(connections.unwrap_or(4)).await?,
-            )),
-            #[cfg(feature = "redis")]
-            Target::Redis { .. } => Some(Arc::new(self.redis().await?)),
-            #[cfg(feature = "dynamodb")]
-            Target::Dynamo { .. } => Some(Arc::new(self.dynamo().await?)),
-            #[allow(unreachable_patterns)]
-            _ => None,
-        })
-    }
-
-    /// A new handle onto the store, with a connection (or pool) of its own.
-    pub async fn handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
-        Ok(match self.url.target() {
-            Target::Memory => Arc::new(self.memory.clone()),
-            #[cfg(feature = "sqlite")]
-            Target::Sqlite { connections, .. } => Arc::new(
-                self.sqlite(connections.map_or(
-                    dedupe_sqlite::SqliteStore::DEFAULT_CONNECTION_THREADS,
-                    |n| n as usize,
-                ))
-                .await?,
-            ),
-            #[cfg(feature = "postgres")]
-            Target::Postgres { connections, .. } => {
-                Arc::new(self.postgres_dedicated(connections.unwrap_or(4)).await?)
+            Target::Postgres {
+                connections,
+                schema,
+                ..
+            } => {
+                let store = self.postgres_dedicated(connections.unwrap_or(4)).await?;
+                let admin = PgAdmin {
+                    store: store.clone(),
+                    schema: schema.clone(),
+                };
+                Opened::with_inbox(store, admin)
             }
             #[cfg(feature = "mysql")]
             Target::Mysql { connections, .. } => {
-                Arc::new(self.mysql_dedicated(connections.unwrap_or(4)).await?)
+                let store = self.mysql_dedicated(connections.unwrap_or(4)).await?;
+                Opened::without_inbox(store.clone(), MySqlAdmin(store))
             }
             #[cfg(feature = "redis")]
-            Target::Redis { .. } => Arc::new(self.redis().await?),
+            Target::Redis { urls, .. } => {
+                let store = self.redis().await?;
+                let admin = RedisAdmin {
+                    store: store.clone(),
+                    urls: urls.clone(),
+                };
+                Opened::with_inbox(store, admin)
+            }
             #[cfg(feature = "dynamodb")]
-            Target::Dynamo { .. } => Arc::new(self.dynamo().await?),
+            Target::Dynamo { .. } => {
+                let store = self.dynamo().await?;
+                Opened::with_inbox(store.clone(), DynamoAdmin(store))
+            }
             #[allow(unreachable_patterns)]
             _ => {
                 return Err(Error::config(format!(
@@ -141,6 +173,19 @@ impl Opener {
                 )))
             }
         })
+    }
+
+    /// A new handle onto the store's inbox ([`Inbox`]), when the store offers
+    /// one (a Redis Cluster's needs `?namespace_hash_tags=true`):
+    /// [`open`](Self::open)'s `inbox`.
+    pub async fn inbox_handle(&self) -> Result<Option<Arc<dyn Inbox>>, Error> {
+        Ok(self.open().await?.inbox)
+    }
+
+    /// A new handle onto the store, with a connection (or pool) of its own:
+    /// [`open`](Self::open)'s `store`.
+    pub async fn handle(&self) -> Result<Arc<dyn DedupeStore>, Error> {
+        Ok(self.open().await?.store)
     }
 
     /// A SQLite store with `connections` connections (each on a thread of its
@@ -344,139 +389,16 @@ impl Opener {
         })
     }
 
-    /// Removes the namespace this opener's URL names (the SQLite table, the
-    /// Postgres schema of `?schema=`, or without one the store's table in
-    /// `public`; every key under the Redis prefix, the DynamoDB table) with
-    /// every record in it. For namespaces a run made for itself
-    /// ([`StoreUrl::in_namespace`]); never call it on a live deployment's.
+    /// Removes the namespace this opener's URL names, with every record in
+    /// it: [`Admin::remove_namespace`] of a store [`open`](Self::open)ed anew.
     pub async fn remove_namespace(&self) -> Result<(), Error> {
-        match self.url.target() {
-            Target::Memory => Ok(()),
-            #[cfg(feature = "sqlite")]
-            Target::Sqlite { table, .. } => {
-                let table = table.clone().unwrap_or_else(|| "dedupe_records".into());
-                let path = self.sqlite_path.clone().unwrap_or_default();
-                tokio::task::spawn_blocking(move || {
-                    let conn = dedupe_sqlite::rusqlite::Connection::open(path)?;
-                    conn.execute_batch(&format!("DROP TABLE IF EXISTS \"{table}\""))
-                })
-                .await
-                .map_err(|e| Error::fatal("dropping the table", Some(Box::new(e) as _)))?
-                .map_err(|e| Error::retryable("dropping the table", Some(Box::new(e) as _)))
-            }
-            #[cfg(feature = "postgres")]
-            Target::Postgres { schema, .. } => {
-                let store = self.postgres(1).await?;
-                // A URL with `?schema=` names a schema of the store's own: it goes
-                // whole. Without one the store's table is in the default schema
-                // (`public`), shared with everything else in the database: only
-                // that table goes.
-                let statement = match schema {
-                    Some(schema) => format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
-                    None => format!(
-                        "DROP TABLE IF EXISTS \"{}\".\"{}\"",
-                        dedupe_postgres::PgStore::DEFAULT_SCHEMA,
-                        dedupe_postgres::PgStore::DEFAULT_TABLE
-                    ),
-                };
-                dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(statement))
-                    .execute(store.pool())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| Error::retryable("dropping the namespace", Some(Box::new(e) as _)))
-            }
-            #[cfg(feature = "mysql")]
-            Target::Mysql { .. } => {
-                let store = self.mysql(1).await?;
-                // The records, and the ledger `dedupe serve` keeps beside them.
-                let statement = format!(
-                    "DROP TABLE IF EXISTS `{0}`, `{0}_ledger`",
-                    store.table_name()
-                );
-                dedupe_mysql::sqlx::raw_sql(dedupe_mysql::sqlx::AssertSqlSafe(statement))
-                    .execute(store.pool())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| Error::retryable("dropping the namespace", Some(Box::new(e) as _)))
-            }
-            #[cfg(feature = "redis")]
-            Target::Redis { urls, prefix, .. } => {
-                let prefix = prefix.clone().unwrap_or_else(|| "dedupe:".into());
-                for url in urls {
-                    delete_prefixed(url, &prefix).await?;
-                }
-                Ok(())
-            }
-            #[cfg(feature = "dynamodb")]
-            Target::Dynamo { .. } => self.dynamo().await?.delete_table().await,
-            #[allow(unreachable_patterns)]
-            _ => Err(Error::config(format!(
-                "{} stores are not built in",
-                self.url.scheme()
-            ))),
-        }
+        self.open().await?.admin.remove_namespace().await
     }
 
-    /// One line on what the store promises about keeping records across a
-    /// restart, where it can say (Redis: its persistence settings).
+    /// [`Admin::durability`] of a store [`open`](Self::open)ed anew.
     pub async fn durability(&self) -> Option<String> {
-        match self.url.target() {
-            #[cfg(feature = "redis")]
-            Target::Redis { .. } => {
-                let store = self.redis().await.ok()?;
-                let evicted = match store.evicted_keys().await {
-                    Some(n) => format!("evicted_keys {n}"),
-                    None => "evicted_keys unknown".into(),
-                };
-                Some(format!("{}; {evicted}", store.durability().await))
-            }
-            _ => None,
-        }
+        self.open().await.ok()?.admin.durability().await
     }
-}
-
-/// Deletes the keys under `prefix` held by the server at `url` (on a Cluster,
-/// each master's own keys).
-#[cfg(feature = "redis")]
-async fn delete_prefixed(url: &str, prefix: &str) -> Result<(), Error> {
-    use dedupe_redis::redis::{self, AsyncCommands};
-    let fail = |e: redis::RedisError| {
-        Error::retryable("deleting the prefix's keys", Some(Box::new(e) as _))
-    };
-    let client = redis::Client::open(url).map_err(fail)?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(fail)?;
-    let keys: Vec<String> = {
-        let mut iter: redis::AsyncIter<'_, String> = conn
-            .scan_match(format!("{}*", glob_escape(prefix)))
-            .await
-            .map_err(fail)?;
-        let mut keys = Vec::new();
-        while let Some(key) = iter.next_item().await {
-            keys.push(key.map_err(fail)?);
-        }
-        keys
-    };
-    for key in keys {
-        // One key per call: on a Cluster node, keys of one call must share a slot.
-        let _: i64 = conn.del(key).await.map_err(fail)?;
-    }
-    Ok(())
-}
-
-/// A prefix as a literal in a SCAN pattern.
-#[cfg(feature = "redis")]
-fn glob_escape(prefix: &str) -> String {
-    let mut escaped = String::with_capacity(prefix.len());
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
 }
 
 /// Opens the store `url` names and returns one handle: the shortest way from
