@@ -11,6 +11,7 @@
 mod builder;
 mod codec;
 mod error;
+mod inbox;
 mod ops;
 mod sql;
 mod store;

@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dedupe_core::backend::{check_payload, check_take};
 use dedupe_core::backend::{check_ttl, duration_millis};
 use dedupe_core::{
-    Accepted, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, InboxCounts,
-    Item, ItemPage, ItemQuery, Key, Lease, Record, Result, Retry, Taken, DEFAULT_MAX_OUTCOME_BYTES,
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Key, Lease, Record, Result,
+    DEFAULT_MAX_OUTCOME_BYTES,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};
@@ -191,7 +190,7 @@ impl PgStore {
     }
 
     /// Runs one call on a connection of the store's, bounded by its timeout.
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         op: impl AsyncFnOnce(Ops<'_>, &mut PgConnection) -> Result<T>,
     ) -> Result<T> {
@@ -350,57 +349,5 @@ impl DedupeStore for PgStore {
 
     fn capabilities(&self) -> Capabilities {
         self.caps
-    }
-}
-
-/// The inbox in the records table (migration 0002): an item is a row with a
-/// payload and a `wait` state (0 held by a worker, 1 due at `expires_at`, 2
-/// dead). `accept` is the claim's statement with the item's columns; `take`
-/// locks the oldest due items of a namespace with `FOR UPDATE SKIP LOCKED`
-/// (on a partial index of due items) and leases them in the same statement,
-/// so racing takers never wait on each other and never share an item; every
-/// other change is one `UPDATE` fenced by the token and the deadline. Each
-/// statement commits before it answers: an accepted delivery is as durable as
-/// a completion.
-#[async_trait]
-impl Inbox for PgStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
-        self.call(async |ops, conn| ops.accept(conn, key, payload).await)
-            .await
-    }
-
-    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
-        check_take(max, lease)?;
-        self.call(async |ops, conn| ops.take(conn, namespace, max, lease).await)
-            .await
-    }
-
-    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        if let Retry::After(delay) = retry {
-            check_ttl("retry delay", delay)?;
-        }
-        self.call(async |ops, conn| ops.fail(conn, lease, error, retry).await)
-            .await
-    }
-
-    async fn item(&self, key: &Key) -> Result<Option<Item>> {
-        self.call(async |ops, conn| ops.item(conn, key).await).await
-    }
-
-    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
-        query.validate()?;
-        self.call(async |ops, conn| ops.list(conn, query).await)
-            .await
-    }
-
-    async fn replay(&self, key: &Key) -> Result<bool> {
-        self.call(async |ops, conn| ops.replay(conn, key).await)
-            .await
-    }
-
-    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
-        self.call(async |ops, conn| ops.counts(conn, namespace).await)
-            .await
     }
 }

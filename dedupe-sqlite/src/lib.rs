@@ -6,9 +6,11 @@
 //! relies on, and [`SqliteStore::claim_in`] for the transactional claim.
 
 mod builder;
+mod codec;
 mod conn;
 mod error;
 mod group;
+mod inbox;
 mod ops;
 mod sql;
 mod store;

@@ -5,11 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use dedupe_core::backend::{check_payload, check_take};
 use dedupe_core::backend::{check_ttl, to_millis, BatchKeys};
 use dedupe_core::{
-    Accepted, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Inbox, InboxCounts, Item,
-    ItemPage, ItemQuery, Key, Lease, Record, Result, Retry, Taken,
+    Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Key, Lease, Record, Result,
 };
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -439,72 +437,6 @@ impl SqliteStore {
             .write(keys.len(), move |ops, conn| {
                 keys.iter().map(|key| ops.claim(conn, key, &opts)).collect()
             })
-            .await
-    }
-}
-
-/// The inbox in the records table: an item is a row with a payload and a
-/// `wait` state (0 held by a worker, 1 due at `expires_at`, 2 dead). Each
-/// operation is one statement; writes go through the file's writer thread
-/// (group commit), reads through a connection thread. `take` is an `UPDATE
-/// ... WHERE (namespace, id) IN (SELECT ... ORDER BY expires_at LIMIT n)
-/// RETURNING` under the write lock, on a partial index of the due items of a
-/// namespace, so each due item goes to one taker. Durable as a completion
-/// is: committed before it answers.
-#[async_trait]
-impl Inbox for SqliteStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
-        let (key, payload) = (key.clone(), payload.to_vec());
-        self.conns()
-            .write(1, move |ops, conn| ops.accept(conn, &key, &payload))
-            .await
-    }
-
-    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
-        check_take(max, lease)?;
-        let namespace = namespace.to_string();
-        self.conns()
-            .write(max, move |ops, conn| ops.take(conn, &namespace, max, lease))
-            .await
-    }
-
-    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        if let Retry::After(delay) = retry {
-            check_ttl("retry delay", delay)?;
-        }
-        let (lease, error) = (lease.clone(), error.to_string());
-        self.conns()
-            .write(1, move |ops, conn| ops.fail(conn, &lease, &error, retry))
-            .await
-    }
-
-    async fn item(&self, key: &Key) -> Result<Option<Item>> {
-        let key = key.clone();
-        self.conns()
-            .with_conn(move |ops, conn| ops.item(conn, &key))
-            .await
-    }
-
-    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
-        query.validate()?;
-        let query = query.clone();
-        self.conns()
-            .with_conn(move |ops, conn| ops.list(conn, &query))
-            .await
-    }
-
-    async fn replay(&self, key: &Key) -> Result<bool> {
-        let key = key.clone();
-        self.conns()
-            .write(1, move |ops, conn| ops.replay(conn, &key))
-            .await
-    }
-
-    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
-        let namespace = namespace.to_string();
-        self.conns()
-            .with_conn(move |ops, conn| ops.counts(conn, &namespace))
             .await
     }
 }

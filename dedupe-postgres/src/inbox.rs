@@ -1,0 +1,286 @@
+//! The inbox (CONTRACT.md I1 to I8) in the records table: its `Inbox`
+//! implementation, and the statements it runs on a connection of the store's.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedupe_core::backend::{
+    self, check_payload, check_take, check_ttl, cut_error, one_row_changed, status_code,
+    stored_counts, taken_item, StoredItem,
+};
+use dedupe_core::{
+    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease, RecordState,
+    Result, Retry, Taken,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use crate::ops::Ops;
+use crate::sql::text;
+use crate::store::PgStore;
+
+/// The inbox in the records table (migration 0002): an item is a row with a
+/// payload and a `wait` state (0 held by a worker, 1 due at `expires_at`, 2
+/// dead). `accept` is the claim's statement with the item's columns; `take`
+/// locks the oldest due items of a namespace with `FOR UPDATE SKIP LOCKED`
+/// (on a partial index of due items) and leases them in the same statement,
+/// so racing takers never wait on each other and never share an item; every
+/// other change is one `UPDATE` fenced by the token and the deadline. Each
+/// statement commits before it answers: an accepted delivery is as durable as
+/// a completion.
+#[async_trait]
+impl Inbox for PgStore {
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        check_payload(payload)?;
+        self.call(async |ops, conn| ops.accept(conn, key, payload).await)
+            .await
+    }
+
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        check_take(max, lease)?;
+        self.call(async |ops, conn| ops.take(conn, namespace, max, lease).await)
+            .await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+        if let Retry::After(delay) = retry {
+            check_ttl("retry delay", delay)?;
+        }
+        self.call(async |ops, conn| ops.fail(conn, lease, error, retry).await)
+            .await
+    }
+
+    async fn item(&self, key: &Key) -> Result<Option<Item>> {
+        self.call(async |ops, conn| ops.item(conn, key).await).await
+    }
+
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        query.validate()?;
+        self.call(async |ops, conn| ops.list(conn, query).await)
+            .await
+    }
+
+    async fn replay(&self, key: &Key) -> Result<bool> {
+        self.call(async |ops, conn| ops.replay(conn, key).await)
+            .await
+    }
+
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+        self.call(async |ops, conn| ops.counts(conn, namespace).await)
+            .await
+    }
+}
+
+/// An item row (`sql::Statements::select_item`, `list`) as an [`Item`].
+fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
+    let read = || -> std::result::Result<_, sqlx::Error> {
+        Ok((
+            row.try_get::<String, _>("key")?,
+            StoredItem {
+                id: String::new(),
+                wait: i64::from(row.try_get::<i16, _>("wait")?),
+                attempts: i64::from(row.try_get::<i32, _>("attempts")?),
+                accepted_ms: row.try_get("first_seen_ms")?,
+                due_ms: row.try_get("expires_ms")?,
+                last_error: row.try_get("last_error")?,
+                payload: row.try_get("payload")?,
+            },
+        ))
+    };
+    let (joined, stored) =
+        read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+    StoredItem {
+        id: id_in(namespace, &joined)?.to_string(),
+        ..stored
+    }
+    .decode(namespace)
+}
+
+/// The id of a `namespace:id` key column of `namespace`.
+fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
+    joined
+        .strip_prefix(namespace)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .ok_or_else(|| Error::fatal(format!("an inbox row of another namespace: {joined}"), None))
+}
+
+/// The inbox's statements (CONTRACT.md I1 to I8), one statement each.
+impl Ops<'_> {
+    pub(crate) async fn accept(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        payload: &[u8],
+    ) -> Result<Accepted> {
+        let token = backend::new_token();
+        let stored: Option<String> = sqlx::query_scalar(text(&self.sql.accept))
+            .bind(key.namespace())
+            .bind(key.id())
+            .bind(token.as_str())
+            .bind(payload)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        if stored.is_some() {
+            return Ok(Accepted::New);
+        }
+        if let Some(item) = self.item(&mut *conn, key).await? {
+            return Ok(Accepted::Item(item));
+        }
+        match self.get(conn, key).await? {
+            Some(record) => Ok(match record.state {
+                RecordState::Done {
+                    outcome,
+                    completed_at,
+                    ..
+                } => Accepted::Done {
+                    outcome,
+                    completed_at,
+                },
+                RecordState::InFlight { lease_deadline } => Accepted::InFlight {
+                    deadline: lease_deadline,
+                    attempt: record.attempts,
+                },
+            }),
+            None => Err(Error::retryable(
+                "accept left a record in place but found none live; retry",
+                None,
+            )),
+        }
+    }
+
+    pub(crate) async fn take(
+        &self,
+        conn: &mut PgConnection,
+        namespace: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Taken>> {
+        let rows = sqlx::query(text(&self.sql.take))
+            .bind(namespace)
+            .bind(i64::try_from(max).unwrap_or(i64::MAX))
+            .bind(lease)
+            .fetch_all(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter()
+            .map(|row| {
+                let read = || -> std::result::Result<_, sqlx::Error> {
+                    Ok((
+                        row.try_get::<String, _>("key")?,
+                        row.try_get::<String, _>("token")?,
+                        row.try_get::<i64, _>("expires_ms")?,
+                        row.try_get::<i32, _>("attempts")?,
+                        row.try_get::<Option<Vec<u8>>, _>("payload")?,
+                        row.try_get::<Option<String>, _>("last_error")?,
+                    ))
+                };
+                let (joined, token, deadline, attempts, payload, last_error) = read()
+                    .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+                let key = Key::new(namespace, id_in(namespace, &joined)?)?;
+                taken_item(
+                    key,
+                    token,
+                    deadline,
+                    i64::from(attempts),
+                    payload,
+                    last_error,
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) async fn fail(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        error: &str,
+        retry: Retry,
+    ) -> Result<()> {
+        let (wait, delay) = match retry {
+            Retry::After(delay) => (1i16, delay),
+            Retry::Dead => (2i16, Duration::ZERO),
+        };
+        let changed = sqlx::query(text(&self.sql.fail))
+            .bind(lease.key.namespace())
+            .bind(lease.key.id())
+            .bind(lease.token.as_str())
+            .bind(wait)
+            .bind(delay)
+            .bind(cut_error(error))
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        one_row_changed(changed, &lease.key)
+    }
+
+    pub(crate) async fn item(&self, conn: &mut PgConnection, key: &Key) -> Result<Option<Item>> {
+        let row = sqlx::query(text(&self.sql.select_item))
+            .bind(key.namespace())
+            .bind(key.id())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.map(|row| decode_item(key.namespace(), &row))
+            .transpose()
+    }
+
+    pub(crate) async fn list(
+        &self,
+        conn: &mut PgConnection,
+        query: &ItemQuery,
+    ) -> Result<ItemPage> {
+        let status = i32::try_from(status_code(query.status)).unwrap_or(-1);
+        let rows = sqlx::query(text(&self.sql.list))
+            .bind(query.namespace.as_str())
+            .bind(query.after.as_deref().unwrap_or(""))
+            .bind(status)
+            .bind(i64::try_from(query.limit + 1).unwrap_or(i64::MAX))
+            .fetch_all(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut items = rows
+            .iter()
+            .map(|row| decode_item(&query.namespace, row))
+            .collect::<Result<Vec<_>>>()?;
+        let next = (items.len() > query.limit).then(|| items[query.limit - 1].key.id().to_string());
+        items.truncate(query.limit);
+        Ok(ItemPage::new(items, next))
+    }
+
+    pub(crate) async fn replay(&self, conn: &mut PgConnection, key: &Key) -> Result<bool> {
+        Ok(sqlx::query(text(&self.sql.replay))
+            .bind(key.namespace())
+            .bind(key.id())
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected()
+            > 0)
+    }
+
+    pub(crate) async fn counts(
+        &self,
+        conn: &mut PgConnection,
+        namespace: &str,
+    ) -> Result<InboxCounts> {
+        let row = sqlx::query(text(&self.sql.counts))
+            .bind(namespace)
+            .fetch_one(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let read = || -> std::result::Result<_, sqlx::Error> {
+            Ok((
+                row.try_get::<i64, _>(0)?,
+                row.try_get::<i64, _>(1)?,
+                row.try_get::<i64, _>(2)?,
+                row.try_get::<i64, _>(3)?,
+                row.try_get::<Option<i64>, _>(4)?,
+            ))
+        };
+        let (pending, running, failed, dead, oldest) =
+            read().map_err(|e| Error::fatal(format!("undecodable counts: {e}"), None))?;
+        Ok(stored_counts(pending, running, failed, dead, oldest))
+    }
+}

@@ -1,0 +1,297 @@
+//! The inbox (CONTRACT.md I1 to I8) in the records table: its `Inbox`
+//! implementation, and the statements it runs on a connection.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedupe_core::backend::{
+    self, check_payload, check_take, check_ttl, cut_error, one_row_changed, status_code,
+    stored_counts, taken_item,
+};
+use dedupe_core::{
+    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease, Result, Retry,
+    Taken,
+};
+use rusqlite::{named_params, Connection, OptionalExtension};
+
+use crate::codec::read_item;
+use crate::ops::{deadline, Ops};
+use crate::store::SqliteStore;
+
+/// The inbox in the records table: an item is a row with a payload and a
+/// `wait` state (0 held by a worker, 1 due at `expires_at`, 2 dead). Each
+/// operation is one statement; writes go through the file's writer thread
+/// (group commit), reads through a connection thread. `take` is an `UPDATE
+/// ... WHERE (namespace, id) IN (SELECT ... ORDER BY expires_at LIMIT n)
+/// RETURNING` under the write lock, on a partial index of the due items of a
+/// namespace, so each due item goes to one taker. Durable as a completion
+/// is: committed before it answers.
+#[async_trait]
+impl Inbox for SqliteStore {
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        check_payload(payload)?;
+        let (key, payload) = (key.clone(), payload.to_vec());
+        self.conns()
+            .write(1, move |ops, conn| ops.accept(conn, &key, &payload))
+            .await
+    }
+
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        check_take(max, lease)?;
+        let namespace = namespace.to_string();
+        self.conns()
+            .write(max, move |ops, conn| ops.take(conn, &namespace, max, lease))
+            .await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+        if let Retry::After(delay) = retry {
+            check_ttl("retry delay", delay)?;
+        }
+        let (lease, error) = (lease.clone(), error.to_string());
+        self.conns()
+            .write(1, move |ops, conn| ops.fail(conn, &lease, &error, retry))
+            .await
+    }
+
+    async fn item(&self, key: &Key) -> Result<Option<Item>> {
+        let key = key.clone();
+        self.conns()
+            .with_conn(move |ops, conn| ops.item(conn, &key))
+            .await
+    }
+
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        query.validate()?;
+        let query = query.clone();
+        self.conns()
+            .with_conn(move |ops, conn| ops.list(conn, &query))
+            .await
+    }
+
+    async fn replay(&self, key: &Key) -> Result<bool> {
+        let key = key.clone();
+        self.conns()
+            .write(1, move |ops, conn| ops.replay(conn, &key))
+            .await
+    }
+
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+        let namespace = namespace.to_string();
+        self.conns()
+            .with_conn(move |ops, conn| ops.counts(conn, &namespace))
+            .await
+    }
+}
+
+/// The inbox's statements (CONTRACT.md I1 to I8), each one statement on the
+/// caller's connection (writes in the writer's transaction).
+impl Ops<'_> {
+    pub(crate) fn accept(&self, conn: &Connection, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        let now = backend::now_millis();
+        let token = backend::new_token();
+        let stored: Option<String> = conn
+            .prepare_cached(&self.sql.accept)
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {
+                        ":ns": key.namespace(),
+                        ":id": key.id(),
+                        ":token": token.as_str(),
+                        ":now": now,
+                        ":payload": payload,
+                    },
+                    |row| row.get(0),
+                )
+                .optional()
+            })
+            .map_err(|e| self.err(e))?;
+        if stored.is_some() {
+            return Ok(Accepted::New);
+        }
+        if let Some(item) = self.item(conn, key)? {
+            return Ok(Accepted::Item(item));
+        }
+        match self.get_at(conn, key, now)? {
+            Some(record) => Ok(match record.state {
+                dedupe_core::RecordState::Done {
+                    outcome,
+                    completed_at,
+                    ..
+                } => Accepted::Done {
+                    outcome,
+                    completed_at,
+                },
+                dedupe_core::RecordState::InFlight { lease_deadline } => Accepted::InFlight {
+                    deadline: lease_deadline,
+                    attempt: record.attempts,
+                },
+            }),
+            None => Err(Error::retryable(
+                "accept left a record in place but found none live",
+                None,
+            )),
+        }
+    }
+
+    pub(crate) fn take(
+        &self,
+        conn: &Connection,
+        namespace: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Taken>> {
+        let now = backend::now_millis();
+        let until = deadline(now, lease);
+        let ids: Vec<String> = conn
+            .prepare_cached(&self.sql.take_pick)
+            .and_then(|mut stmt| {
+                stmt.query_map(
+                    named_params! {
+                        ":ns": namespace,
+                        ":now": now,
+                        ":max": i64::try_from(max).unwrap_or(i64::MAX),
+                    },
+                    |row| row.get(0),
+                )?
+                .collect()
+            })
+            .map_err(|e| self.err(e))?;
+        let mut taken = Vec::with_capacity(ids.len());
+        for id in ids {
+            let key = Key::new(namespace, &id)?;
+            let token = backend::new_token();
+            type Leased = (String, i64, i64, Option<Vec<u8>>, Option<String>);
+            let row: Option<Leased> = conn
+                .prepare_cached(&self.sql.take_one)
+                .and_then(|mut stmt| {
+                    stmt.query_row(
+                        named_params! {
+                            ":ns": namespace,
+                            ":id": id.as_str(),
+                            ":token": token.as_str(),
+                            ":now": now,
+                            ":until": until,
+                        },
+                        |row| {
+                            Ok((
+                                row.get(0)?,
+                                row.get(1)?,
+                                row.get(2)?,
+                                row.get(3)?,
+                                row.get(4)?,
+                            ))
+                        },
+                    )
+                    .optional()
+                })
+                .map_err(|e| self.err(e))?;
+            // Picked and leased in one write transaction: it is there.
+            let Some((stored, deadline, attempts, payload, last_error)) = row else {
+                continue;
+            };
+            taken.push(taken_item(
+                key, stored, deadline, attempts, payload, last_error,
+            )?);
+        }
+        Ok(taken)
+    }
+
+    pub(crate) fn fail(
+        &self,
+        conn: &Connection,
+        lease: &Lease,
+        error: &str,
+        retry: Retry,
+    ) -> Result<()> {
+        let now = backend::now_millis();
+        let (wait, due) = match retry {
+            Retry::After(delay) => (1, deadline(now, delay)),
+            Retry::Dead => (2, now),
+        };
+        let changed = conn
+            .prepare_cached(&self.sql.fail)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": lease.key.namespace(),
+                    ":id": lease.key.id(),
+                    ":token": lease.token.as_str(),
+                    ":now": now,
+                    ":wait": wait,
+                    ":due": due,
+                    ":error": cut_error(error),
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        one_row_changed(changed as u64, &lease.key)
+    }
+
+    pub(crate) fn item(&self, conn: &Connection, key: &Key) -> Result<Option<Item>> {
+        conn.prepare_cached(&self.sql.select_item)
+            .and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {":ns": key.namespace(), ":id": key.id()},
+                    read_item,
+                )
+                .optional()
+            })
+            .map_err(|e| self.err(e))?
+            .map(|row| row.decode(key.namespace()))
+            .transpose()
+    }
+
+    pub(crate) fn list(&self, conn: &Connection, query: &ItemQuery) -> Result<ItemPage> {
+        let mut stmt = conn
+            .prepare_cached(&self.sql.list)
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(
+                named_params! {
+                    ":ns": query.namespace.as_str(),
+                    ":after": query.after.as_deref().unwrap_or(""),
+                    ":st": status_code(query.status),
+                    ":limit": i64::try_from(query.limit + 1).unwrap_or(i64::MAX),
+                },
+                read_item,
+            )
+            .map_err(|e| self.err(e))?;
+        let mut items = Vec::new();
+        for row in rows {
+            items.push(row.map_err(|e| self.err(e))?.decode(&query.namespace)?);
+        }
+        let next = (items.len() > query.limit).then(|| items[query.limit - 1].key.id().to_string());
+        items.truncate(query.limit);
+        Ok(ItemPage::new(items, next))
+    }
+
+    pub(crate) fn replay(&self, conn: &Connection, key: &Key) -> Result<bool> {
+        conn.prepare_cached(&self.sql.replay)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": key.namespace(),
+                    ":id": key.id(),
+                    ":now": backend::now_millis(),
+                })
+            })
+            .map(|changed| changed > 0)
+            .map_err(|e| self.err(e))
+    }
+
+    pub(crate) fn counts(&self, conn: &Connection, namespace: &str) -> Result<InboxCounts> {
+        let (pending, running, failed, dead, oldest): (i64, i64, i64, i64, Option<i64>) = conn
+            .prepare_cached(&self.sql.counts)
+            .and_then(|mut stmt| {
+                stmt.query_row(named_params! {":ns": namespace}, |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                    ))
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(stored_counts(pending, running, failed, dead, oldest))
+    }
+}
