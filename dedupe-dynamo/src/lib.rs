@@ -13,6 +13,7 @@ mod expressions;
 mod inbox;
 mod ops;
 mod store;
+mod table;
 
 pub use codec::{AttributeNames, MAX_ATTRIBUTE_NAME_BYTES};
 pub use store::{DynamoBuilder, DynamoStore, MAX_ITEM_OUTCOME_BYTES, MAX_TRANSACTION_ITEMS};
