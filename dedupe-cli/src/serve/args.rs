@@ -1,0 +1,98 @@
+//! `dedupe serve`'s flags.
+
+use std::net::SocketAddr;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// The store, as a URL (default: a SQLite file dedupe-serve.db here).
+    #[arg(long, value_name = "URL", default_value = "sqlite://dedupe-serve.db")]
+    pub(super) store: String,
+    /// Address to listen on for deliveries (port 0: any free port; the
+    /// address is printed).
+    #[arg(long, default_value = "127.0.0.1:8471")]
+    pub(super) listen: SocketAddr,
+    /// Address of the admin surface: `GET /hooks` (the ledger, paginated with
+    /// `?limit=&after=`), `GET /metrics` (Prometheus) and `GET /healthz`. Once
+    /// any secret is configured these are served only here. Keep it private.
+    #[arg(long, value_name = "ADDR")]
+    pub(super) admin_listen: Option<SocketAddr>,
+    /// A named route: `NAME=PROVIDER` (stripe, github, shopify, standard)
+    /// serves `/hooks/NAME` with that provider's key rule and signature
+    /// scheme, keyed in its own namespace NAME: two routes of one provider are
+    /// two consumers, and each runs its own handler for every event.
+    #[arg(long = "route", value_name = "NAME=PROVIDER")]
+    pub(super) routes: Vec<String>,
+    /// How long the business step takes, to widen race windows (in inbox
+    /// mode: on the worker).
+    #[arg(long, default_value_t = 0)]
+    pub(super) work_ms: u64,
+    /// Inbox mode: each verified delivery is stored in the store's inbox and
+    /// answered 202 at once (a resend of a known event 200, nothing run); the
+    /// business step runs on workers in this process, retried with a backoff
+    /// and dead after --max-attempts (see `dedupe inbox`).
+    #[arg(long)]
+    pub(super) inbox: bool,
+    /// Inbox mode: items worked at once, per route.
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "inbox")]
+    pub(super) workers: usize,
+    /// The lease of a claim (or, in inbox mode, of a taken item), in
+    /// milliseconds, extended while the step runs (default: the URL's
+    /// `lease=`, else 60 s).
+    #[arg(long, value_name = "MS")]
+    pub(super) lease_ms: Option<u64>,
+    /// Inbox mode: attempts before an item is dead.
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "inbox")]
+    pub(super) max_attempts: u32,
+    /// Inbox mode: the delay after an item's first failure, in milliseconds;
+    /// it doubles per attempt (jittered, at most 10 minutes).
+    #[arg(long, value_name = "MS", default_value_t = 1000, requires = "inbox")]
+    pub(super) retry_backoff_ms: u64,
+    /// A signing secret: `ROUTE=SECRET`, where ROUTE is `stripe`, `github`,
+    /// `shopify`, `standard` (for /hooks and /hooks/standard) or a --route
+    /// name (which otherwise takes its provider's secret); a bare secret is a
+    /// Standard Webhooks one. Repeat for rotation. Visible to `ps`: prefer
+    /// --secret-file or DEDUPE_SECRET_{ROUTE} variables.
+    #[arg(long = "secret", value_name = "[ROUTE=]SECRET")]
+    pub(super) secrets: Vec<String>,
+    /// A file of secrets, one `[ROUTE=]SECRET` a line (`#` starts a comment).
+    /// Secrets are also read from the environment: DEDUPE_SECRET_{ROUTE}
+    /// (upper case, `-` and `.` as `_`), several separated by white space.
+    #[arg(long, value_name = "PATH")]
+    pub(super) secret_file: Vec<std::path::PathBuf>,
+    /// Largest body accepted, in bytes (default: each provider's own need:
+    /// GitHub 25 MB, the others 1 MiB).
+    #[arg(long)]
+    pub(super) body_limit: Option<usize>,
+    /// Replay tolerance of signed timestamps, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub(super) tolerance_secs: u64,
+    /// Serve this route without a signature check even though other routes
+    /// have secrets: `hooks` (for /hooks and /hooks/standard), `stripe`,
+    /// `github`, `shopify` or a --route name. Without any secret every route
+    /// is unsigned.
+    #[arg(long = "unsigned", value_name = "ROUTE")]
+    pub(super) unsigned: Vec<String>,
+    /// Longest a handler may run, in seconds: past it the handler is aborted,
+    /// its claim released and the delivery answered 503 (default 600).
+    #[arg(long, value_name = "SECS")]
+    pub(super) max_handler_secs: Option<f64>,
+    /// Most deliveries processed at once, all routes together; past it a
+    /// delivery gets 503 with Retry-After instead of queueing (unlimited by
+    /// default).
+    #[arg(long, value_name = "N")]
+    pub(super) max_concurrency: Option<usize>,
+    /// On SIGTERM or Ctrl-C: how long running handlers may take to finish
+    /// before they are aborted and their claims released.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub(super) shutdown_grace_secs: f64,
+    /// Test hook, not for production: a request carrying this header fails in
+    /// its business step (500), as a crashing handler would; in inbox mode
+    /// the stored delivery keeps the header, so it fails on every attempt.
+    #[arg(long, value_name = "HEADER")]
+    pub(super) fail_on_header: Option<String>,
+    /// Test hook, not for production: the business step appends a line
+    /// `<key> <delivery id>` to this file when it starts, before any wait: a
+    /// side effect outside the store, counted by tests across processes.
+    #[arg(long, value_name = "PATH")]
+    pub(super) effect_log: Option<std::path::PathBuf>,
+}
