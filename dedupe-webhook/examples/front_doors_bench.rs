@@ -1,8 +1,9 @@
-//! What the layer costs: requests per second through `Idempotency` against
-//! the same handler without it, over real HTTP on loopback, in one run.
+//! What the front doors cost: requests per second through dedupe-http's
+//! `Idempotency` layer and through the webhook receiver, against the same
+//! handler without either, over real HTTP on loopback, in one run.
 //!
 //! ```text
-//! cargo run --release -p dedupe-http --example layer_bench -- \
+//! cargo run --release -p dedupe-webhook --example front_doors_bench -- \
 //!     --store sqlite:///tmp/bench.db --store redis://127.0.0.1:6379 \
 //!     --connections 1,16,64 --duration 3s
 //! ```
@@ -12,6 +13,10 @@
 //! again (a claim answered with the stored response). The handler answers a
 //! small JSON 201 at once, so the figures are the layer's and the store's
 //! cost, not the handler's. Client and server share the machine.
+//!
+//! The same through dedupe-webhook's receiver (`webhook` columns): the key
+//! is the body's `id` (`KeyRule::body_id`, no signature), and from the claim
+//! on the delivery runs on the same engine.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,6 +27,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use dedupe_core::Deduper;
 use dedupe_http::{Idempotency, KeyPolicy};
+use dedupe_webhook::{KeyRule, Webhook};
 use serde_json::json;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -47,8 +53,15 @@ async fn listen(router: Router) -> String {
     base
 }
 
-/// Requests per second and the p99 in microseconds.
-async fn drive(url: &str, mode: Mode, connections: usize, duration: Duration) -> (f64, u64) {
+/// Requests per second and the p99 in microseconds. `by_body`: the key goes
+/// in the body's `id` (the webhook receiver's), else in the header.
+async fn drive(
+    url: &str,
+    mode: Mode,
+    connections: usize,
+    duration: Duration,
+    by_body: bool,
+) -> (f64, u64) {
     static RUN: AtomicU64 = AtomicU64::new(0);
     let run = RUN.fetch_add(1, Ordering::SeqCst);
     let client = reqwest::Client::builder()
@@ -57,10 +70,11 @@ async fn drive(url: &str, mode: Mode, connections: usize, duration: Duration) ->
         .expect("client");
     if mode == Mode::Replay {
         // The key's first request, so that every timed one is a replay.
+        let key = format!("replay-{run}");
         let first = client
             .post(url)
-            .header("idempotency-key", format!("replay-{run}"))
-            .json(&json!({ "item": "book" }))
+            .header("idempotency-key", &key)
+            .json(&json!({ "item": "book", "id": key }))
             .send()
             .await
             .expect("request");
@@ -80,8 +94,10 @@ async fn drive(url: &str, mode: Mode, connections: usize, duration: Duration) ->
                     };
                     n += 1;
                     let started = Instant::now();
-                    let mut req = client.post(&url).json(&json!({ "item": "book" }));
-                    if mode != Mode::Bare {
+                    let mut req = client
+                        .post(&url)
+                        .json(&json!({ "item": "book", "id": key }));
+                    if mode != Mode::Bare && !by_body {
                         req = req.header("idempotency-key", key);
                     }
                     let response = req.send().await.expect("request");
@@ -135,26 +151,48 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         stores.push("memory:".into());
     }
     let bare = listen(Router::new().route("/orders", post(create))).await;
-    println!("| store | connections | bare req/s | new keys req/s (÷ bare) | replays req/s (÷ bare) | p99 µs bare / new / replay |");
-    println!("|---|---|---|---|---|---|");
+    println!("| store | connections | bare req/s | new keys req/s (÷ bare) | replays req/s (÷ bare) | webhook new (÷ bare) | webhook replays (÷ bare) | p99 µs bare / new / replay / webhook new / webhook replay |");
+    println!("|---|---|---|---|---|---|---|---|");
     for url in &stores {
         let store = dedupe_url::open_store(url).await?;
-        let layer = Idempotency::new(Deduper::new(store))
+        let layer = Idempotency::new(Deduper::new(store.clone()))
             .namespace("bench")
             .policy(|_| KeyPolicy::Required)
             .layer();
         let guarded = listen(Router::new().route("/orders", post(create)).layer(layer)).await;
+        let hook = Webhook::new(Deduper::new(store), KeyRule::body_id("hooks"));
+        let received =
+            listen(Router::new().route("/orders", post(create).route_layer(hook.layer()))).await;
         let shown = url.split('?').next().unwrap_or(url);
         for &n in &connections {
             // A short warm-up: connections opened, caches filled.
-            drive(&guarded, Mode::NewKeys, n, Duration::from_millis(300)).await;
-            let (b, bp) = drive(&bare, Mode::Bare, n, duration).await;
-            let (k, kp) = drive(&guarded, Mode::NewKeys, n, duration).await;
-            let (r, rp) = drive(&guarded, Mode::Replay, n, duration).await;
+            drive(
+                &guarded,
+                Mode::NewKeys,
+                n,
+                Duration::from_millis(300),
+                false,
+            )
+            .await;
+            drive(
+                &received,
+                Mode::NewKeys,
+                n,
+                Duration::from_millis(300),
+                true,
+            )
+            .await;
+            let (b, bp) = drive(&bare, Mode::Bare, n, duration, false).await;
+            let (k, kp) = drive(&guarded, Mode::NewKeys, n, duration, false).await;
+            let (r, rp) = drive(&guarded, Mode::Replay, n, duration, false).await;
+            let (wk, wkp) = drive(&received, Mode::NewKeys, n, duration, true).await;
+            let (wr, wrp) = drive(&received, Mode::Replay, n, duration, true).await;
             println!(
-                "| {shown} | {n} | {b:.0} | {k:.0} ({:.2}) | {r:.0} ({:.2}) | {bp} / {kp} / {rp} |",
+                "| {shown} | {n} | {b:.0} | {k:.0} ({:.2}) | {r:.0} ({:.2}) | {wk:.0} ({:.2}) | {wr:.0} ({:.2}) | {bp} / {kp} / {rp} / {wkp} / {wrp} |",
                 k / b,
-                r / b
+                r / b,
+                wk / b,
+                wr / b
             );
         }
     }
