@@ -551,12 +551,37 @@ where
             }
         }
     };
-    let namespace = keyed.key.namespace().to_string();
-    let answered = claim(config, inner, parts, body, keyed).await;
-    if let Ok(response) = &answered {
-        count(&namespace, started, response);
+    // From here the request is a task of the deduper's: the claim, the
+    // handler and the settlement run to their end even when the client goes
+    // away (a claim made in the request's own future would be left held
+    // until its lease passed by a client that left right after it), and the
+    // request only awaits the answer. One task for the whole path: the claim
+    // and the handler do not hop between tasks.
+    let deduper = config.deduper.clone();
+    let task = deduper.spawn(async move {
+        let namespace = keyed.key.namespace().to_string();
+        let answered = claim(config, inner, parts, body, keyed).await;
+        if let Ok(response) = &answered {
+            count(&namespace, started, response);
+        }
+        answered
+    });
+    match task {
+        Ok(task) => match task.await {
+            Ok(answered) => answered,
+            Err(e) => {
+                tracing::error!(error = %e, "the request's task ended early");
+                Ok(Answer::Panicked.problem(
+                    "the request's task ended early; a retry runs it again",
+                    None,
+                ))
+            }
+        },
+        Err(_) => Ok(Answer::Unavailable.problem(
+            "the server is shutting down; nothing was run",
+            Some(Duration::from_secs(5)),
+        )),
     }
-    answered
 }
 
 /// Claims the request's key, then runs the handler under the claim, or
@@ -746,26 +771,8 @@ where
             ),
         }
     };
-    let held = deduper.clone();
-    let task = match deduper.spawn(async move { held.hold(lease, work).await }) {
-        Ok(task) => task,
-        Err(_) => {
-            return Ok(Answer::Unavailable.problem(
-                "the server is shutting down; nothing was run",
-                Some(Duration::from_secs(5)),
-            ))
-        }
-    };
-    let worked = match task.await {
-        Ok(worked) => worked,
-        Err(e) => {
-            tracing::error!(error = %e, "the request's task ended early");
-            return Ok(Answer::Panicked.problem(
-                "the request's task ended early; a retry runs it again",
-                None,
-            ));
-        }
-    };
+    // Already in a task of the deduper's (see `handle`): held right here.
+    let worked = deduper.hold(lease, work).await;
     Ok(match worked {
         Worked::Returned { value, settled } => {
             let (mut response, answer) = match value {

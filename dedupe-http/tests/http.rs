@@ -23,7 +23,8 @@ use dedupe_core::{DedupeStore, Deduper};
 use dedupe_http::{Idempotency, KeyPolicy};
 use serde_json::{json, Value};
 
-/// A store that counts the claims it is asked, over a real one.
+/// A store that counts the claims it is asked, over a real one; with a
+/// gate, each claim waits for a permit first.
 mod async_trait_free {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -37,12 +38,16 @@ mod async_trait_free {
     pub struct Counting {
         pub inner: Arc<dyn DedupeStore>,
         pub claims: Arc<AtomicUsize>,
+        pub gate: Option<Arc<tokio::sync::Semaphore>>,
     }
 
     #[async_trait::async_trait]
     impl DedupeStore for Counting {
         async fn claim(&self, key: &Key, opts: &ClaimOptions) -> StoreResult<ClaimOutcome> {
             self.claims.fetch_add(1, Ordering::SeqCst);
+            if let Some(gate) = &self.gate {
+                let _permit = gate.acquire().await;
+            }
             self.inner.claim(key, opts).await
         }
         async fn complete(&self, lease: &Lease, outcome: &[u8], keep: Duration) -> StoreResult<()> {
@@ -189,6 +194,7 @@ async fn problem_of(response: reqwest::Response) -> (StatusCode, Value) {
 async fn orders_cases(store: Arc<dyn DedupeStore>) {
     let claims = Arc::new(AtomicUsize::new(0));
     let counted: Arc<dyn DedupeStore> = Arc::new(Counting {
+        gate: None,
         inner: store,
         claims: Arc::clone(&claims),
     });
@@ -789,4 +795,79 @@ async fn completes_inside_the_handlers_transaction() {
         "the retry after a rollback did not run"
     );
     assert_eq!(count().await, 2);
+}
+
+/// A request whose client goes away while its claim is on its way to the
+/// store: the claim, the handler and the completion still run to their end
+/// (the request is a task of the deduper's from the claim on), so the key is
+/// done, not left claimed until its lease passes, and the retry is a replay.
+/// Fails when the claim runs in the request's own future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_during_the_claim_leaves_the_request_done() {
+    use std::sync::atomic::AtomicUsize;
+    use tower::ServiceExt;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let claims = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn DedupeStore> = Arc::new(Counting {
+        inner: Arc::new(dedupe_core::MemoryStore::new()),
+        claims: Arc::clone(&claims),
+        gate: Some(Arc::clone(&gate)),
+    });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/pay",
+            post({
+                let runs = Arc::clone(&runs);
+                move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, "paid")
+                }
+            }),
+        )
+        .layer(Idempotency::new(Deduper::new(Arc::clone(&store))).layer());
+    let request = || {
+        axum::http::Request::post("/pay")
+            .header("idempotency-key", "gone-1")
+            .body(axum::body::Body::from("{}"))
+            .expect("request")
+    };
+    let first = tokio::spawn(app.clone().oneshot(request()));
+    while claims.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The client leaves while its claim waits at the gate.
+    first.abort();
+    let _ = first.await;
+    gate.add_permits(100);
+    let key = Idempotency::new(Deduper::new(dedupe_core::MemoryStore::new()))
+        .store_key(
+            None,
+            &Method::POST,
+            "/pay",
+            &dedupe_http::IdempotencyKey::parse(b"gone-1").expect("a key"),
+        )
+        .expect("a store key");
+    let done = async {
+        loop {
+            if let Some(record) = store.get(&key).await.expect("get") {
+                if matches!(record.state, dedupe_core::RecordState::Done { .. }) {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), done)
+        .await
+        .expect("the request ran to its end without its client");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let retry = app.oneshot(request()).await.expect("answered");
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the retry ran the handler again"
+    );
 }
