@@ -24,11 +24,15 @@ pub(crate) const COLUMNS: &str = "state, token, claim_id, fingerprint, expires_a
 /// own, so a purge never holds many row locks against claims.
 pub(crate) const EXPIRE_BATCH: u64 = 500;
 
+/// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
+/// order by `migrate()`; `{table}` is the store's table.
+pub(crate) const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_records.sql")];
+
 /// The statements for one table.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) table: String,
-    pub(crate) create: String,
+    pub(crate) migrations: Vec<String>,
     pub(crate) select: String,
     pub(crate) select_locking: String,
     pub(crate) complete: String,
@@ -54,26 +58,12 @@ impl Statements {
         let gone = format!("expires_at <= {now}");
         Ok(Self {
             table: table.to_string(),
-            // VARBINARY keys compare byte for byte: no collation folds case,
-            // accents or trailing spaces (rule 2). InnoDB: row locks, crash
-            // recovery from the redo log.
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    namespace    VARBINARY(64)  NOT NULL,
-                    id           VARBINARY(512) NOT NULL,
-                    state        TINYINT        NOT NULL COMMENT '0 in flight, 1 done',
-                    token        VARBINARY(64)  NOT NULL,
-                    claim_id     VARBINARY(128) NULL,
-                    fingerprint  VARBINARY(64)  NULL,
-                    expires_at   BIGINT         NOT NULL COMMENT 'ms since epoch: lease, or retention once done',
-                    completed_at BIGINT         NULL,
-                    outcome      LONGBLOB       NULL,
-                    attempts     INT            NOT NULL,
-                    first_seen   BIGINT         NOT NULL,
-                    PRIMARY KEY (namespace, id),
-                    KEY expires_at (expires_at)
-                 ) ENGINE=InnoDB"
-            ),
+            // The numbered files of `migrations/`, in order: each is one
+            // statement, safe to apply again.
+            migrations: MIGRATIONS
+                .iter()
+                .map(|migration| migration.replace("{table}", table))
+                .collect(),
             select: format!("SELECT {COLUMNS}, {now} FROM {t} WHERE namespace = ? AND id = ?"),
             select_locking: format!(
                 "SELECT {COLUMNS}, {now} FROM {t} WHERE namespace = ? AND id = ? FOR UPDATE"
@@ -150,5 +140,37 @@ impl Statements {
         }
         sql.push(')');
         sql
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// Every file of `migrations/` is applied, in the order of its number.
+    #[test]
+    fn every_migration_file_is_applied_in_order() {
+        let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+        let mut files: Vec<_> = std::fs::read_dir(folder)
+            .expect("migrations folder")
+            .map(|entry| entry.expect("entry").path())
+            .collect();
+        files.sort();
+        let texts: Vec<String> = files
+            .iter()
+            .map(|path| std::fs::read_to_string(path).expect("migration"))
+            .collect();
+        assert_eq!(texts, MIGRATIONS, "migrations/ holds {files:?}");
+        for (n, path) in files.iter().enumerate() {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            assert!(
+                name.starts_with(&format!("{:04}_", n + 1)) && name.ends_with(".sql"),
+                "{name} is not migration {}",
+                n + 1
+            );
+        }
     }
 }

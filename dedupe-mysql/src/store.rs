@@ -132,17 +132,20 @@ impl MySqlStore {
         &self.sql.table
     }
 
-    /// Creates the table if it is not there, and checks that the server's
+    /// Creates the table if it is not there (the numbered files of
+    /// `migrations/`, in order), and checks that the server's
     /// `max_allowed_packet` carries a completion with the largest outcome
     /// the store accepts (an `InvalidConfig` naming both sizes if not). Safe
     /// to call again, from any number of processes.
     pub async fn migrate(&self) -> Result<()> {
         let map = |e| crate::error::map(e, self.timeout);
         self.bounded(async {
-            sqlx::query(sqlx::AssertSqlSafe(self.sql.create.as_str()))
-                .execute(&self.pool)
-                .await
-                .map_err(map)?;
+            for migration in &self.sql.migrations {
+                sqlx::query(sqlx::AssertSqlSafe(migration.as_str()))
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map)?;
+            }
             let packet: u64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS UNSIGNED)")
                 .fetch_one(&self.pool)
                 .await

@@ -7,7 +7,8 @@ use dedupe_core::Result;
 #[derive(Debug)]
 pub(crate) struct Statements {
     table: String,
-    pub(crate) create: String,
+    /// `migrations/0001_records.sql`.
+    pub(crate) records: String,
     pub(crate) claim: String,
     pub(crate) select_live: String,
     pub(crate) complete: String,
@@ -16,9 +17,11 @@ pub(crate) struct Statements {
     pub(crate) extend: String,
     pub(crate) expire_batch: String,
     pub(crate) forget: String,
-    pub(crate) inbox_index: String,
+    /// `migrations/0003_indexes.sql`.
+    pub(crate) indexes: String,
     pub(crate) columns: String,
-    pub(crate) add_inbox_columns: String,
+    /// `migrations/0002_inbox.sql`, for a table without the inbox's columns.
+    pub(crate) inbox_columns: String,
     pub(crate) release_item: String,
     pub(crate) accept: String,
     pub(crate) select_item: String,
@@ -29,6 +32,14 @@ pub(crate) struct Statements {
     pub(crate) replay: String,
     pub(crate) counts: String,
 }
+
+/// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
+/// order by `migrate()`; `{table}` is the store's table.
+pub(crate) const MIGRATIONS: [&str; 3] = [
+    include_str!("../migrations/0001_records.sql"),
+    include_str!("../migrations/0002_inbox.sql"),
+    include_str!("../migrations/0003_indexes.sql"),
+];
 
 /// The item columns an inbox read returns, in the order `read_item` expects.
 pub(crate) const ITEM_COLUMNS: &str =
@@ -51,45 +62,10 @@ impl Statements {
         let t = format!("\"{table}\"");
         Ok(Self {
             table: table.to_string(),
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    namespace    TEXT    NOT NULL,
-                    id           TEXT    NOT NULL,
-                    state        INTEGER NOT NULL,  -- 0 in flight, 1 done
-                    token        TEXT    NOT NULL,
-                    claim_id     TEXT,
-                    fingerprint  BLOB,
-                    expires_at   INTEGER NOT NULL,  -- ms since epoch: lease deadline, or retention deadline once done
-                    completed_at INTEGER,
-                    outcome      BLOB,
-                    attempts     INTEGER NOT NULL,
-                    first_seen   INTEGER NOT NULL,
-                    payload      BLOB,              -- an inbox item's delivery (NULL: not an item)
-                    wait         INTEGER,           -- an inbox item: 0 held by a worker, 1 due at expires_at, 2 dead
-                    last_error   TEXT,              -- an inbox item's last failure
-                    PRIMARY KEY (namespace, id)
-                ) WITHOUT ROWID;"
-            ),
-            // Made once the inbox columns exist (a table from before the inbox
-            // gets them first): `take`'s index of due items, items only, and
-            // `expire()`'s of records, items left out, so that a purge never
-            // walks the dead and waiting items it may not remove. A table
-            // from before had `expire()`'s index over every row; it goes.
-            inbox_index: format!(
-                "CREATE INDEX IF NOT EXISTS \"{table}_due\" ON {t} (namespace, expires_at)
-                 WHERE wait IN (0, 1);
-                 CREATE INDEX IF NOT EXISTS \"{table}_expiry\" ON {t} (expires_at)
-                 WHERE wait IS NULL;
-                 DROP INDEX IF EXISTS \"{table}_expires_at\";"
-            ),
+            records: MIGRATIONS[0].replace("{table}", table),
+            inbox_columns: MIGRATIONS[1].replace("{table}", table),
+            indexes: MIGRATIONS[2].replace("{table}", table),
             columns: format!("SELECT name FROM pragma_table_info('{table}')"),
-            // For a table made before the inbox (the columns, then the index
-            // `take` reads: due items of a namespace in due order, items only).
-            add_inbox_columns: format!(
-                "ALTER TABLE {t} ADD COLUMN payload BLOB;
-                 ALTER TABLE {t} ADD COLUMN wait INTEGER;
-                 ALTER TABLE {t} ADD COLUMN last_error TEXT;"
-            ),
             // Inserts a fresh record, or takes over one whose deadline has passed, in one
             // statement. A live record is left alone and no row comes back.
             claim: format!(
@@ -235,13 +211,41 @@ impl Statements {
 mod tests {
     use super::*;
 
+    /// Every file of `migrations/` is applied, in the order of its number.
+    #[test]
+    fn every_migration_file_is_applied_in_order() {
+        let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+        let mut files: Vec<_> = std::fs::read_dir(folder)
+            .expect("migrations folder")
+            .map(|entry| entry.expect("entry").path())
+            .collect();
+        files.sort();
+        let texts: Vec<String> = files
+            .iter()
+            .map(|path| std::fs::read_to_string(path).expect("migration"))
+            .collect();
+        assert_eq!(texts, MIGRATIONS, "migrations/ holds {files:?}");
+        for (n, path) in files.iter().enumerate() {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            assert!(
+                name.starts_with(&format!("{:04}_", n + 1)) && name.ends_with(".sql"),
+                "{name} is not migration {}",
+                n + 1
+            );
+        }
+    }
+
     /// The plan SQLite makes for `sql` on a fresh table, one line a step,
     /// and the definition of every index the plan names.
     fn plan(sql: &str) -> (String, Vec<String>) {
         let s = Statements::new("records").expect("statements");
         let conn = rusqlite::Connection::open_in_memory().expect("open");
-        conn.execute_batch(&s.create).expect("create");
-        conn.execute_batch(&s.inbox_index).expect("indexes");
+        conn.execute_batch(&s.records).expect("0001");
+        conn.execute_batch(&s.inbox_columns).expect("0002");
+        conn.execute_batch(&s.indexes).expect("0003");
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");

@@ -141,7 +141,8 @@ impl SqliteStore {
     }
 
     /// Creates the table and its indexes if they are missing, and adds the
-    /// inbox's columns to a table made before them (`payload`, `wait`,
+    /// inbox's columns to a table made before them (the numbered files of
+    /// `migrations/`, in order) (`payload`, `wait`,
     /// `last_error`, all nullable: existing rows are records, not items).
     /// `open` calls it; it is safe to call again, from any number of
     /// processes (one `BEGIN IMMEDIATE` transaction).
@@ -153,7 +154,7 @@ impl SqliteStore {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(map)?;
-                tx.execute_batch(&ops.sql.create).map_err(map)?;
+                tx.execute_batch(&ops.sql.records).map_err(map)?;
                 let has_inbox = tx
                     .prepare(&ops.sql.columns)
                     .and_then(|mut stmt| {
@@ -164,9 +165,9 @@ impl SqliteStore {
                     .iter()
                     .any(|c| c == "wait");
                 if !has_inbox {
-                    tx.execute_batch(&ops.sql.add_inbox_columns).map_err(map)?;
+                    tx.execute_batch(&ops.sql.inbox_columns).map_err(map)?;
                 }
-                tx.execute_batch(&ops.sql.inbox_index).map_err(map)?;
+                tx.execute_batch(&ops.sql.indexes).map_err(map)?;
                 tx.commit().map_err(map)
             })
             .await
