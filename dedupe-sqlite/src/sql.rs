@@ -214,28 +214,10 @@ mod tests {
     /// Every file of `migrations/` is applied, in the order of its number.
     #[test]
     fn every_migration_file_is_applied_in_order() {
-        let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
-        let mut files: Vec<_> = std::fs::read_dir(folder)
-            .expect("migrations folder")
-            .map(|entry| entry.expect("entry").path())
-            .collect();
-        files.sort();
-        let texts: Vec<String> = files
-            .iter()
-            .map(|path| std::fs::read_to_string(path).expect("migration"))
-            .collect();
-        assert_eq!(texts, MIGRATIONS, "migrations/ holds {files:?}");
-        for (n, path) in files.iter().enumerate() {
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            assert!(
-                name.starts_with(&format!("{:04}_", n + 1)) && name.ends_with(".sql"),
-                "{name} is not migration {}",
-                n + 1
-            );
-        }
+        dedupe_testkit::assert_migrations_applied(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"),
+            &MIGRATIONS,
+        );
     }
 
     /// The plan SQLite makes for `sql` on a fresh table, one line a step,

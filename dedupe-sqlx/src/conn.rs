@@ -68,11 +68,6 @@ impl<DB: Database> Kept<DB> {
         }
     }
 
-    /// How many connections are kept at most.
-    pub fn keep(&self) -> usize {
-        self.keep
-    }
-
     fn state(&self) -> MutexGuard<'_, State<DB>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -56,12 +56,20 @@ async fn handler(State(runs): State<Runs>, body: Bytes) -> Response {
 
 /// A store whose every call fails as an unreachable server's would.
 #[derive(Debug)]
-struct Down;
+struct Down {
+    /// Claims answer a refusal no retry gets past (a permission denied),
+    /// not an outage.
+    refuses: bool,
+}
 
 #[async_trait]
 impl DedupeStore for Down {
     async fn claim(&self, _: &Key, _: &ClaimOptions) -> StoreResult<ClaimOutcome> {
-        Err(Error::unavailable("connection refused", None))
+        Err(if self.refuses {
+            Error::fatal("permission denied for table dedupe_records", None)
+        } else {
+            Error::unavailable("connection refused", None)
+        })
     }
     async fn complete(&self, _: &Lease, _: &[u8], _: Duration) -> StoreResult<()> {
         Err(Error::unavailable("connection refused", None))
@@ -277,7 +285,7 @@ async fn case(
                     .expect("answered"),
             );
         }
-        "store_down" => {
+        "store_down" | "store_refuses" => {
             answers.push(
                 send(client, base, door, &body(serde_json::json!({})), None)
                     .await
@@ -293,7 +301,8 @@ async fn case(
 async fn both_front_doors_give_the_same_answers() {
     let client = reqwest::Client::new();
     let (up, up_runs) = serve(|| Arc::new(MemoryStore::new())).await;
-    let (down, down_runs) = serve(|| Arc::new(Down)).await;
+    let (down, down_runs) = serve(|| Arc::new(Down { refuses: false })).await;
+    let (refusing, refusing_runs) = serve(|| Arc::new(Down { refuses: true })).await;
     let table: Vec<(&str, Vec<Seen>, usize)> = vec![
         (
             "replay",
@@ -338,12 +347,17 @@ async fn both_front_doors_give_the_same_answers() {
             vec![seen(503, Some("unavailable"), true, false)],
             0,
         ),
+        (
+            "store_refuses",
+            vec![seen(500, Some("error"), false, false)],
+            0,
+        ),
     ];
     for (name, expected, expected_runs) in table {
-        let (base, runs) = if name == "store_down" {
-            (&down, &down_runs)
-        } else {
-            (&up, &up_runs)
+        let (base, runs) = match name {
+            "store_down" => (&down, &down_runs),
+            "store_refuses" => (&refusing, &refusing_runs),
+            _ => (&up, &up_runs),
         };
         let mut by_door = Vec::new();
         for door in [Door::Http, Door::Webhook] {
@@ -420,4 +434,78 @@ async fn a_hung_handler_loses_its_claim_at_the_default_bound() {
             "{door:?}"
         );
     }
+}
+
+/// A key completed by other code (here a bare claim and completion with
+/// bytes that are no kept response) is where the doors differ by their
+/// settings: the webhook receiver (`acknowledge_foreign_outcomes`) answers
+/// the sender 200 `{"duplicate": true}`, marked replayed, so a provider stops
+/// resending; the `Idempotency-Key` layer answers 500
+/// `corrupt-stored-response`. Neither runs the handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_completed_by_other_code() {
+    let store: Arc<dyn DedupeStore> = Arc::new(MemoryStore::new());
+    let complete_by_hand = |key: Key| {
+        let store = Arc::clone(&store);
+        async move {
+            let lease = store
+                .claim(&key, &ClaimOptions::default())
+                .await
+                .expect("claim")
+                .lease()
+                .cloned()
+                .expect("won");
+            store
+                .complete(&lease, b"not a kept response", Duration::from_secs(60))
+                .await
+                .expect("complete");
+        }
+    };
+    complete_by_hand(Key::new("hooks", "evt_foreign").expect("key")).await;
+    let http = Idempotency::new(Deduper::new(Arc::clone(&store))).policy(|_| KeyPolicy::Required);
+    complete_by_hand(
+        http.store_key(
+            None,
+            &http::Method::POST,
+            "/http",
+            &dedupe_http::IdempotencyKey::parse(b"evt_foreign").expect("a key"),
+        )
+        .expect("a store key"),
+    )
+    .await;
+    let runs = Runs::default();
+    let hook = Webhook::new(Deduper::new(Arc::clone(&store)), KeyRule::body_id("hooks"));
+    let app = Router::new()
+        .route("/http", axum::routing::post(handler).layer(http.layer()))
+        .route(
+            "/hooks",
+            axum::routing::post(handler).route_layer(hook.layer()),
+        )
+        .with_state(runs.clone());
+    let request = |path: &str| {
+        http::Request::post(path)
+            .header("idempotency-key", "evt_foreign")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(r#"{"id":"evt_foreign"}"#))
+            .expect("a request")
+    };
+    let delivery = app
+        .clone()
+        .oneshot(request("/hooks"))
+        .await
+        .expect("answered");
+    assert_eq!(delivery.status(), StatusCode::OK);
+    assert_eq!(delivery.headers()["idempotent-replayed"], "true");
+    let body = axum::body::to_bytes(delivery.into_body(), 1024)
+        .await
+        .expect("body");
+    let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(json["duplicate"], true, "{json}");
+    let api = app.oneshot(request("/http")).await.expect("answered");
+    assert_eq!(api.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        api.extensions().get::<Answer>(),
+        Some(&Answer::CorruptStored)
+    );
+    assert_eq!(runs.of("evt_foreign"), 0, "the handler ran");
 }

@@ -39,3 +39,31 @@ where
     }
     false
 }
+
+/// Asserts that `applied` (a SQL store's `MIGRATIONS`) is every file of the
+/// crate's `folder` (its `migrations/`), in the order of their numbers
+/// (`0001_what.sql`, `0002_...`), text for text: a file added but not
+/// applied, applied out of order, or misnamed fails.
+pub fn assert_migrations_applied(folder: &str, applied: &[&str]) {
+    let mut files: Vec<_> = std::fs::read_dir(folder)
+        .expect("migrations folder")
+        .map(|entry| entry.expect("entry").path())
+        .collect();
+    files.sort();
+    let texts: Vec<String> = files
+        .iter()
+        .map(|path| std::fs::read_to_string(path).expect("migration"))
+        .collect();
+    assert_eq!(texts, applied, "migrations/ holds {files:?}");
+    for (n, path) in files.iter().enumerate() {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        assert!(
+            name.starts_with(&format!("{:04}_", n + 1)) && name.ends_with(".sql"),
+            "{name} is not migration {}",
+            n + 1
+        );
+    }
+}
