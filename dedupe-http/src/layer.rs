@@ -607,7 +607,11 @@ where
     if let Some(fp) = keyed.fingerprint {
         opts = opts.with_fingerprint(fp);
     }
-    let waiting_until = config.wait.map(|bound| Instant::now() + bound);
+    // A bound of a year or more (`Duration::MAX`, say) waits a year: past
+    // what `Instant` holds, the addition would panic.
+    let waiting_until = config
+        .wait
+        .map(|bound| Instant::now() + bound.min(Duration::from_secs(365 * 86_400)));
     let mut poll = Duration::from_millis(25);
     loop {
         match config.deduper.store().claim(&key, &opts).await {

@@ -871,3 +871,24 @@ async fn a_client_gone_during_the_claim_leaves_the_request_done() {
         "the retry ran the handler again"
     );
 }
+
+/// `wait_for_in_flight(Duration::MAX)`: a copy sent while the first runs
+/// waits for its outcome (the bound capped, not overflowed), and gets the
+/// first's response replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unbounded_wait_for_in_flight_waits() {
+    let store = dedupe_url::open_store("memory:").await.expect("store");
+    let (router, runs) = work_app(store, |i| i.wait_for_in_flight(Duration::MAX));
+    let api = Arc::new(Client::new(listen(router).await));
+    let slow = json!({"sleep_ms": 300});
+    let first = {
+        let (api, slow) = (Arc::clone(&api), slow.clone());
+        tokio::spawn(async move { api.post("/work", "ann", Some("wait"), &slow).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let copy = api.post("/work", "ann", Some("wait"), &slow).await;
+    assert_eq!(copy.status(), StatusCode::OK);
+    assert_eq!(copy.headers()["idempotent-replayed"], "true");
+    assert_eq!(first.await.expect("first").status(), StatusCode::OK);
+    assert_eq!(runs.0.load(Ordering::SeqCst), 1);
+}

@@ -449,7 +449,7 @@ impl Webhook {
             count(namespace, started, &response);
             response
         };
-        let _permit = match &self.slots {
+        let permit = match &self.slots {
             None => None,
             Some(slots) => match Arc::clone(&slots.0).try_acquire_owned() {
                 Ok(permit) => Some(permit),
@@ -506,6 +506,14 @@ impl Webhook {
             payload: payload.clone(),
         });
         let request = Request::from_parts(parts, Body::from(payload));
+        // The concurrency slot goes with the handler into the engine's task
+        // and is freed when the handler ends (or, when it never runs, with
+        // the task): a provider that gives up mid-handler does not free it.
+        let handler = move |req| async move {
+            let response = handler(req).await;
+            drop(permit);
+            response
+        };
         let engine = self
             .engine
             .1

@@ -383,3 +383,64 @@ async fn a_slow_handler_keeps_its_claim() {
         "{copies:?}"
     );
 }
+
+/// `max_concurrency(1)`: a provider that gives up while its handler runs does
+/// not free the slot; the handler keeps it to its end, so a second delivery
+/// meanwhile is answered 503 `busy` and runs nothing, and once the first
+/// handler ends the slot serves again. Fails when the slot lives in the
+/// request's future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_gone_mid_handler_does_not_free_its_slot() {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(AtomicUsize::new(0));
+    let hook = Webhook::new(Deduper::new(MemoryStore::new()), KeyRule::body_id("hooks"))
+        .max_concurrency(1);
+    let app = Router::new().route(
+        "/hooks",
+        post({
+            let (release, started) = (Arc::clone(&release), Arc::clone(&started));
+            move || async move {
+                if started.fetch_add(1, Ordering::SeqCst) == 0 {
+                    release.notified().await;
+                }
+                "processed"
+            }
+        })
+        .route_layer(hook.layer()),
+    );
+    let first = tokio::spawn(
+        app.clone()
+            .oneshot(post_json(r#"{"id":"evt_slow"}"#, "d-1")),
+    );
+    while started.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The provider gives up: its request goes, its handler runs on.
+    first.abort();
+    let _ = first.await;
+    let second = app
+        .clone()
+        .oneshot(post_json(r#"{"id":"evt_other"}"#, "d-2"))
+        .await
+        .expect("answered");
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(second.extensions().get::<Answer>(), Some(&Answer::Busy));
+    assert_eq!(started.load(Ordering::SeqCst), 1, "the second handler ran");
+    release.notify_one();
+    let third = async {
+        loop {
+            let response = app
+                .clone()
+                .oneshot(post_json(r#"{"id":"evt_other"}"#, "d-3"))
+                .await
+                .expect("answered");
+            if response.status() == StatusCode::OK {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("the slot serves again once the first handler ended");
+}
