@@ -1201,6 +1201,12 @@ async fn serve_inbox_on_sqlite() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_inbox_on_mariadb() {
+    let server = support::MariaDbServer::start();
+    inbox_path(&server.url("test")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_inbox_on_redis() {
     let server = support::redis::RedisServer::start();
     inbox_path(&server.url()).await;

@@ -9,15 +9,17 @@ use sqlx::Row;
 /// The live record read with `sql::COLUMNS` from column `at` on, and the
 /// server's time in milliseconds after them; `None` when it has expired. An
 /// expired record is absent to every operation (rule 5), whatever its other
-/// columns hold: only a live one is decoded, and refused as corrupt.
+/// columns hold: only a live one is decoded, and refused as corrupt. An
+/// inbox item is live whatever its deadline (rule I7).
 pub(crate) fn read(key: &Key, row: &MySqlRow, at: usize) -> Result<Option<Record>> {
     let corrupt = |e: sqlx::Error| Error::corrupt(key, format!("undecodable column: {e}"));
     let text = |bytes: Vec<u8>, what: &str| {
         String::from_utf8(bytes).map_err(|_| Error::corrupt(key, format!("{what} is not UTF-8")))
     };
     let expires_ms: i64 = row.try_get(at + 4).map_err(corrupt)?;
-    let now: i64 = row.try_get(at + 9).map_err(corrupt)?;
-    if expires_ms <= now {
+    let item: bool = row.try_get(at + 9).map_err(corrupt)?;
+    let now: i64 = row.try_get(at + 10).map_err(corrupt)?;
+    if expires_ms <= now && !item {
         return Ok(None);
     }
     let token: Vec<u8> = row.try_get(at + 1).map_err(corrupt)?;
@@ -30,7 +32,7 @@ pub(crate) fn read(key: &Key, row: &MySqlRow, at: usize) -> Result<Option<Record
         expires_ms,
         completed_ms: row.try_get(at + 5).map_err(corrupt)?,
         outcome: row.try_get(at + 6).map_err(corrupt)?,
-        attempts: i64::from(row.try_get::<i32, _>(at + 7).map_err(corrupt)?),
+        attempts: row.try_get(at + 7).map_err(corrupt)?,
         first_seen_ms: row.try_get(at + 8).map_err(corrupt)?,
     };
     stored.decode(key).map(Some)

@@ -3,7 +3,9 @@
 //! A [`DedupeStore`](dedupe_core::DedupeStore) in a MySQL 8.0+ or MariaDB
 //! 10.6+ table, on sqlx's MySQL driver: one `INSERT ... ON DUPLICATE KEY
 //! UPDATE` per claim, judged by the server's clock, fenced completions, and
-//! claims and completions inside the caller's own transaction.
+//! claims and completions inside the caller's own transaction, and the
+//! inbox ([`Inbox`](dedupe_core::Inbox)) in the same table: takes lock due
+//! items with `FOR UPDATE SKIP LOCKED`.
 //!
 //! ```no_run
 //! use dedupe_core::{ClaimOptions, DedupeStore, Key};
@@ -18,6 +20,7 @@
 mod builder;
 mod codec;
 mod error;
+mod inbox;
 mod ops;
 mod sql;
 mod store;

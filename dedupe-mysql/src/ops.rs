@@ -70,7 +70,7 @@ pub(crate) struct Ops<'a> {
 }
 
 impl Ops<'_> {
-    fn err(&self, e: sqlx::Error) -> Error {
+    pub(crate) fn err(&self, e: sqlx::Error) -> Error {
         map(e, self.timeout)
     }
 
@@ -92,7 +92,7 @@ impl Ops<'_> {
     /// Runs a statement fenced by `lease` (its last three parameters: the
     /// key's namespace and id, the lease's token) and answers the rows it
     /// changed.
-    async fn fenced<'q>(
+    pub(crate) async fn fenced<'q>(
         &self,
         conn: &mut MySqlConnection,
         statement: Query<'q, MySql, MySqlArguments>,
@@ -110,7 +110,11 @@ impl Ops<'_> {
 
     /// The record under `key`, live or not; in a caller's transaction read
     /// as it is now (`FOR UPDATE`), not as the transaction's snapshot has it.
-    async fn read(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Record>> {
+    pub(crate) async fn read(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+    ) -> Result<Option<Record>> {
         let sql = if self.in_transaction {
             &self.sql.select_locking
         } else {
@@ -387,11 +391,15 @@ impl Ops<'_> {
         }
     }
 
+    /// A claim's record is removed; an inbox item held by the lease is
+    /// given back, due now (I5).
     pub(crate) async fn release(&self, conn: &mut MySqlConnection, lease: &Lease) -> Result<()> {
-        let statement = sqlx::query(sqlx::AssertSqlSafe(self.sql.release.as_str()));
-        let changed = self.fenced(conn, statement, lease).await?;
-        if changed > 0 {
-            return backend::one_row_changed(changed, &lease.key);
+        for sql in [&self.sql.release, &self.sql.give_back] {
+            let statement = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+            let changed = self.fenced(conn, statement, lease).await?;
+            if changed > 0 {
+                return backend::one_row_changed(changed, &lease.key);
+            }
         }
         match self.read(conn, &lease.key).await? {
             Some(_) => Err(Error::lease_lost(&lease.key)),
@@ -407,8 +415,9 @@ impl Ops<'_> {
         ttl: Duration,
     ) -> Result<Lease> {
         check_ttl("lease ttl", ttl)?;
-        let statement =
-            sqlx::query(sqlx::AssertSqlSafe(self.sql.extend.as_str())).bind(duration_millis(ttl));
+        let statement = sqlx::query(sqlx::AssertSqlSafe(self.sql.extend.as_str()))
+            .bind(duration_millis(ttl))
+            .bind(duration_millis(ttl));
         let changed = self.fenced(conn, statement, lease).await?;
         backend::one_row_changed(changed, &lease.key)?;
         match self.read(conn, &lease.key).await? {

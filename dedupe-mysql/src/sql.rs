@@ -15,10 +15,15 @@ use dedupe_core::Result;
 pub(crate) const NOW_MS: &str =
     "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
 
-/// The record columns every read returns, in the order `codec::read` expects,
-/// and the server's time.
+/// The record columns every read returns, in the order `codec::read` expects
+/// (the server's time follows them). An inbox item reads as a record in
+/// flight, live whatever its deadline (rule I7), and one never taken shows
+/// as attempt 1, where a record's count starts.
 pub(crate) const COLUMNS: &str = "state, token, claim_id, fingerprint, expires_at, completed_at, \
-     outcome, attempts, first_seen";
+     outcome, IF(wait IS NULL, attempts, GREATEST(attempts, 1)), first_seen, wait IS NOT NULL";
+
+/// An inbox item's columns, in the order `inbox::decode_item` reads them.
+pub(crate) const ITEM: &str = "id, wait, attempts, first_seen, expires_at, last_error, payload";
 
 /// Rows deleted per `expire()` statement: each a short transaction of its
 /// own, so a purge never holds many row locks against claims.
@@ -26,7 +31,14 @@ pub(crate) const EXPIRE_BATCH: u64 = 500;
 
 /// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
 /// order by `migrate()`; `{table}` is the store's table.
-pub(crate) const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_records.sql")];
+pub(crate) const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_records.sql"),
+    include_str!("../migrations/0002_inbox.sql"),
+];
+
+/// The column whose absence says migration 0002 has not run (MySQL's
+/// `ALTER TABLE` has no `IF NOT EXISTS`).
+pub(crate) const INBOX_COLUMN: &str = "due_at";
 
 /// The statements for one table.
 #[derive(Debug)]
@@ -41,6 +53,16 @@ pub(crate) struct Statements {
     pub(crate) expire_batch: String,
     pub(crate) forget: String,
     pub(crate) forget_read: String,
+    pub(crate) has_inbox_columns: String,
+    pub(crate) accept: String,
+    pub(crate) select_item: String,
+    pub(crate) accepted: String,
+    pub(crate) give_back: String,
+    pub(crate) pick: String,
+    pub(crate) fail: String,
+    pub(crate) list: String,
+    pub(crate) replay: String,
+    pub(crate) counts: String,
     upsert_head: String,
     upsert_tail: String,
 }
@@ -55,7 +77,10 @@ impl Statements {
         // assigned last (`state`, then `expires_at`), because MySQL and
         // MariaDB evaluate `ON DUPLICATE KEY UPDATE` assignments left to
         // right, each seeing the columns assigned before it.
-        let gone = format!("expires_at <= {now}");
+        // Never an inbox item: the inbox owns its key until it is done (I7).
+        let gone = format!("(expires_at <= {now} AND wait IS NULL)");
+        // A row of a live lease: a claim's, or an item's held by a worker.
+        let held = format!("state = 0 AND expires_at > {now} AND (wait IS NULL OR wait = 0)");
         Ok(Self {
             table: table.to_string(),
             // The numbered files of `migrations/`, in order: each is one
@@ -84,26 +109,127 @@ impl Statements {
                     state        = IF({gone}, 0, state),
                     expires_at   = IF({gone}, VALUES(expires_at), expires_at)"
             ),
+            // A completed item is a done record (I4): its inbox columns go.
             complete: format!(
-                "UPDATE {t} SET outcome = ?, completed_at = {now}, state = 1, expires_at = {now} + ?
-                 WHERE namespace = ? AND id = ? AND token = ? AND state = 0 AND expires_at > {now}"
+                "UPDATE {t} SET outcome = ?, completed_at = {now}, state = 1, expires_at = {now} + ?,
+                        payload = NULL, last_error = NULL, due_at = NULL, wait = NULL
+                 WHERE namespace = ? AND id = ? AND token = ? AND {held}"
             ),
+            // A claim's release; an item held by the lease is given back
+            // instead (`give_back`).
             release: format!(
                 "DELETE FROM {t}
-                 WHERE namespace = ? AND id = ? AND token = ? AND state = 0 AND expires_at > {now}"
+                 WHERE namespace = ? AND id = ? AND token = ? AND state = 0 AND expires_at > {now}
+                   AND wait IS NULL"
             ),
             extend: format!(
-                "UPDATE {t} SET expires_at = {now} + ?
-                 WHERE namespace = ? AND id = ? AND token = ? AND state = 0 AND expires_at > {now}"
+                "UPDATE {t} SET due_at = IF(wait = 0, {now} + ?, due_at), expires_at = {now} + ?
+                 WHERE namespace = ? AND id = ? AND token = ? AND {held}"
             ),
             expire_batch: format!(
-                "DELETE FROM {t} WHERE expires_at <= {now} ORDER BY expires_at LIMIT {EXPIRE_BATCH}"
+                "DELETE FROM {t} WHERE expires_at <= {now} AND wait IS NULL
+                 ORDER BY expires_at LIMIT {EXPIRE_BATCH}"
             ),
             forget: format!("DELETE FROM {t} WHERE namespace = ? AND id = ? AND token = ?"),
             // The token and whether the row is live, undecoded: a record
             // that does not decode is forgotten too.
             forget_read: format!(
-                "SELECT token, expires_at > {now} FROM {t} WHERE namespace = ? AND id = ?"
+                "SELECT token, expires_at > {now} OR wait IS NOT NULL FROM {t}
+                 WHERE namespace = ? AND id = ?"
+            ),
+            has_inbox_columns: format!(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'
+                   AND COLUMN_NAME = '{INBOX_COLUMN}'"
+            ),
+            // A pending item, due now, for a key with nothing live; an
+            // expired claim taken over keeps its attempts and first sight.
+            // A live row is left as it is (the read-back's token says which
+            // happened). Assignments run left to right, each seeing the ones
+            // before it: `state`, `expires_at` and `wait`, which `gone`
+            // reads, come last, `wait` after `expires_at` (whose new value,
+            // the statement's `NOW`, still passes `gone`'s deadline test).
+            accept: format!(
+                "INSERT INTO {t} (namespace, id, state, token, claim_id, fingerprint, expires_at,
+                                  completed_at, outcome, attempts, first_seen, payload, wait,
+                                  last_error, due_at)
+                 VALUES (?, ?, 0, ?, NULL, NULL, {now}, NULL, NULL, 0, {now}, ?, 1, NULL, {now})
+                 ON DUPLICATE KEY UPDATE
+                    attempts     = IF({gone}, IF(state = 0, attempts, 0), attempts),
+                    first_seen   = IF({gone}, IF(state = 0, first_seen, VALUES(first_seen)), first_seen),
+                    token        = IF({gone}, VALUES(token), token),
+                    claim_id     = IF({gone}, NULL, claim_id),
+                    fingerprint  = IF({gone}, NULL, fingerprint),
+                    completed_at = IF({gone}, NULL, completed_at),
+                    outcome      = IF({gone}, NULL, outcome),
+                    payload      = IF({gone}, VALUES(payload), payload),
+                    last_error   = IF({gone}, NULL, last_error),
+                    due_at       = IF({gone}, VALUES(due_at), due_at),
+                    state        = IF({gone}, 0, state),
+                    expires_at   = IF({gone}, VALUES(expires_at), expires_at),
+                    wait         = IF({gone}, 1, wait)"
+            ),
+            select_item: format!(
+                "SELECT {ITEM} FROM {t} WHERE namespace = ? AND id = ? AND wait IS NOT NULL"
+            ),
+            // The item under a key after an accept, and whether the accept
+            // (its token, bound first) wrote it.
+            accepted: format!(
+                "SELECT token = ?, {ITEM} FROM {t}
+                 WHERE namespace = ? AND id = ? AND wait IS NOT NULL"
+            ),
+            // An item held by the lease, due now, its attempts kept (I5); an
+            // item given back so already under this token (the same release
+            // sent again) matches too and is left as it is.
+            give_back: format!(
+                "UPDATE {t} SET expires_at = IF(wait = 0, {now}, expires_at),
+                                due_at = IF(wait = 0, {now}, due_at), wait = 1
+                 WHERE namespace = ? AND id = ? AND token = ?
+                   AND ((wait = 0 AND expires_at > {now}) OR (wait = 1 AND expires_at <= {now}))"
+            ),
+            // The oldest due items of a namespace, locked as the index hands
+            // them out, skipping rows other takers hold: each goes to one
+            // taker, and takers never wait on each other. The caller leases
+            // them in the same transaction.
+            pick: format!(
+                "SELECT id, attempts, payload, last_error, {now} FROM {t} FORCE INDEX (due)
+                 WHERE namespace = ? AND due_at <= {now}
+                 ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
+            ),
+            // An item failed so under this token already (the same fail sent
+            // again) matches too, and is left as it is. `wait` last: the
+            // others read the old one.
+            fail: format!(
+                "UPDATE {t} SET last_error = ?,
+                        expires_at = IF(wait = 0, {now} + ?, expires_at),
+                        due_at = IF(wait <> 0, due_at, IF(? = 2, NULL, {now} + ?)),
+                        wait = ?
+                 WHERE namespace = ? AND id = ? AND token = ?
+                   AND ((wait = 0 AND expires_at > {now}) OR (wait = ? AND last_error = ?))"
+            ),
+            // The status filter: -1 every status, 0 pending, 1 running, 2
+            // failed, 3 dead.
+            list: format!(
+                "SELECT {ITEM} FROM {t}
+                 WHERE namespace = ? AND id > ? AND wait IS NOT NULL
+                   AND (? = -1
+                        OR (? = 0 AND wait = 1 AND last_error IS NULL)
+                        OR (? = 1 AND wait = 0)
+                        OR (? = 2 AND wait = 1 AND last_error IS NOT NULL)
+                        OR (? = 3 AND wait = 2))
+                 ORDER BY id LIMIT ?"
+            ),
+            replay: format!(
+                "UPDATE {t} SET expires_at = {now}, due_at = {now}, wait = 1
+                 WHERE namespace = ? AND id = ? AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
+            ),
+            counts: format!(
+                "SELECT CAST(COALESCE(SUM(wait = 1 AND last_error IS NULL), 0) AS SIGNED),
+                        CAST(COALESCE(SUM(wait = 0), 0) AS SIGNED),
+                        CAST(COALESCE(SUM(wait = 1 AND last_error IS NOT NULL), 0) AS SIGNED),
+                        CAST(COALESCE(SUM(wait = 2), 0) AS SIGNED),
+                        MIN(IF(wait = 1, expires_at, NULL))
+                 FROM {t} WHERE namespace = ? AND wait IS NOT NULL"
             ),
         })
     }
@@ -123,6 +249,29 @@ impl Statements {
             sql.push_str(&row);
         }
         sql.push_str(&self.upsert_tail);
+        sql
+    }
+
+    /// Leases `rows` items a take picked, in one statement: each its own
+    /// token (`CASE id WHEN ? THEN ? ...`), one more attempt and the
+    /// deadline; then the namespace and the `rows` ids.
+    pub(crate) fn lease_taken(&self, rows: usize) -> String {
+        let mut sql = format!(
+            "UPDATE `{}` SET wait = 0, attempts = attempts + 1, expires_at = ?, due_at = ?, \
+             token = CASE id",
+            self.table
+        );
+        for _ in 0..rows {
+            sql.push_str(" WHEN ? THEN ?");
+        }
+        sql.push_str(" END WHERE namespace = ? AND id IN (");
+        for i in 0..rows {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('?');
+        }
+        sql.push(')');
         sql
     }
 

@@ -132,19 +132,37 @@ impl MySqlStore {
         &self.sql.table
     }
 
-    /// Creates the table if it is not there (the numbered files of
-    /// `migrations/`, in order), and checks that the server's
+    /// Creates the table if it is not there and brings it up to date (the
+    /// numbered files of `migrations/`, in order), and checks that the server's
     /// `max_allowed_packet` carries a completion with the largest outcome
     /// the store accepts (an `InvalidConfig` naming both sizes if not). Safe
     /// to call again, from any number of processes.
     pub async fn migrate(&self) -> Result<()> {
         let map = |e| crate::error::map(e, self.timeout);
         self.bounded(async {
-            for migration in &self.sql.migrations {
-                sqlx::query(sqlx::AssertSqlSafe(migration.as_str()))
-                    .execute(&self.pool)
+            let [records, inbox] = &self.sql.migrations[..] else {
+                return Err(Error::fatal("the store knows two migrations", None));
+            };
+            sqlx::query(sqlx::AssertSqlSafe(records.as_str()))
+                .execute(&self.pool)
+                .await
+                .map_err(map)?;
+            let has_inbox: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.has_inbox_columns.as_str()))
+                    .fetch_one(&self.pool)
                     .await
                     .map_err(map)?;
+            if has_inbox == 0 {
+                match sqlx::query(sqlx::AssertSqlSafe(inbox.as_str()))
+                    .execute(&self.pool)
+                    .await
+                {
+                    // A concurrent migrate added the columns first.
+                    Err(e) if crate::error::number(&e) == Some(1060) => {}
+                    other => {
+                        other.map_err(map)?;
+                    }
+                }
             }
             let packet: u64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS UNSIGNED)")
                 .fetch_one(&self.pool)
@@ -215,7 +233,7 @@ impl MySqlStore {
     }
 
     /// Runs `f` on a connection of the pool, bounded by the timeout.
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         f: impl AsyncFnOnce(Ops<'_>, &mut MySqlConnection) -> Result<T>,
     ) -> Result<T> {

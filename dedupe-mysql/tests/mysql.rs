@@ -20,6 +20,11 @@ use dedupe_mysql::sqlx::{self, AssertSqlSafe, MySqlPool};
 use dedupe_mysql::MySqlStore;
 use example::Delivery;
 
+/// The record columns, for rows written by hand (the inbox's columns after
+/// them stay NULL).
+const RECORD_COLUMNS: &str = "(namespace, id, state, token, claim_id, fingerprint, expires_at, \
+     completed_at, outcome, attempts, first_seen)";
+
 fn key(id: &str) -> Key {
     Key::new("my", id).expect("valid key")
 }
@@ -322,7 +327,7 @@ async fn takeover_reads_the_row_as_it_was() {
     raw(
         &pool,
         format!(
-            "INSERT INTO `{table}` VALUES
+            "INSERT INTO `{table}` {RECORD_COLUMNS} VALUES
            ('my', 'lapsed', 0, 'old', 'c-old', NULL, {past}, NULL, NULL, 4, {hour_ago}),
            ('my', 'done', 1, 'old', NULL, NULL, {past}, {past}, 'gone', 3, {hour_ago})"
         ),
@@ -469,7 +474,7 @@ async fn corrupt_rows_are_reported_not_guessed() {
     ] {
         raw(
             &pool,
-            format!("INSERT INTO `{table}` VALUES ('my', '{id}', {values})"),
+            format!("INSERT INTO `{table}` {RECORD_COLUMNS} VALUES ('my', '{id}', {values})"),
         )
         .await;
         let before = snapshot(&pool, &table, id).await;
@@ -507,7 +512,7 @@ async fn a_batch_meeting_a_corrupt_record_writes_nothing() {
     let pool = store.pool().clone();
     let now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
     raw(&pool, format!(
-        "INSERT INTO `{table}` VALUES ('my', 'bad', 7, 't', NULL, NULL, {now} + 86400000, NULL, NULL, 1, {now})"
+        "INSERT INTO `{table}` {RECORD_COLUMNS} VALUES ('my', 'bad', 7, 't', NULL, NULL, {now} + 86400000, NULL, NULL, 1, {now})"
     ))
     .await;
     let plain = ClaimOptions::default();
@@ -529,7 +534,7 @@ async fn a_batch_meeting_a_corrupt_record_writes_nothing() {
             .await
             .expect("complete");
         raw(&pool, format!(
-            "INSERT INTO `{table}` VALUES ('my', '{}', 0, 'old', NULL, NULL, {now} - 1000, NULL, NULL, 2, {now} - 3600000)",
+            "INSERT INTO `{table}` {RECORD_COLUMNS} VALUES ('my', '{}', 0, 'old', NULL, NULL, {now} - 1000, NULL, NULL, 2, {now} - 3600000)",
             name("expired")
         ))
         .await;
@@ -742,7 +747,10 @@ async fn expire_purges_every_expired_row_in_batches() {
         .collect();
     raw(
         &pool,
-        format!("INSERT INTO `{table}` VALUES {}", rows.join(", ")),
+        format!(
+            "INSERT INTO `{table}` {RECORD_COLUMNS} VALUES {}",
+            rows.join(", ")
+        ),
     )
     .await;
     let live = store
@@ -949,6 +957,15 @@ dedupe_testkit::crash_tests! {
         let store = MySqlStore::builder(pool).table(&table).build().expect("store");
         Arc::new(store) as Arc<dyn DedupeStore>
     },
+    inbox_worker: || async {
+        let url = std::env::var("DEDUPE_CHILD_URL").expect("child job");
+        let table = std::env::var("DEDUPE_CHILD_TABLE").expect("table");
+        let pool = MySqlStore::connect_pool(&url, 2, Duration::from_secs(5))
+            .await
+            .expect("pool");
+        let store = MySqlStore::builder(pool).table(&table).build().expect("store");
+        Arc::new(store) as Arc<dyn dedupe_core::Inbox>
+    },
 }
 
 /// A caller's transaction whose claim lost (the key is held, or done) holds
@@ -995,7 +1012,7 @@ async fn forget_leaves_a_claim_made_after_it_read() {
     let pool = store.pool().clone();
     let now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
     raw(&pool, format!(
-        "INSERT INTO `{table}` VALUES ('my', 'k', 0, 'old', NULL, NULL, {now} - 1000, NULL, NULL, 1, {now})"
+        "INSERT INTO `{table}` {RECORD_COLUMNS} VALUES ('my', 'k', 0, 'old', NULL, NULL, {now} - 1000, NULL, NULL, 1, {now})"
     ))
     .await;
     let k = key("k");
@@ -1091,7 +1108,7 @@ async fn claims_read_first_while_they_meet_records() {
     ));
     let now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
     raw(store.pool(), format!(
-        "INSERT INTO `{table}` VALUES ('my', 'lapsed', 0, 'old', NULL, NULL, {now} - 1000, NULL, NULL, 1, {now})"
+        "INSERT INTO `{table}` {RECORD_COLUMNS} VALUES ('my', 'lapsed', 0, 'old', NULL, NULL, {now} - 1000, NULL, NULL, 1, {now})"
     ))
     .await;
     match store.claim(&key("lapsed"), &opts).await.expect("claim") {
@@ -1101,7 +1118,7 @@ async fn claims_read_first_while_they_meet_records() {
     // An expired record is absent whatever its other columns hold (rule 5):
     // the read does not decode it, the upsert takes it over.
     raw(store.pool(), format!(
-        "INSERT INTO `{table}` VALUES ('my', 'lapsed-bad', 7, '', NULL, NULL, {now} - 1000, NULL, NULL, 0, {now})"
+        "INSERT INTO `{table}` {RECORD_COLUMNS} VALUES ('my', 'lapsed-bad', 7, '', NULL, NULL, {now} - 1000, NULL, NULL, 0, {now})"
     ))
     .await;
     assert!(matches!(
@@ -1161,4 +1178,64 @@ async fn inserts(pool: &MySqlPool) -> i64 {
     .fetch_one(pool)
     .await
     .expect("Com_insert")
+}
+
+/// A table made by the first migration alone (before the inbox) is brought
+/// up to date by `migrate`, run by two stores at once: the records in it
+/// answer as before, the inbox works on it, and migrating again changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_the_inbox_is_migrated() {
+    use dedupe_core::Inbox;
+    let (_server, url) = support::mysql_server();
+    let table = support::unique_schema("pre_inbox");
+    let pool = MySqlStore::connect_pool(&url, 4, Duration::from_secs(5))
+        .await
+        .expect("pool");
+    raw(
+        &pool,
+        include_str!("../migrations/0001_records.sql").replace("{table}", &table),
+    )
+    .await;
+    let now = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+    raw(
+        &pool,
+        format!(
+            "INSERT INTO `{table}` VALUES
+             ('my', 'old', 1, 't', NULL, NULL, {now} + 86400000, {now}, 'old', 1, {now})"
+        ),
+    )
+    .await;
+    let stores: Vec<MySqlStore> = (0..2)
+        .map(|_| {
+            MySqlStore::builder(pool.clone())
+                .table(&table)
+                .build()
+                .expect("store")
+        })
+        .collect();
+    let (a, b) = tokio::join!(stores[0].migrate(), stores[1].migrate());
+    a.expect("migrate");
+    b.expect("a concurrent migrate");
+    let store = &stores[0];
+    store.migrate().await.expect("migrate again");
+    match store
+        .claim(&key("old"), &ClaimOptions::default())
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"old"),
+        other => panic!("the old record answered {other:?}"),
+    }
+    assert!(store
+        .accept(&key("new"), b"payload")
+        .await
+        .expect("accept")
+        .is_new());
+    let taken = store
+        .take("my", 10, Duration::from_secs(30))
+        .await
+        .expect("take");
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].payload, b"payload");
 }

@@ -40,15 +40,6 @@ impl Opened {
             admin: Arc::new(admin),
         }
     }
-
-    #[cfg(feature = "mysql")]
-    fn without_inbox<S: DedupeStore + 'static>(store: S, admin: impl Admin + 'static) -> Self {
-        Self {
-            store: Arc::new(store),
-            inbox: None,
-            admin: Arc::new(admin),
-        }
-    }
 }
 
 /// The bound on each store call when the URL sets no `timeout`.
@@ -149,7 +140,7 @@ impl Opener {
             #[cfg(feature = "mysql")]
             Target::Mysql { connections, .. } => {
                 let store = self.mysql_dedicated(connections.unwrap_or(4)).await?;
-                Opened::without_inbox(store.clone(), MySqlAdmin(store))
+                Opened::with_inbox(store.clone(), MySqlAdmin(store))
             }
             #[cfg(feature = "redis")]
             Target::Redis { urls, .. } => {

@@ -9,7 +9,7 @@
 //! - Postgres: the same statement on a bare connection of its own (no pool);
 //! - MySQL / MariaDB: `INSERT IGNORE` on a bare connection of its own (one
 //!   row affected: won), a batch as one `INSERT IGNORE` per key in one
-//!   transaction (a multi-row one says how many won, not which); no inbox;
+//!   transaction (a multi-row one says how many won, not which);
 //! - Redis: `SET key 1 NX PX ms` (standalone or Cluster);
 //! - DynamoDB: `PutItem` conditioned on `attribute_not_exists(pk)`.
 //!
@@ -20,7 +20,9 @@
 //! due queue (a `due` column under a partial index; a sorted set beside the
 //! key; the table's due index on DynamoDB; a queue in memory), and `take`
 //! the minimal taking of the oldest due key (`UPDATE ... WHERE k = (SELECT
-//! ... ORDER BY due LIMIT 1 [FOR UPDATE SKIP LOCKED]) RETURNING k`;
+//! ... ORDER BY due LIMIT 1 [FOR UPDATE SKIP LOCKED]) RETURNING k`; on
+//! MySQL, which has no `UPDATE ... RETURNING`, that `SELECT` then the `UPDATE`
+//! in one transaction;
 //! `ZPOPMIN`; a query of the index then an `UpdateItem` conditioned on the
 //! key still being due), completed by `complete`. The raw take keeps no
 //! lease a dead worker's key could be taken over by: it is the floor.
@@ -142,7 +144,8 @@ impl RawStore {
                 }
                 dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
                     "CREATE TABLE IF NOT EXISTS `{table}` (k VARBINARY(600) PRIMARY KEY, \
-                     exp BIGINT NOT NULL, done BOOLEAN NOT NULL DEFAULT FALSE) ENGINE=InnoDB"
+                     exp BIGINT NOT NULL, done BOOLEAN NOT NULL DEFAULT FALSE, due BIGINT NULL, \
+                     KEY due (due)) ENGINE=InnoDB"
                 )))
                 .execute(store.pool())
                 .await
@@ -508,7 +511,16 @@ impl RawHandle {
     pub async fn accept(&mut self, key: &str) -> Result<bool, Error> {
         let now = now_ms();
         match self {
-            Self::Mysql { .. } => Err(Error::config("the MySQL store has no inbox")),
+            Self::Mysql { conn, table } => {
+                let sql = format!("INSERT IGNORE INTO `{table}` (k, exp, due) VALUES (?, 0, ?)");
+                let done = dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(sql))
+                    .bind(key)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| fail("mysql")(Box::new(e)))?;
+                Ok(done.rows_affected() == 1)
+            }
             Self::Memory(map, queue) => {
                 let mut map = map.lock().map_err(|_| Error::config("poisoned"))?;
                 if map.contains_key(key) {
@@ -612,7 +624,33 @@ impl RawHandle {
     pub async fn take(&mut self, lease: Duration) -> Result<Option<String>, Error> {
         let lease_ms = lease.as_millis() as i64;
         match self {
-            Self::Mysql { .. } => Err(Error::config("the MySQL store has no inbox")),
+            Self::Mysql { conn, table } => {
+                use dedupe_mysql::sqlx::Connection;
+                let mysql = |e| fail("mysql")(Box::new(e));
+                let now = now_ms();
+                let mut tx = conn.begin().await.map_err(mysql)?;
+                let picked: Option<(Vec<u8>,)> =
+                    dedupe_mysql::sqlx::query_as(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                        "SELECT k FROM `{table}` FORCE INDEX (due) WHERE due <= ? ORDER BY due LIMIT 1 \
+                         FOR UPDATE SKIP LOCKED"
+                    )))
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(mysql)?;
+                if let Some((k,)) = &picked {
+                    dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
+                        "UPDATE `{table}` SET exp = ?, due = NULL WHERE k = ?"
+                    )))
+                    .bind(now + lease_ms)
+                    .bind(k.as_slice())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(mysql)?;
+                }
+                tx.commit().await.map_err(mysql)?;
+                Ok(picked.map(|(k,)| String::from_utf8_lossy(&k).into_owned()))
+            }
             Self::Memory(_, queue) => Ok(queue
                 .lock()
                 .map_err(|_| Error::config("poisoned"))?

@@ -111,7 +111,7 @@ pub enum Ledger {
 pub struct Opened {
     /// The store the receiver claims on.
     pub store: Arc<dyn DedupeStore>,
-    /// Its inbox, for `--inbox`: `None` on a store that has none (MySQL).
+    /// Its inbox, for `--inbox`: `None` on a store that has none.
     pub inbox: Option<Arc<dyn Inbox>>,
     /// Where processed events are written.
     pub ledger: Ledger,
@@ -227,11 +227,7 @@ impl Ledger {
                 .execute(store.pool())
                 .await
                 .map_err(mysql_err)?;
-                Opened {
-                    store: Arc::new(store.clone()),
-                    inbox: None,
-                    ledger: Ledger::Mysql { store, table },
-                }
+                Opened::inbox(Arc::new(store.clone()), Ledger::Mysql { store, table })
             }
             Target::Dynamo { .. } => {
                 let store = opener.dynamo().await?;

@@ -1,0 +1,342 @@
+//! The inbox (CONTRACT.md I1 to I8) in the records table: its `Inbox`
+//! implementation, and the statements it runs on a connection of the store's.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dedupe_core::backend::{
+    self, accepted_over, check_payload, check_take, check_ttl, cut_error, duration_millis,
+    new_tokens, one_row_changed, status_code, stored_counts, taken_item, StoredItem,
+};
+use dedupe_core::{
+    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease, Result, Retry,
+    Taken,
+};
+use sqlx::mysql::MySqlRow;
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
+
+use crate::ops::Ops;
+use crate::store::MySqlStore;
+
+/// The inbox in the records table (migration 0002): an item is a row with a
+/// payload and a `wait` state (0 held by a worker, 1 due, 2 dead). `accept`
+/// is the claim's upsert with the item's columns; `take` locks the oldest
+/// due items of a namespace with `FOR UPDATE SKIP LOCKED` (on the `due`
+/// index, read in order) and leases them in the same transaction, so racing
+/// takers never wait on each other and never share an item; every other
+/// change is one `UPDATE` fenced by the token and the deadline. Each call
+/// commits before it answers: an accepted delivery is as durable as a
+/// completion.
+#[async_trait]
+impl Inbox for MySqlStore {
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        check_payload(payload)?;
+        self.call(async |ops, conn| ops.accept(conn, key, payload).await)
+            .await
+    }
+
+    async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        check_take(max, lease)?;
+        self.call(async |ops, conn| ops.take(conn, namespace, max, lease).await)
+            .await
+    }
+
+    async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+        if let Retry::After(delay) = retry {
+            check_ttl("retry delay", delay)?;
+        }
+        self.call(async |ops, conn| ops.fail(conn, lease, error, retry).await)
+            .await
+    }
+
+    async fn item(&self, key: &Key) -> Result<Option<Item>> {
+        self.call(async |ops, conn| ops.item(conn, key).await).await
+    }
+
+    async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
+        query.validate()?;
+        self.call(async |ops, conn| ops.list(conn, query).await)
+            .await
+    }
+
+    async fn replay(&self, key: &Key) -> Result<bool> {
+        self.call(async |ops, conn| ops.replay(conn, key).await)
+            .await
+    }
+
+    async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
+        self.call(async |ops, conn| ops.counts(conn, namespace).await)
+            .await
+    }
+}
+
+/// A row of `sql::ITEM` columns, from column `at` on, as an [`Item`] of
+/// `namespace`.
+fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
+    let read = || -> std::result::Result<_, sqlx::Error> {
+        Ok((
+            row.try_get::<Vec<u8>, _>(at)?,
+            row.try_get::<i64, _>(at + 1)?,
+            row.try_get::<i64, _>(at + 2)?,
+            row.try_get::<i64, _>(at + 3)?,
+            row.try_get::<i64, _>(at + 4)?,
+            row.try_get::<Option<Vec<u8>>, _>(at + 5)?,
+            row.try_get::<Option<Vec<u8>>, _>(at + 6)?,
+        ))
+    };
+    let (id, wait, attempts, accepted_ms, due_ms, last_error, payload) =
+        read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+    StoredItem {
+        id: utf8(id, "an inbox item's id")?,
+        wait,
+        attempts,
+        accepted_ms,
+        due_ms,
+        last_error: last_error
+            .map(|e| utf8(e, "an inbox item's error"))
+            .transpose()?,
+        payload,
+    }
+    .decode(namespace)
+}
+
+fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
+    String::from_utf8(bytes).map_err(|_| Error::fatal(format!("{what} is not UTF-8"), None))
+}
+
+/// The inbox's statements (CONTRACT.md I1 to I8).
+impl Ops<'_> {
+    /// The upsert, then the row read back: its token says whether this
+    /// accept wrote it.
+    pub(crate) async fn accept(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        payload: &[u8],
+    ) -> Result<Accepted> {
+        let token = backend::new_token();
+        sqlx::query(AssertSqlSafe(self.sql.accept.as_str()))
+            .bind(key.namespace().as_bytes())
+            .bind(key.id().as_bytes())
+            .bind(token.as_str().as_bytes())
+            .bind(payload)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let row = sqlx::query(AssertSqlSafe(self.sql.accepted.as_str()))
+            .bind(token.as_str().as_bytes())
+            .bind(key.namespace().as_bytes())
+            .bind(key.id().as_bytes())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(row) = row {
+            let ours: bool = row
+                .try_get(0)
+                .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+            if ours {
+                return Ok(Accepted::New);
+            }
+            return decode_item(key.namespace(), &row, 1).map(Accepted::Item);
+        }
+        match self.read(conn, key).await? {
+            Some(record) => Ok(accepted_over(record)),
+            // Completed, released or forgotten between the two statements.
+            None => Err(Error::retryable(
+                "the key's record changed between the accept and its read-back; retry",
+                None,
+            )),
+        }
+    }
+
+    /// In one transaction: the due items picked and locked, then leased in
+    /// one statement. A deadline is the pick's `NOW` plus the lease, a
+    /// moment before the lease statement runs: never later than promised.
+    pub(crate) async fn take(
+        &self,
+        conn: &mut MySqlConnection,
+        namespace: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<Taken>> {
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+        let picked = sqlx::query(AssertSqlSafe(self.sql.pick.as_str()))
+            .bind(namespace.as_bytes())
+            .bind(u64::try_from(max).unwrap_or(u64::MAX))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        if picked.is_empty() {
+            tx.commit().await.map_err(|e| self.err(e))?;
+            return Ok(Vec::new());
+        }
+        let mut rows = Vec::with_capacity(picked.len());
+        for row in &picked {
+            let read = || -> std::result::Result<_, sqlx::Error> {
+                Ok((
+                    row.try_get::<Vec<u8>, _>(0)?,
+                    row.try_get::<i64, _>(1)?,
+                    row.try_get::<Option<Vec<u8>>, _>(2)?,
+                    row.try_get::<Option<Vec<u8>>, _>(3)?,
+                    row.try_get::<i64, _>(4)?,
+                ))
+            };
+            rows.push(
+                read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?,
+            );
+        }
+        let deadline = rows[0].4.saturating_add(duration_millis(lease));
+        let tokens = new_tokens(rows.len());
+        let sql = self.sql.lease_taken(rows.len());
+        let mut statement = sqlx::query(AssertSqlSafe(sql.as_str()))
+            .bind(deadline)
+            .bind(deadline);
+        for ((id, ..), token) in rows.iter().zip(&tokens) {
+            statement = statement
+                .bind(id.as_slice())
+                .bind(token.as_str().as_bytes());
+        }
+        statement = statement.bind(namespace.as_bytes());
+        for (id, ..) in &rows {
+            statement = statement.bind(id.as_slice());
+        }
+        let leased = statement
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if leased != rows.len() as u64 {
+            // Locked rows cannot change under us: this is not a race.
+            return Err(Error::fatal(
+                format!(
+                    "a take leased {leased} of the {} items it locked",
+                    rows.len()
+                ),
+                None,
+            ));
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        rows.into_iter()
+            .zip(tokens)
+            .map(|((id, attempts, payload, last_error, _), token)| {
+                let key = Key::new(namespace, utf8(id, "an inbox item's id")?)?;
+                let last_error = last_error
+                    .map(|e| utf8(e, "an inbox item's error"))
+                    .transpose()?;
+                taken_item(
+                    key,
+                    token.to_string(),
+                    deadline,
+                    attempts.saturating_add(1),
+                    payload,
+                    last_error,
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) async fn fail(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+        error: &str,
+        retry: Retry,
+    ) -> Result<()> {
+        let (wait, delay) = match retry {
+            Retry::After(delay) => (1i8, delay),
+            Retry::Dead => (2i8, Duration::ZERO),
+        };
+        let error = cut_error(error);
+        let delay = duration_millis(delay);
+        let statement = sqlx::query(AssertSqlSafe(self.sql.fail.as_str()))
+            .bind(error.as_bytes())
+            .bind(delay)
+            .bind(wait)
+            .bind(delay)
+            .bind(wait);
+        let statement = statement
+            .bind(lease.key.namespace().as_bytes())
+            .bind(lease.key.id().as_bytes())
+            .bind(lease.token.as_str().as_bytes())
+            .bind(wait)
+            .bind(error.as_bytes());
+        let changed = statement
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        one_row_changed(changed, &lease.key)
+    }
+
+    pub(crate) async fn item(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Item>> {
+        let row = sqlx::query(AssertSqlSafe(self.sql.select_item.as_str()))
+            .bind(key.namespace().as_bytes())
+            .bind(key.id().as_bytes())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        row.map(|row| decode_item(key.namespace(), &row, 0))
+            .transpose()
+    }
+
+    pub(crate) async fn list(
+        &self,
+        conn: &mut MySqlConnection,
+        query: &ItemQuery,
+    ) -> Result<ItemPage> {
+        let status = status_code(query.status);
+        let mut statement = sqlx::query(AssertSqlSafe(self.sql.list.as_str()))
+            .bind(query.namespace.as_bytes())
+            .bind(query.after.as_deref().unwrap_or("").as_bytes());
+        for _ in 0..5 {
+            statement = statement.bind(status);
+        }
+        let rows = statement
+            .bind(u64::try_from(query.limit + 1).unwrap_or(u64::MAX))
+            .fetch_all(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut items = rows
+            .iter()
+            .map(|row| decode_item(&query.namespace, row, 0))
+            .collect::<Result<Vec<_>>>()?;
+        let next = (items.len() > query.limit).then(|| items[query.limit - 1].key.id().to_string());
+        items.truncate(query.limit);
+        Ok(ItemPage::new(items, next))
+    }
+
+    pub(crate) async fn replay(&self, conn: &mut MySqlConnection, key: &Key) -> Result<bool> {
+        Ok(sqlx::query(AssertSqlSafe(self.sql.replay.as_str()))
+            .bind(key.namespace().as_bytes())
+            .bind(key.id().as_bytes())
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected()
+            > 0)
+    }
+
+    pub(crate) async fn counts(
+        &self,
+        conn: &mut MySqlConnection,
+        namespace: &str,
+    ) -> Result<InboxCounts> {
+        let row = sqlx::query(AssertSqlSafe(self.sql.counts.as_str()))
+            .bind(namespace.as_bytes())
+            .fetch_one(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        let read = || -> std::result::Result<_, sqlx::Error> {
+            Ok((
+                row.try_get::<i64, _>(0)?,
+                row.try_get::<i64, _>(1)?,
+                row.try_get::<i64, _>(2)?,
+                row.try_get::<i64, _>(3)?,
+                row.try_get::<Option<i64>, _>(4)?,
+            ))
+        };
+        let (pending, running, failed, dead, oldest) =
+            read().map_err(|e| Error::fatal(format!("undecodable counts: {e}"), None))?;
+        Ok(stored_counts(pending, running, failed, dead, oldest))
+    }
+}
