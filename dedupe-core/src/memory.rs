@@ -606,3 +606,16 @@ impl Inbox for MemoryStore {
         Ok(counts)
     }
 }
+
+/// Nothing to make or remove: the records live in the process, and go with
+/// it.
+#[async_trait]
+impl backend::Admin for MemoryStore {
+    async fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn remove_namespace(&self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -5,6 +5,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod admin;
 mod builder;
 mod clock;
 mod codec;

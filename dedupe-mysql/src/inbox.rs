@@ -15,7 +15,7 @@ use dedupe_core::{
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
 
-use crate::ops::Ops;
+use crate::ops::{Ops, TxError, DEADLOCK_RETRIES};
 use crate::store::MySqlStore;
 
 /// The inbox in the records table (migration 0002): an item is a row with a
@@ -115,14 +115,27 @@ impl Ops<'_> {
         payload: &[u8],
     ) -> Result<Accepted> {
         let token = backend::new_token();
-        sqlx::query(AssertSqlSafe(self.sql.accept.as_str()))
+        let mut tries = 0;
+        // A deadlock rolled the upsert back whole (a take's locks on the
+        // `due` index meet the insert's): on the store's own connections it
+        // is sent again, as the claim's upsert is.
+        while let Err(e) = sqlx::query(AssertSqlSafe(self.sql.accept.as_str()))
             .bind(key.namespace().as_bytes())
             .bind(key.id().as_bytes())
             .bind(token.as_str().as_bytes())
             .bind(payload)
             .execute(&mut *conn)
             .await
-            .map_err(|e| self.err(e))?;
+        {
+            match self.tx_err(e) {
+                TxError::Deadlock(_) if !self.in_transaction && tries < DEADLOCK_RETRIES => {
+                    tries += 1;
+                    tracing::debug!(tries, "inbox accept deadlocked; sending it again");
+                }
+                TxError::Deadlock(e) => return Err(self.err(e)),
+                TxError::Other(e) => return Err(e),
+            }
+        }
         let row = sqlx::query(AssertSqlSafe(self.sql.accepted.as_str()))
             .bind(token.as_str().as_bytes())
             .bind(key.namespace().as_bytes())
@@ -159,15 +172,37 @@ impl Ops<'_> {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<Taken>> {
+        let mut tries = 0;
+        loop {
+            match self.take_once(conn, namespace, max, lease).await {
+                Ok(taken) => return Ok(taken),
+                // Rolled back whole: it runs again.
+                Err(TxError::Deadlock(_)) if tries < DEADLOCK_RETRIES => {
+                    tries += 1;
+                    tracing::debug!(tries, "inbox take deadlocked; running it again");
+                }
+                Err(TxError::Deadlock(e)) => return Err(self.err(e)),
+                Err(TxError::Other(e)) => return Err(e),
+            }
+        }
+    }
+
+    async fn take_once(
+        &self,
+        conn: &mut MySqlConnection,
+        namespace: &str,
+        max: usize,
+        lease: Duration,
+    ) -> std::result::Result<Vec<Taken>, TxError> {
         let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         let picked = sqlx::query(AssertSqlSafe(self.sql.pick.as_str()))
             .bind(namespace.as_bytes())
             .bind(u64::try_from(max).unwrap_or(u64::MAX))
             .fetch_all(&mut *tx)
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| self.tx_err(e))?;
         if picked.is_empty() {
-            tx.commit().await.map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.tx_err(e))?;
             return Ok(Vec::new());
         }
         let mut rows = Vec::with_capacity(picked.len());
@@ -203,7 +238,7 @@ impl Ops<'_> {
         let leased = statement
             .execute(&mut *tx)
             .await
-            .map_err(|e| self.err(e))?
+            .map_err(|e| self.tx_err(e))?
             .rows_affected();
         if leased != rows.len() as u64 {
             // Locked rows cannot change under us: this is not a race.
@@ -213,10 +248,12 @@ impl Ops<'_> {
                     rows.len()
                 ),
                 None,
-            ));
+            )
+            .into());
         }
-        tx.commit().await.map_err(|e| self.err(e))?;
-        rows.into_iter()
+        tx.commit().await.map_err(|e| self.tx_err(e))?;
+        let taken: Result<Vec<Taken>> = rows
+            .into_iter()
             .zip(tokens)
             .map(|((id, attempts, payload, last_error, _), token)| {
                 let key = Key::new(namespace, utf8(id, "an inbox item's id")?)?;
@@ -232,7 +269,8 @@ impl Ops<'_> {
                     last_error,
                 )
             })
-            .collect()
+            .collect();
+        Ok(taken?)
     }
 
     pub(crate) async fn fail(

@@ -17,6 +17,7 @@
 //! # let _ = answer; Ok(()) }
 //! ```
 
+mod admin;
 mod builder;
 mod codec;
 mod error;

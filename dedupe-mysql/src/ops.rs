@@ -23,7 +23,7 @@ use crate::sql::{Statements, EXPIRE_BATCH};
 /// How often a statement a deadlock rolled back is sent again (the store's
 /// own connections only: in a caller's transaction a deadlock rolled the
 /// whole transaction back, which only the caller can redo).
-const DEADLOCK_RETRIES: usize = 5;
+pub(crate) const DEADLOCK_RETRIES: usize = 5;
 
 /// How often a claim goes round when the record its upsert met was gone or
 /// expired by the time it was read back (a release or a lease passing in
@@ -33,7 +33,7 @@ const CLAIM_ROUNDS: usize = 16;
 /// Why a statement in a transaction failed: a deadlock (the server rolled
 /// the transaction back; it may run again) or anything else.
 #[derive(Debug)]
-enum TxError {
+pub(crate) enum TxError {
     Deadlock(sqlx::Error),
     Other(Error),
 }
@@ -81,7 +81,7 @@ impl Ops<'_> {
         }
     }
 
-    fn tx_err(&self, e: sqlx::Error) -> TxError {
+    pub(crate) fn tx_err(&self, e: sqlx::Error) -> TxError {
         if is_deadlock(&e) {
             TxError::Deadlock(e)
         } else {

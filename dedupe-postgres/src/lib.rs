@@ -8,6 +8,7 @@
 //! primitive it relies on and [`PgStore::claim_in`] for the transactional
 //! claim.
 
+mod admin;
 mod builder;
 mod codec;
 mod error;

@@ -9,6 +9,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod admin;
 mod builder;
 mod codec;
 mod conn;
@@ -19,6 +20,7 @@ mod scripts;
 mod server;
 mod store;
 
+pub use admin::RedisAdmin;
 pub use store::{Durability, RedisBuilder, RedisStore};
 
 // The caller's connections are redis-rs'; name the same version.

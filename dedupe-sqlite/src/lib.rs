@@ -5,6 +5,7 @@
 //! processes open the same file. See [`SqliteStore`] for the atomic primitive it
 //! relies on, and [`SqliteStore::claim_in`] for the transactional claim.
 
+mod admin;
 mod builder;
 mod codec;
 mod conn;

@@ -30,11 +30,10 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod admin;
 mod open;
 mod parse;
 
-pub use admin::Admin;
+pub use dedupe_core::backend::Admin;
 pub use open::{open_deduper, open_store, Opened, Opener, DEFAULT_TIMEOUT};
 pub use parse::{StoreUrl, Target, UrlError};
 

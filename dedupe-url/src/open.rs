@@ -6,18 +6,8 @@ use std::time::Duration;
 
 use dedupe_core::{DedupeStore, Deduper, Error, Inbox, MemoryStore};
 
-#[cfg(feature = "dynamodb")]
-use crate::admin::DynamoAdmin;
-#[cfg(feature = "mysql")]
-use crate::admin::MySqlAdmin;
-#[cfg(feature = "postgres")]
-use crate::admin::PgAdmin;
-#[cfg(feature = "redis")]
-use crate::admin::RedisAdmin;
-#[cfg(feature = "sqlite")]
-use crate::admin::SqliteAdmin;
-use crate::admin::{Admin, MemoryAdmin};
 use crate::parse::{StoreUrl, Target};
+use dedupe_core::backend::Admin;
 
 /// A store opened by URL: the store, the same store as its inbox when it
 /// offers one, and its store-wide operations.
@@ -32,12 +22,13 @@ pub struct Opened {
 }
 
 impl Opened {
-    fn with_inbox<S: Inbox + 'static>(store: S, admin: impl Admin + 'static) -> Self {
+    /// A store that offers the inbox and is its own admin.
+    fn of<S: Inbox + Admin + 'static>(store: S) -> Self {
         let store = Arc::new(store);
         Self {
             store: store.clone(),
-            inbox: Some(store),
-            admin: Arc::new(admin),
+            inbox: Some(store.clone()),
+            admin: store,
         }
     }
 }
@@ -113,7 +104,7 @@ impl Opener {
     /// [`Admin`]. This is the one place a URL's store is chosen.
     pub async fn open(&self) -> Result<Opened, Error> {
         Ok(match self.url.target() {
-            Target::Memory => Opened::with_inbox(self.memory.clone(), MemoryAdmin),
+            Target::Memory => Opened::of(self.memory.clone()),
             #[cfg(feature = "sqlite")]
             Target::Sqlite { connections, .. } => {
                 let store = self
@@ -122,40 +113,30 @@ impl Opener {
                         |n| n as usize,
                     ))
                     .await?;
-                Opened::with_inbox(store.clone(), SqliteAdmin(store))
+                Opened::of(store)
             }
             #[cfg(feature = "postgres")]
-            Target::Postgres {
-                connections,
-                schema,
-                ..
-            } => {
-                let store = self.postgres_dedicated(connections.unwrap_or(4)).await?;
-                let admin = PgAdmin {
-                    store: store.clone(),
-                    schema: schema.clone(),
-                };
-                Opened::with_inbox(store, admin)
+            Target::Postgres { connections, .. } => {
+                Opened::of(self.postgres_dedicated(connections.unwrap_or(4)).await?)
             }
             #[cfg(feature = "mysql")]
             Target::Mysql { connections, .. } => {
-                let store = self.mysql_dedicated(connections.unwrap_or(4)).await?;
-                Opened::with_inbox(store.clone(), MySqlAdmin(store))
+                Opened::of(self.mysql_dedicated(connections.unwrap_or(4)).await?)
             }
             #[cfg(feature = "redis")]
             Target::Redis { urls, .. } => {
-                let store = self.redis().await?;
-                let admin = RedisAdmin {
+                let store = Arc::new(self.redis().await?);
+                Opened {
                     store: store.clone(),
-                    urls: urls.clone(),
-                };
-                Opened::with_inbox(store, admin)
+                    inbox: Some(store.clone()),
+                    admin: Arc::new(dedupe_redis::RedisAdmin::new(
+                        (*store).clone(),
+                        urls.clone(),
+                    )),
+                }
             }
             #[cfg(feature = "dynamodb")]
-            Target::Dynamo { .. } => {
-                let store = self.dynamo().await?;
-                Opened::with_inbox(store.clone(), DynamoAdmin(store))
-            }
+            Target::Dynamo { .. } => Opened::of(self.dynamo().await?),
             #[allow(unreachable_patterns)]
             _ => {
                 return Err(Error::config(format!(

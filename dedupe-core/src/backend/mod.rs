@@ -17,6 +17,8 @@
 //!   [`one_row_changed`] turns a conditional write's count into `Ok` or `LeaseLost`;
 //! - **batches**: [`BatchKeys`] sends each distinct key of a `claim_many` to the
 //!   store once and answers repeats inside the batch as the contract says;
+//! - **administration**: [`Admin`], the store-wide operations the tools run
+//!   (migrate, remove a namespace, durability), implemented by each store;
 //! - **claim modes**: [`FirstStatement`] counts whether a store's recent claims
 //!   met records, for a store that picks its first statement by that.
 //!
@@ -43,6 +45,7 @@
 //! # Ok::<(), dedupe_core::Error>(())
 //! ```
 
+mod admin;
 mod first;
 mod item;
 mod stored;
@@ -50,6 +53,7 @@ mod time;
 
 pub use crate::batch::BatchKeys;
 pub use crate::claim::{check_batch, check_ttl};
+pub use admin::Admin;
 pub use first::FirstStatement;
 pub use item::{
     accepted_over, check_payload, check_take, cut_error, status_code, stored_counts, taken_item,

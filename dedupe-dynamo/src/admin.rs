@@ -1,0 +1,20 @@
+//! The tools' store-wide operations ([`Admin`]) on the store's table.
+
+use dedupe_core::backend::Admin;
+use dedupe_core::{async_trait, Result};
+
+use crate::DynamoStore;
+
+/// Migrate makes the table with its indexes when it is missing
+/// ([`DynamoStore::create_table_if_missing`]); the namespace is the table
+/// ([`DynamoStore::delete_table`]).
+#[async_trait]
+impl Admin for DynamoStore {
+    async fn migrate(&self) -> Result<()> {
+        self.create_table_if_missing().await
+    }
+
+    async fn remove_namespace(&self) -> Result<()> {
+        self.delete_table().await
+    }
+}

@@ -1,0 +1,88 @@
+//! The tools' store-wide operations ([`Admin`]) on the store's prefix.
+
+use dedupe_core::backend::Admin;
+use dedupe_core::{async_trait, Error, Result};
+use redis::AsyncCommands;
+
+use crate::RedisStore;
+
+/// A [`RedisStore`] with the URLs of the servers it runs on, which removing
+/// its namespace needs: every key under the prefix is deleted on each server
+/// named (on a Cluster, each primary's own keys). Migrate makes nothing (the
+/// scripts load on first use); durability is the servers' persistence
+/// settings and their evicted keys.
+#[derive(Debug, Clone)]
+pub struct RedisAdmin {
+    store: RedisStore,
+    urls: Vec<String>,
+}
+
+impl RedisAdmin {
+    /// The administration of `store`, whose keys live on the servers at
+    /// `urls` (one URL for a standalone server; each primary's on a Cluster).
+    pub fn new(store: RedisStore, urls: Vec<String>) -> Self {
+        Self { store, urls }
+    }
+}
+
+#[async_trait]
+impl Admin for RedisAdmin {
+    async fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn remove_namespace(&self) -> Result<()> {
+        for url in &self.urls {
+            delete_prefixed(url, self.store.prefix()).await?;
+        }
+        Ok(())
+    }
+
+    async fn durability(&self) -> Option<String> {
+        let evicted = match self.store.evicted_keys().await {
+            Some(n) => format!("evicted_keys {n}"),
+            None => "evicted_keys unknown".into(),
+        };
+        Some(format!("{}; {evicted}", self.store.durability().await))
+    }
+}
+
+/// Deletes the keys under `prefix` held by the server at `url`.
+async fn delete_prefixed(url: &str, prefix: &str) -> Result<()> {
+    let fail = |e: redis::RedisError| {
+        Error::retryable("deleting the prefix's keys", Some(Box::new(e) as _))
+    };
+    let client = redis::Client::open(url).map_err(fail)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(fail)?;
+    let keys: Vec<String> = {
+        let mut iter: redis::AsyncIter<'_, String> = conn
+            .scan_match(format!("{}*", glob_escape(prefix)))
+            .await
+            .map_err(fail)?;
+        let mut keys = Vec::new();
+        while let Some(key) = iter.next_item().await {
+            keys.push(key.map_err(fail)?);
+        }
+        keys
+    };
+    for key in keys {
+        // One key per call: on a Cluster node, keys of one call must share a slot.
+        let _: i64 = conn.del(key).await.map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// A prefix as a literal in a SCAN pattern.
+fn glob_escape(prefix: &str) -> String {
+    let mut escaped = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
