@@ -917,15 +917,9 @@ async fn metrics_count_every_answer() {
 }
 
 /// The ledger is pruned with the store's retention: a row outlives its
-/// event's record by at most a prune period, on a SQLite file.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ledger_is_pruned_with_the_retention() {
-    let dir = tempfile::tempdir().expect("dir");
-    let url = format!(
-        "sqlite://{}?retention=1s",
-        dir.path().join("hooks.db").display()
-    );
-    let serve = Serve::with(&url, 0, &[], &[]);
+/// event's record by at most a prune period. `url` ends in `retention=1s`.
+async fn pruned_with_the_retention(url: &str) {
+    let serve = Serve::with(url, 0, &[], &[]);
     let http = client();
     let (status, _, _) = deliver(
         &http,
@@ -955,6 +949,23 @@ async fn the_ledger_is_pruned_with_the_retention() {
         since.elapsed() >= Duration::from_millis(500),
         "pruned before its retention"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_is_pruned_with_the_retention_on_sqlite() {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("hooks.db");
+    pruned_with_the_retention(&format!("sqlite://{}?retention=1s", file.display())).await;
+}
+
+/// Postgres and MariaDB share the ledger's code (over `Transactional`): its
+/// insert, page and prune each run on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_is_pruned_with_the_retention_on_postgres_and_mariadb() {
+    let cluster = support::PgCluster::start();
+    pruned_with_the_retention(&format!("{}?retention=1s", cluster.url("postgres"))).await;
+    let server = support::MariaDbServer::start();
+    pruned_with_the_retention(&format!("{}?retention=1s", server.url("test"))).await;
 }
 
 /// SIGTERM with a handler that outlasts the grace while its sender still

@@ -27,5 +27,6 @@ mod sql;
 mod store;
 
 pub use builder::MySqlBuilder;
+pub use dedupe_sqlx::Transactional;
 pub use sqlx;
 pub use store::MySqlStore;

@@ -189,6 +189,7 @@ impl MySqlStore {
     /// store's timeout (the caller owns the transaction); a deadlock rolled
     /// the caller's whole transaction back and is answered as a retryable
     /// error.
+    #[tracing::instrument(name = "dedupe.claim_in", skip_all, fields(store = "mysql", key = %key), err)]
     pub async fn claim_in(
         &self,
         conn: &mut MySqlConnection,
@@ -199,6 +200,7 @@ impl MySqlStore {
     }
 
     /// Completes a lease inside the caller's transaction.
+    #[tracing::instrument(name = "dedupe.complete_in", skip_all, fields(store = "mysql", key = %lease.key), err)]
     pub async fn complete_in(
         &self,
         conn: &mut MySqlConnection,
@@ -212,6 +214,7 @@ impl MySqlStore {
     }
 
     /// Releases a lease inside the caller's transaction.
+    #[tracing::instrument(name = "dedupe.release_in", skip_all, fields(store = "mysql", key = %lease.key), err)]
     pub async fn release_in(&self, conn: &mut MySqlConnection, lease: &Lease) -> Result<()> {
         self.ops(true).release(conn, lease).await
     }
@@ -251,6 +254,38 @@ impl MySqlStore {
 // Input is checked here, before a connection is taken (bad input is refused
 // by name even when the server is away), and again in `Ops` for the `*_in`
 // methods, which take no connection of the store's.
+#[async_trait]
+impl dedupe_sqlx::Transactional for MySqlStore {
+    type Database = sqlx::MySql;
+
+    fn pool(&self) -> &sqlx::Pool<sqlx::MySql> {
+        MySqlStore::pool(self)
+    }
+
+    async fn claim_in(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        MySqlStore::claim_in(self, conn, key, opts).await
+    }
+
+    async fn complete_in(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
+        MySqlStore::complete_in(self, conn, lease, outcome, retention).await
+    }
+
+    async fn release_in(&self, conn: &mut MySqlConnection, lease: &Lease) -> Result<()> {
+        MySqlStore::release_in(self, conn, lease).await
+    }
+}
+
 #[async_trait]
 impl DedupeStore for MySqlStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {

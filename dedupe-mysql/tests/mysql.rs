@@ -1,6 +1,6 @@
-//! MySQL-specific behaviour on a private MariaDB: the transactional claim
-//! (commit, rollback, a killed connection, concurrent transactions, a
-//! deadlock between two), the traps of `ON DUPLICATE KEY UPDATE` (assignment
+//! MySQL-specific behaviour on a private MariaDB: the transactional example
+//! and a deadlock between two caller transactions (the checks shared with
+//! Postgres are in `dedupe-sqlx/tests/transactional.rs`), the traps of `ON DUPLICATE KEY UPDATE` (assignment
 //! order, affected rows), byte-exact keys, corrupt rows, lock waits and
 //! timeouts, `max_allowed_packet`, the purge, and the fault runs: a server
 //! killed under load, cut connections, a blackhole, a lost answer, killed
@@ -97,138 +97,6 @@ async fn transactional_claim_commits_with_the_order() {
         .expect("second");
     assert_eq!(second, Delivery::Duplicate(format!("order {order}")));
     assert_eq!(orders(&pool, "evt_commit").await, 1);
-
-    // Rolled back: no order, no record, the event claimable again.
-    let k = Key::new("stripe", "evt_rollback").expect("key");
-    let mut tx = pool.begin().await.expect("begin");
-    let answer = store
-        .claim_in(&mut tx, &k, &ClaimOptions::default())
-        .await
-        .expect("claim");
-    assert!(answer.lease().is_some(), "{answer:?}");
-    sqlx::query("INSERT INTO orders (event_id, amount_cents) VALUES (?, 1)")
-        .bind(k.id())
-        .execute(&mut *tx)
-        .await
-        .expect("order");
-    tx.rollback().await.expect("rollback");
-    assert_eq!(orders(&pool, k.id()).await, 0);
-    assert!(store.get(&k).await.expect("get").is_none());
-    assert!(matches!(
-        store.claim(&k, &ClaimOptions::default()).await,
-        Ok(ClaimOutcome::Claimed(_))
-    ));
-}
-
-/// A connection killed mid-transaction (the worker died) leaves neither the
-/// claim nor the order, and the next delivery claims the event at attempt 1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_connection_mid_transaction_leaves_nothing_half_done() {
-    let (_server, url) = support::mysql_server();
-    let (store, pool) = example_store(&url).await;
-    let k = Key::new("stripe", "evt_killed").expect("key");
-    let mut victim = pool.acquire().await.expect("connection");
-    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-        .fetch_one(&mut *victim)
-        .await
-        .expect("connection id");
-    sqlx::raw_sql("BEGIN")
-        .execute(&mut *victim)
-        .await
-        .expect("begin");
-    let lease = store
-        .claim_in(&mut victim, &k, &ClaimOptions::default())
-        .await
-        .expect("claim")
-        .lease()
-        .cloned()
-        .expect("claimed");
-    sqlx::query("INSERT INTO orders (event_id, amount_cents) VALUES (?, 7)")
-        .bind(k.id())
-        .execute(&mut *victim)
-        .await
-        .expect("order");
-    store
-        .complete_in(
-            &mut victim,
-            &lease,
-            b"never committed",
-            Duration::from_secs(60),
-        )
-        .await
-        .expect("complete");
-    raw(&pool, format!("KILL CONNECTION {id}")).await;
-    assert!(
-        sqlx::raw_sql("COMMIT").execute(&mut *victim).await.is_err(),
-        "a killed connection committed"
-    );
-    victim.detach();
-    assert_eq!(orders(&pool, k.id()).await, 0);
-    match store
-        .claim(&k, &ClaimOptions::default())
-        .await
-        .expect("claim")
-    {
-        ClaimOutcome::Claimed(lease) => assert_eq!(lease.attempt, 1),
-        other => panic!("after the kill the event answers {other:?}"),
-    }
-}
-
-/// Two transactions on one key: the second waits on the row lock, then sees
-/// the first's work done (commit) or claims it (rollback). One order either
-/// way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_transactions_on_one_key_have_one_winner() {
-    let (_server, url) = support::mysql_server();
-    for first_commits in [true, false] {
-        let (store, pool) = example_store(&url).await;
-        let k = Key::new("stripe", "evt_contended").expect("key");
-        let mut first = pool.begin().await.expect("begin");
-        let lease = store
-            .claim_in(&mut first, &k, &ClaimOptions::default())
-            .await
-            .expect("claim")
-            .lease()
-            .cloned()
-            .expect("won");
-        sqlx::query("INSERT INTO orders (event_id, amount_cents) VALUES (?, 1)")
-            .bind(k.id())
-            .execute(&mut *first)
-            .await
-            .expect("order");
-        store
-            .complete_in(&mut first, &lease, b"first", Duration::from_secs(60))
-            .await
-            .expect("complete");
-        let second = {
-            let (store, pool) = (store.clone(), pool.clone());
-            tokio::spawn(async move {
-                example::handle_delivery(&store, &pool, "evt_contended", 1)
-                    .await
-                    .expect("second")
-            })
-        };
-        // The second delivery must be waiting on the first's row lock.
-        let waiting = support::eventually(Duration::from_secs(10), || {
-            let pool = pool.clone();
-            async move { lock_waits(&pool).await >= 1 }
-        })
-        .await;
-        assert!(waiting, "the second transaction never waited on the key");
-        assert!(!second.is_finished());
-        if first_commits {
-            first.commit().await.expect("commit");
-        } else {
-            first.rollback().await.expect("rollback");
-        }
-        let answer = second.await.expect("second task");
-        if first_commits {
-            assert_eq!(answer, Delivery::Duplicate("first".into()));
-        } else {
-            assert!(matches!(answer, Delivery::Created(_)), "{answer:?}");
-        }
-        assert_eq!(orders(&pool, "evt_contended").await, 1);
-    }
 }
 
 /// How many claim upserts the server is running now: one still there while
@@ -966,38 +834,6 @@ dedupe_testkit::crash_tests! {
         let store = MySqlStore::builder(pool).table(&table).build().expect("store");
         Arc::new(store) as Arc<dyn dedupe_core::Inbox>
     },
-}
-
-/// A caller's transaction whose claim lost (the key is held, or done) holds
-/// no lock on the record: the holder completes while that transaction is
-/// still open, instead of waiting for it to end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_claim_in_a_transaction_does_not_block_the_holder() {
-    let (_server, url) = support::mysql_server();
-    let table = support::unique_schema("nolock");
-    let store = store_on(&url, &table, Duration::from_millis(500)).await;
-    let k = key("held");
-    let lease = store
-        .claim(&k, &ClaimOptions::default())
-        .await
-        .expect("claim")
-        .lease()
-        .cloned()
-        .expect("won");
-    let mut tx = store.pool().begin().await.expect("begin");
-    assert!(matches!(
-        store.claim_in(&mut tx, &k, &ClaimOptions::default()).await,
-        Ok(ClaimOutcome::InFlight { .. })
-    ));
-    store
-        .complete(&lease, b"done", Duration::from_secs(60))
-        .await
-        .expect("the holder completes while the loser's transaction is open");
-    assert!(matches!(
-        store.claim_in(&mut tx, &k, &ClaimOptions::default()).await,
-        Ok(ClaimOutcome::Duplicate { .. })
-    ));
-    tx.rollback().await.expect("rollback");
 }
 
 /// `forget` removes the record it read, never one written since: here a

@@ -20,6 +20,7 @@ mod store;
 pub use store::{PgBuilder, PgStore};
 
 // The caller's pools and transactions are sqlx's; name the same version.
+pub use dedupe_sqlx::Transactional;
 pub use sqlx;
 
 /// The README's examples, compiled and run as doctests.

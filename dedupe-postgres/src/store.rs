@@ -252,6 +252,38 @@ impl PgStore {
 }
 
 #[async_trait]
+impl dedupe_sqlx::Transactional for PgStore {
+    type Database = sqlx::Postgres;
+
+    fn pool(&self) -> &sqlx::Pool<sqlx::Postgres> {
+        PgStore::pool(self)
+    }
+
+    async fn claim_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        opts: &ClaimOptions,
+    ) -> Result<ClaimOutcome> {
+        PgStore::claim_in(self, conn, key, opts).await
+    }
+
+    async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<()> {
+        PgStore::complete_in(self, conn, lease, outcome, retention).await
+    }
+
+    async fn release_in(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
+        PgStore::release_in(self, conn, lease).await
+    }
+}
+
+#[async_trait]
 impl DedupeStore for PgStore {
     async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
         opts.validate()?;

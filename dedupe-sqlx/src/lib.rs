@@ -2,8 +2,10 @@
 //!
 //! What dedupe's two stores over sqlx share, written once: the connection
 //! keeper of [`PgStore`](https://docs.rs/dedupe-postgres) and
-//! [`MySqlStore`](https://docs.rs/dedupe-mysql). Applications use those
-//! crates; this one is theirs.
+//! [`MySqlStore`](https://docs.rs/dedupe-mysql), and [`Transactional`], the
+//! claim and completion in the caller's transaction that both offer.
+//! Applications use those crates; code written once for either database
+//! names [`Transactional`].
 //!
 //! sqlx sends a round trip on every connection going back to its pool (a
 //! `Sync` on Postgres, a ping on MySQL) before the next caller may have it.
@@ -28,5 +30,8 @@
 //!   renews it.
 
 mod conn;
+mod transactional;
 
 pub use conn::{Checkout, Kept, MAX_CONNECTION_LIFETIME};
+pub use sqlx;
+pub use transactional::{ConnectionOf, Transactional};

@@ -10,9 +10,11 @@ use plotters::prelude::*;
 
 use super::report::Row;
 
-type Series = BTreeMap<(String, &'static str), Vec<(usize, f64, f64)>>;
+/// Per store and workload: concurrency, the store's figure and the raw
+/// driver's (none for a store measured alone).
+type Series = BTreeMap<(String, &'static str), Vec<(usize, f64, Option<f64>)>>;
 
-fn series(rows: &[Row], figure: impl Fn(&Row) -> (f64, f64)) -> Series {
+fn series(rows: &[Row], figure: impl Fn(&Row) -> (f64, Option<f64>)) -> Series {
     let mut lines: Series = BTreeMap::new();
     for row in rows {
         let (store, raw) = figure(row);
@@ -38,7 +40,7 @@ fn draw_one(path: &Path, title: &str, y_desc: &str, lines: &Series) -> Result<()
     let max_y = lines
         .values()
         .flatten()
-        .map(|p| p.1.max(p.2))
+        .map(|p| p.1.max(p.2.unwrap_or(0.0)))
         .fold(1.0, f64::max);
     let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
@@ -68,17 +70,20 @@ fn draw_one(path: &Path, title: &str, y_desc: &str, lines: &Series) -> Result<()
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
         // The raw driver: the same color, thin, with points.
+        let raw: Vec<(usize, f64)> = points
+            .iter()
+            .filter_map(|p| p.2.map(|r| (p.0, r)))
+            .collect();
         chart
             .draw_series(LineSeries::new(
-                points.iter().map(|p| (p.0, p.2)),
+                raw.iter().copied(),
                 color.mix(0.5).stroke_width(1),
             ))
             .map_err(|e| e.to_string())?;
         chart
             .draw_series(
-                points
-                    .iter()
-                    .map(|p| Circle::new((p.0, p.2), 3, color.mix(0.5).filled())),
+                raw.iter()
+                    .map(|&p| Circle::new(p, 3, color.mix(0.5).filled())),
             )
             .map_err(|e| e.to_string())?;
     }
@@ -105,7 +110,7 @@ pub fn draw(rows: &[Row], dir: &Path) -> Result<(), Error> {
         &dir.join("latency.svg"),
         "p99 latency: store (thick) and its raw driver (thin, dotted)",
         "p99 latency (µs)",
-        &series(rows, |r| (r.p99_us as f64, r.raw_p99_us as f64)),
+        &series(rows, |r| (r.p99_us as f64, r.raw_p99_us.map(|p| p as f64))),
     )
     .map_err(|e| fail("latency.svg", e))
 }

@@ -31,7 +31,7 @@ use run::{inbox_handle, judge, run_row, store_handle, KeyStream, Measured, Side,
 /// Makes the duplicate workload's keys done, through the store and raw.
 async fn make_done(
     opener: &Opener,
-    raw: &RawStore,
+    raw: Option<&RawStore>,
     label: &str,
     done_keys: u64,
 ) -> Result<(), Error> {
@@ -44,11 +44,16 @@ async fn make_done(
         dup_ratio: 0.0,
     };
     let mut store = Side::Store(store_handle(opener).await?);
-    let mut raw = Side::Raw(raw.handle(opener).await?);
+    let mut raw = match raw {
+        Some(raw) => Some(Side::Raw(raw.handle(opener).await?)),
+        None => None,
+    };
     for i in 0..done_keys.max(1) {
         let keys = stream.keys(i);
         store.op(Workload::Cycle, &keys).await?;
-        raw.op(Workload::Cycle, &keys).await?;
+        if let Some(raw) = raw.as_mut() {
+            raw.op(Workload::Cycle, &keys).await?;
+        }
     }
     Ok(())
 }
@@ -65,16 +70,18 @@ async fn bench_store(
     let raw = RawStore::prepare(&opener).await?;
     let result = async {
         if args.prefill > 0 {
-            load::load(&opener, Some(&raw), "prefill", args.prefill, LEASE).await?;
+            load::load(&opener, raw.as_ref(), "prefill", args.prefill, LEASE).await?;
         }
-        measure_store(&opener, &raw, args, rows, doubles, progress).await?;
+        measure_store(&opener, raw.as_ref(), args, rows, doubles, progress).await?;
         if args.purge > 0 {
             purges.push(load::purge(&opener, args, args.purge).await?);
         }
         Ok::<(), Error>(())
     }
     .await;
-    raw.finish(&opener).await?;
+    if let Some(raw) = &raw {
+        raw.finish(&opener).await?;
+    }
     opener.remove_namespace().await?;
     result
 }
@@ -110,7 +117,7 @@ fn median(mut reps: Vec<(Measured, Duration)>) -> Option<(Measured, Duration)> {
 
 async fn measure_store(
     opener: &Opener,
-    raw: &RawStore,
+    raw: Option<&RawStore>,
     args: &BenchArgs,
     rows: &mut Vec<Row>,
     doubles: &mut Vec<String>,
@@ -134,6 +141,12 @@ async fn measure_store(
                 // a machine that drifts faster or slower favours neither.
                 let order = if rep % 2 == 0 { [0, 1] } else { [1, 0] };
                 for m in order {
+                    // 0 is the store, 1 its raw driver, when it has one.
+                    let raw = match (m, raw) {
+                        (0, _) => None,
+                        (_, Some(raw)) => Some(raw),
+                        (_, None) => continue,
+                    };
                     let mode = ["store", "raw"][m];
                     let label = |phase: &str| {
                         if workload == Workload::Duplicate {
@@ -155,10 +168,10 @@ async fn measure_store(
                     let inbox = matches!(workload, Workload::Accept | Workload::Work);
                     let mut sides = Vec::with_capacity(concurrency);
                     for _ in 0..concurrency {
-                        sides.push(match mode {
-                            "store" if inbox => Side::Inbox(inbox_handle(opener).await?),
-                            "store" => Side::Store(store_handle(opener).await?),
-                            _ => Side::Raw(raw.handle(opener).await?),
+                        sides.push(match raw {
+                            Some(raw) => Side::Raw(raw.handle(opener).await?),
+                            None if inbox => Side::Inbox(inbox_handle(opener).await?),
+                            None => Side::Store(store_handle(opener).await?),
                         });
                     }
                     // The warm-up runs on keys of its own, then the same handles measure.
@@ -206,11 +219,18 @@ async fn measure_store(
             }
             let [store_reps, raw_reps] = reps;
             let paired = paired_ratio(&store_reps, &raw_reps);
-            if let (Some(s), Some(r)) = (median(store_reps), median(raw_reps)) {
-                let mut row =
-                    Row::new(&shown, opener.url().scheme(), workload, concurrency, &s, &r);
+            if let Some(s) = median(store_reps) {
+                let r = median(raw_reps);
+                let mut row = Row::new(
+                    &shown,
+                    opener.url().scheme(),
+                    workload,
+                    concurrency,
+                    &s,
+                    r.as_ref(),
+                );
                 row.stored_keys = args.prefill;
-                if let Some(paired) = paired {
+                if paired.is_some() {
                     row.store_over_raw = paired;
                 }
                 rows.push(row);

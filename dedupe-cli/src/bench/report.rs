@@ -10,7 +10,8 @@ use super::load::Purge;
 use super::run::Measured;
 
 /// One store, one workload, one concurrency, measured through the store and
-/// through its raw driver.
+/// through its raw driver. A store the benchmark has no raw driver for is
+/// measured alone: its `raw_*` fields and `store_over_raw` are `null`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub store: String,
@@ -24,12 +25,12 @@ pub struct Row {
     pub p99_us: u64,
     pub p999_us: u64,
     pub errors: u64,
-    pub raw_ops_per_sec: f64,
-    pub raw_p50_us: u64,
-    pub raw_p99_us: u64,
-    pub raw_errors: u64,
+    pub raw_ops_per_sec: Option<f64>,
+    pub raw_p50_us: Option<u64>,
+    pub raw_p99_us: Option<u64>,
+    pub raw_errors: Option<u64>,
     /// ops/s through the store over ops/s through the raw driver.
-    pub store_over_raw: f64,
+    pub store_over_raw: Option<f64>,
 }
 
 pub(super) fn rate(m: &Measured, elapsed: Duration) -> f64 {
@@ -47,10 +48,10 @@ impl Row {
         workload: Workload,
         concurrency: usize,
         (s, s_elapsed): &(Measured, Duration),
-        (r, r_elapsed): &(Measured, Duration),
+        raw: Option<&(Measured, Duration)>,
     ) -> Self {
         let ops = rate(s, *s_elapsed);
-        let raw = rate(r, *r_elapsed);
+        let raw_rate = raw.map(|(r, r_elapsed)| rate(r, *r_elapsed));
         Self {
             store: store.to_string(),
             kind,
@@ -62,11 +63,11 @@ impl Row {
             p99_us: pct(s, 0.99),
             p999_us: pct(s, 0.999),
             errors: s.errors,
-            raw_ops_per_sec: raw,
-            raw_p50_us: pct(r, 0.5),
-            raw_p99_us: pct(r, 0.99),
-            raw_errors: r.errors,
-            store_over_raw: if raw > 0.0 { ops / raw } else { 0.0 },
+            raw_ops_per_sec: raw_rate,
+            raw_p50_us: raw.map(|(r, _)| pct(r, 0.5)),
+            raw_p99_us: raw.map(|(r, _)| pct(r, 0.99)),
+            raw_errors: raw.map(|(r, _)| r.errors),
+            store_over_raw: raw_rate.filter(|&r| r > 0.0).map(|r| ops / r),
         }
     }
 }
@@ -85,6 +86,11 @@ const HEADER: [&str; 11] = [
     "errors",
 ];
 
+/// A figure, or `-` where there is none (no raw driver).
+fn shown(figure: Option<String>) -> String {
+    figure.unwrap_or_else(|| "-".into())
+}
+
 fn cells(row: &Row) -> [String; 11] {
     [
         row.kind.to_string(),
@@ -97,10 +103,10 @@ fn cells(row: &Row) -> [String; 11] {
         row.p50_us.to_string(),
         row.p99_us.to_string(),
         row.p999_us.to_string(),
-        format!("{:.0}", row.raw_ops_per_sec),
-        row.raw_p99_us.to_string(),
-        format!("{:.2}", row.store_over_raw),
-        (row.errors + row.raw_errors).to_string(),
+        shown(row.raw_ops_per_sec.map(|r| format!("{r:.0}"))),
+        shown(row.raw_p99_us.map(|p| p.to_string())),
+        shown(row.store_over_raw.map(|r| format!("{r:.2}"))),
+        (row.errors + row.raw_errors.unwrap_or(0)).to_string(),
     ]
 }
 
@@ -138,6 +144,11 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
+/// A CSV cell: empty where there is no figure.
+fn cell(figure: Option<String>) -> String {
+    figure.unwrap_or_default()
+}
+
 fn csv(rows: &[Row]) -> String {
     let mut out = String::from(
         "store,kind,workload,concurrency,stored_keys,ops_per_sec,p50_us,p99_us,p999_us,errors,\
@@ -145,7 +156,7 @@ fn csv(rows: &[Row]) -> String {
     );
     for r in rows {
         out.push_str(&format!(
-            "\"{}\",{},{},{},{},{:.1},{},{},{},{},{:.1},{},{},{},{:.3}\n",
+            "\"{}\",{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{}\n",
             r.store.replace('"', "\"\""),
             r.kind,
             r.workload.name(),
@@ -156,11 +167,11 @@ fn csv(rows: &[Row]) -> String {
             r.p99_us,
             r.p999_us,
             r.errors,
-            r.raw_ops_per_sec,
-            r.raw_p50_us,
-            r.raw_p99_us,
-            r.raw_errors,
-            r.store_over_raw
+            cell(r.raw_ops_per_sec.map(|v| format!("{v:.1}"))),
+            cell(r.raw_p50_us.map(|v| v.to_string())),
+            cell(r.raw_p99_us.map(|v| v.to_string())),
+            cell(r.raw_errors.map(|v| v.to_string())),
+            cell(r.store_over_raw.map(|v| format!("{v:.3}")))
         ));
     }
     out
@@ -210,4 +221,60 @@ pub(super) fn print(rows: &[Row], purges: &[Purge], args: &BenchArgs) -> Result<
         write("results.csv", &csv(rows))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(ops: u64) -> (Measured, Duration) {
+        (
+            Measured {
+                ops,
+                errors: 1,
+                ..Measured::default()
+            },
+            Duration::from_secs(1),
+        )
+    }
+
+    /// A row with a raw driver shows its figures and the ratio; one without
+    /// shows `-` in the table, nothing in CSV and `null` in JSON, never a
+    /// ratio of 0 or a raw rate it did not measure.
+    #[test]
+    fn a_row_without_a_raw_driver_shows_no_raw_figures() {
+        let both = Row::new(
+            "a",
+            "memory",
+            Workload::Mixed,
+            1,
+            &measured(900),
+            Some(&measured(1000)),
+        );
+        assert_eq!(both.store_over_raw, Some(0.9));
+        assert_eq!(both.raw_ops_per_sec, Some(1000.0));
+        let alone = Row::new("b", "memory", Workload::Mixed, 1, &measured(900), None);
+        assert_eq!(alone.store_over_raw, None);
+        let json = serde_json::to_value(&alone).expect("json");
+        for field in [
+            "raw_ops_per_sec",
+            "raw_p50_us",
+            "raw_p99_us",
+            "raw_errors",
+            "store_over_raw",
+        ] {
+            assert_eq!(json[field], serde_json::Value::Null, "{field}");
+        }
+        let table = table(&[both, alone.clone()]);
+        let last = table.lines().last().expect("a line");
+        assert_eq!(
+            last.split_whitespace().collect::<Vec<_>>(),
+            ["memory", "mixed", "1", "900", "0", "0", "0", "-", "-", "-", "1"]
+        );
+        let csv = csv(&[alone]);
+        assert!(
+            csv.lines().nth(1).expect("a row").ends_with(",1,,,,,"),
+            "{csv}"
+        );
+    }
 }

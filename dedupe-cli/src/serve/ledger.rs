@@ -3,7 +3,8 @@
 //!
 //! - SQLite, Postgres and MySQL: the row and `complete_in` commit in one
 //!   transaction on the store's own database, so an event is either done with
-//!   its row or neither.
+//!   its row or neither. Postgres and MySQL take one path, written against
+//!   [`Transactional`], with their statements in a [`Dialect`].
 //! - DynamoDB: the row is a `Put` into a ledger table in the same
 //!   `TransactWriteItems` as the completion (`complete_with`).
 //! - memory and Redis: the rows are kept in this process; a row is added, the
@@ -14,7 +15,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dedupe_core::{DedupeStore, Error, Inbox};
+use dedupe_core::{async_trait, DedupeStore, Error, Inbox, Lease};
+use dedupe_sqlx::sqlx::{self, AssertSqlSafe};
+use dedupe_sqlx::{ConnectionOf, Transactional};
 use dedupe_url::{Opener, Target};
 use dedupe_webhook::WebhookEvent;
 use serde::Serialize;
@@ -88,14 +91,8 @@ pub enum Ledger {
         store: dedupe_sqlite::SqliteStore,
         conns: Arc<LedgerConns>,
     },
-    Postgres {
-        store: dedupe_postgres::PgStore,
-        table: String,
-    },
-    Mysql {
-        store: dedupe_mysql::MySqlStore,
-        table: String,
-    },
+    /// A store over sqlx: one generic path for Postgres and MySQL.
+    Sqlx(Box<dyn SqlxRows>),
     Dynamo {
         store: dedupe_dynamo::DynamoStore,
         client: dedupe_dynamo::aws_sdk_dynamodb::Client,
@@ -144,12 +141,8 @@ fn sqlite_err(e: dedupe_sqlite::rusqlite::Error) -> Error {
     Error::unavailable("ledger (sqlite)", Some(Box::new(e)))
 }
 
-fn pg_err(e: dedupe_postgres::sqlx::Error) -> Error {
-    Error::unavailable("ledger (postgres)", Some(Box::new(e)))
-}
-
-fn mysql_err(e: dedupe_mysql::sqlx::Error) -> Error {
-    Error::unavailable("ledger (mysql)", Some(Box::new(e)))
+fn sqlx_err(e: sqlx::Error) -> Error {
+    Error::unavailable("ledger (sql)", Some(Box::new(e)))
 }
 
 fn dynamo_err<E: std::error::Error + Send + Sync + 'static>(e: E) -> Error {
@@ -188,23 +181,32 @@ impl Ledger {
             }
             Target::Postgres { connections, .. } => {
                 let store = opener.postgres(connections.unwrap_or(16)).await?;
-                let schema = store
-                    .table_name()
-                    .split('.')
-                    .next()
-                    .unwrap_or("public")
-                    .to_string();
+                let schema = store.table_name();
+                let schema = schema.split('.').next().unwrap_or("public");
                 let table = format!("\"{schema}\".dedupe_ledger");
-                dedupe_postgres::sqlx::raw_sql(dedupe_postgres::sqlx::AssertSqlSafe(format!(
-                    "CREATE TABLE IF NOT EXISTS {table} (
-                        seq bigserial PRIMARY KEY, key text NOT NULL, event_id text,
-                        delivery_id text, at_ms bigint NOT NULL);
-                     CREATE INDEX IF NOT EXISTS dedupe_ledger_at ON {table} (at_ms)"
-                )))
-                .execute(store.pool())
-                .await
-                .map_err(pg_err)?;
-                Opened::inbox(Arc::new(store.clone()), Ledger::Postgres { store, table })
+                let sql = Dialect {
+                    create: format!(
+                        "CREATE TABLE IF NOT EXISTS {table} (
+                            seq bigserial PRIMARY KEY, key text NOT NULL, event_id text,
+                            delivery_id text, at_ms bigint NOT NULL);
+                         CREATE INDEX IF NOT EXISTS dedupe_ledger_at ON {table} (at_ms)"
+                    ),
+                    insert: format!(
+                        "INSERT INTO {table} (key, event_id, delivery_id, at_ms) \
+                         VALUES ($1, $2, $3, $4)"
+                    ),
+                    page: format!(
+                        "SELECT seq, key, event_id, delivery_id, at_ms FROM {table} \
+                         WHERE seq > $1 ORDER BY seq LIMIT $2"
+                    ),
+                    prune: format!(
+                        "DELETE FROM {table} WHERE seq IN \
+                         (SELECT seq FROM {table} WHERE at_ms < $1 ORDER BY at_ms \
+                          LIMIT {PRUNE_BATCH})"
+                    ),
+                    rows_affected: dedupe_postgres::sqlx::postgres::PgQueryResult::rows_affected,
+                };
+                SqlxLedger::open(store, sql).await?
             }
             Target::Mysql { connections, .. } => {
                 let store = opener.mysql(connections.unwrap_or(16)).await?;
@@ -216,18 +218,29 @@ impl Ledger {
                         store.table_name()
                     )));
                 }
-                dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
-                    "CREATE TABLE IF NOT EXISTS `{table}` (
-                        seq BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY,
-                        `key` VARBINARY(600) NOT NULL, event_id VARBINARY(512),
-                        delivery_id VARBINARY(512), at_ms BIGINT NOT NULL,
-                        KEY at_ms (at_ms)
-                     ) ENGINE=InnoDB"
-                )))
-                .execute(store.pool())
-                .await
-                .map_err(mysql_err)?;
-                Opened::inbox(Arc::new(store.clone()), Ledger::Mysql { store, table })
+                let text = "VARCHAR(600) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin";
+                let sql = Dialect {
+                    create: format!(
+                        "CREATE TABLE IF NOT EXISTS `{table}` (
+                            seq BIGINT AUTO_INCREMENT PRIMARY KEY, `key` {text} NOT NULL,
+                            event_id {text}, delivery_id {text}, at_ms BIGINT NOT NULL,
+                            KEY at_ms (at_ms)
+                         ) ENGINE=InnoDB"
+                    ),
+                    insert: format!(
+                        "INSERT INTO `{table}` (`key`, event_id, delivery_id, at_ms) \
+                         VALUES (?, ?, ?, ?)"
+                    ),
+                    page: format!(
+                        "SELECT seq, `key`, event_id, delivery_id, at_ms FROM `{table}` \
+                         WHERE seq > ? ORDER BY seq LIMIT ?"
+                    ),
+                    prune: format!(
+                        "DELETE FROM `{table}` WHERE at_ms < ? ORDER BY at_ms LIMIT {PRUNE_BATCH}"
+                    ),
+                    rows_affected: dedupe_mysql::sqlx::mysql::MySqlQueryResult::rows_affected,
+                };
+                SqlxLedger::open(store, sql).await?
             }
             Target::Dynamo { .. } => {
                 let store = opener.dynamo().await?;
@@ -290,40 +303,7 @@ impl Ledger {
                 .await
                 .map_err(|e| Error::fatal("ledger thread", Some(Box::new(e) as _)))?
             }
-            Ledger::Postgres { store, table } => {
-                let mut tx = store.pool().begin().await.map_err(pg_err)?;
-                dedupe_postgres::sqlx::query(dedupe_postgres::sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO {table} (key, event_id, delivery_id, at_ms) VALUES ($1, $2, $3, $4)"
-                )))
-                .bind(&row.key)
-                .bind(&row.event_id)
-                .bind(&row.delivery_id)
-                .bind(row.at_ms)
-                .execute(&mut *tx)
-                .await
-                .map_err(pg_err)?;
-                store
-                    .complete_in(&mut tx, lease, outcome, event.retention)
-                    .await?;
-                tx.commit().await.map_err(pg_err)
-            }
-            Ledger::Mysql { store, table } => {
-                let mut tx = store.pool().begin().await.map_err(mysql_err)?;
-                dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO `{table}` (`key`, event_id, delivery_id, at_ms) VALUES (?, ?, ?, ?)"
-                )))
-                .bind(&row.key)
-                .bind(&row.event_id)
-                .bind(&row.delivery_id)
-                .bind(row.at_ms)
-                .execute(&mut *tx)
-                .await
-                .map_err(mysql_err)?;
-                store
-                    .complete_in(&mut tx, lease, outcome, event.retention)
-                    .await?;
-                tx.commit().await.map_err(mysql_err)
-            }
+            Ledger::Sqlx(ledger) => ledger.record(&row, lease, outcome, event.retention).await,
             Ledger::Dynamo { store, table, .. } => {
                 use dedupe_dynamo::aws_sdk_dynamodb::types::{
                     AttributeValue, Put, TransactWriteItem,
@@ -415,58 +395,12 @@ impl Ledger {
                 .await
                 .map_err(|e| Error::fatal("ledger thread", Some(Box::new(e) as _)))??
             }
-            Ledger::Postgres { store, table } => {
+            Ledger::Sqlx(ledger) => {
                 let after: i64 = match after {
                     Some(a) => a.parse().map_err(|_| bad_cursor())?,
                     None => 0,
                 };
-                type Selected = (i64, String, Option<String>, Option<String>, i64);
-                let rows: Vec<Selected> =
-                    dedupe_postgres::sqlx::query_as(dedupe_postgres::sqlx::AssertSqlSafe(format!(
-                        "SELECT seq, key, event_id, delivery_id, at_ms FROM {table} \
-                         WHERE seq > $1 ORDER BY seq LIMIT $2"
-                    )))
-                    .bind(after)
-                    .bind(limit as i64)
-                    .fetch_all(store.pool())
-                    .await
-                    .map_err(pg_err)?;
-                rows.into_iter()
-                    .map(|(seq, key, event_id, delivery_id, at_ms)| Row {
-                        seq: seq.to_string(),
-                        key,
-                        event_id,
-                        delivery_id,
-                        at_ms,
-                    })
-                    .collect()
-            }
-            Ledger::Mysql { store, table } => {
-                let after: u64 = match after {
-                    Some(a) => a.parse().map_err(|_| bad_cursor())?,
-                    None => 0,
-                };
-                type Selected = (u64, Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>, i64);
-                let rows: Vec<Selected> =
-                    dedupe_mysql::sqlx::query_as(dedupe_mysql::sqlx::AssertSqlSafe(format!(
-                        "SELECT seq, `key`, event_id, delivery_id, at_ms FROM `{table}` \
-                         WHERE seq > ? ORDER BY seq LIMIT ?"
-                    )))
-                    .bind(after)
-                    .bind(limit as u64)
-                    .fetch_all(store.pool())
-                    .await
-                    .map_err(mysql_err)?;
-                let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-                rows.into_iter()
-                    .map(|(seq, key, event_id, delivery_id, at_ms)| Row {
-                        seq: seq.to_string(),
-                        key: text(key),
-                        event_id: event_id.map(text),
-                        delivery_id: delivery_id.map(text),
-                        at_ms,
-                    })
-                    .collect()
+                ledger.page(after, limit).await?
             }
             Ledger::Dynamo { client, table, .. } => {
                 use dedupe_dynamo::aws_sdk_dynamodb::types::AttributeValue;
@@ -563,32 +497,8 @@ impl Ledger {
                     return Ok(removed);
                 }
             },
-            Ledger::Postgres { store, table } => loop {
-                let n =
-                    dedupe_postgres::sqlx::query(dedupe_postgres::sqlx::AssertSqlSafe(format!(
-                        "DELETE FROM {table} WHERE seq IN \
-                     (SELECT seq FROM {table} WHERE at_ms < $1 ORDER BY at_ms LIMIT $2)"
-                    )))
-                    .bind(cutoff_ms)
-                    .bind(PRUNE_BATCH)
-                    .execute(store.pool())
-                    .await
-                    .map_err(pg_err)?
-                    .rows_affected();
-                removed += n;
-                if (n as i64) < PRUNE_BATCH {
-                    return Ok(removed);
-                }
-            },
-            Ledger::Mysql { store, table } => loop {
-                let n = dedupe_mysql::sqlx::query(dedupe_mysql::sqlx::AssertSqlSafe(format!(
-                    "DELETE FROM `{table}` WHERE at_ms < ? ORDER BY at_ms LIMIT {PRUNE_BATCH}"
-                )))
-                .bind(cutoff_ms)
-                .execute(store.pool())
-                .await
-                .map_err(mysql_err)?
-                .rows_affected();
+            Ledger::Sqlx(ledger) => loop {
+                let n = ledger.prune(cutoff_ms).await?;
                 removed += n;
                 if (n as i64) < PRUNE_BATCH {
                     return Ok(removed);
@@ -641,6 +551,126 @@ impl Ledger {
                 Ok((before - rows.rows.len()) as u64)
             }
         }
+    }
+}
+
+/// The ledger of a store over sqlx, written once for every database: the
+/// row and the completion (`complete_in`) commit in one transaction.
+#[async_trait]
+pub trait SqlxRows: Send + Sync {
+    /// Writes `row` and completes `lease` with `outcome`, together.
+    async fn record(
+        &self,
+        row: &Row,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<(), Error>;
+    /// Up to `limit` rows after `seq` `after`, oldest first.
+    async fn page(&self, after: i64, limit: usize) -> Result<Vec<Row>, Error>;
+    /// Deletes up to [`PRUNE_BATCH`] rows older than `cutoff_ms`.
+    async fn prune(&self, cutoff_ms: i64) -> Result<u64, Error>;
+}
+
+/// The ledger's statements in one database's dialect: `create` makes the
+/// table; `insert` binds key, event id, delivery id and time; `page` binds
+/// the cursor and the limit; `prune` binds the cutoff.
+struct Dialect<DB: sqlx::Database> {
+    create: String,
+    insert: String,
+    page: String,
+    prune: String,
+    rows_affected: fn(&DB::QueryResult) -> u64,
+}
+
+struct SqlxLedger<S: Transactional> {
+    store: S,
+    sql: Dialect<S::Database>,
+}
+
+impl<S: Transactional> SqlxLedger<S>
+where
+    Self: SqlxRows,
+    for<'c> &'c mut ConnectionOf<S>: sqlx::Executor<'c, Database = S::Database>,
+{
+    /// Makes the table, and answers the store, its inbox and the ledger.
+    async fn open(store: S, sql: Dialect<S::Database>) -> Result<Opened, Error>
+    where
+        S: Inbox,
+    {
+        sqlx::raw_sql(AssertSqlSafe(sql.create.clone()))
+            .execute(store.pool())
+            .await
+            .map_err(sqlx_err)?;
+        let inbox: Arc<dyn Inbox> = Arc::new(store.clone());
+        Ok(Opened::inbox(
+            inbox,
+            Ledger::Sqlx(Box::new(Self { store, sql })),
+        ))
+    }
+}
+
+/// One ledger row as read back: seq, key, event id, delivery id, time.
+type Selected = (i64, String, Option<String>, Option<String>, i64);
+
+#[async_trait]
+impl<S: Transactional> SqlxRows for SqlxLedger<S>
+where
+    for<'c> &'c mut ConnectionOf<S>: sqlx::Executor<'c, Database = S::Database>,
+    <S::Database as sqlx::Database>::Arguments: sqlx::IntoArguments<S::Database>,
+    for<'q> String: sqlx::Encode<'q, S::Database> + sqlx::Type<S::Database>,
+    for<'q> Option<String>: sqlx::Encode<'q, S::Database>,
+    for<'q> i64: sqlx::Encode<'q, S::Database> + sqlx::Type<S::Database>,
+    for<'r> Selected: sqlx::FromRow<'r, <S::Database as sqlx::Database>::Row>,
+{
+    async fn record(
+        &self,
+        row: &Row,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let mut tx = self.store.pool().begin().await.map_err(sqlx_err)?;
+        sqlx::query(AssertSqlSafe(self.sql.insert.clone()))
+            .bind(row.key.clone())
+            .bind(row.event_id.clone())
+            .bind(row.delivery_id.clone())
+            .bind(row.at_ms)
+            .execute(&mut *tx)
+            .await
+            .map_err(sqlx_err)?;
+        self.store
+            .complete_in(&mut tx, lease, outcome, retention)
+            .await?;
+        tx.commit().await.map_err(sqlx_err)
+    }
+
+    async fn page(&self, after: i64, limit: usize) -> Result<Vec<Row>, Error> {
+        let rows: Vec<Selected> = sqlx::query_as(AssertSqlSafe(self.sql.page.clone()))
+            .bind(after)
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(sqlx_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(seq, key, event_id, delivery_id, at_ms)| Row {
+                seq: seq.to_string(),
+                key,
+                event_id,
+                delivery_id,
+                at_ms,
+            })
+            .collect())
+    }
+
+    async fn prune(&self, cutoff_ms: i64) -> Result<u64, Error> {
+        let done = sqlx::query(AssertSqlSafe(self.sql.prune.clone()))
+            .bind(cutoff_ms)
+            .execute(self.store.pool())
+            .await
+            .map_err(sqlx_err)?;
+        Ok((self.sql.rows_affected)(&done))
     }
 }
 
