@@ -76,7 +76,7 @@ pub struct StatsArgs {
 async fn open(store: &str) -> Result<Arc<dyn Inbox>, Error> {
     let url = crate::store_url(store)?;
     let scheme = url.scheme().to_string();
-    Opener::new(url)
+    Opener::existing(url)
         .await?
         .inbox_handle()
         .await?

@@ -52,10 +52,14 @@ enum Command {
     /// every answer checked against the contract; exit 1 on any double win or
     /// lost completion (a soak run, outside the test suite).
     Soak(soak::SoakArgs),
+    /// Create the store's file, schema and tables, or bring them to the
+    /// current migration (safe to run again, and from several processes).
+    /// The commands below never do: a store they cannot find is an error.
+    Migrate(records::StoreArgs),
     /// Print a key's live record as JSON (exit 1 when there is none).
     Inspect(records::KeyArgs),
     /// Remove every expired record and print how many (for cron).
-    Purge(records::PurgeArgs),
+    Purge(records::StoreArgs),
     /// Remove a key's record whatever its state, so its next delivery runs
     /// (exit 1 when there was none).
     Forget(records::KeyArgs),
@@ -97,6 +101,7 @@ async fn main() -> ExitCode {
         Command::Conformance(args) => conformance::conformance(args).await,
         Command::Serve(args) => serve::serve(args).await,
         Command::Soak(args) => soak::soak(args).await,
+        Command::Migrate(args) => records::migrate(args).await,
         Command::Inspect(args) => records::inspect(args).await,
         Command::Purge(args) => records::purge(args).await,
         Command::Forget(args) => records::forget(args).await,

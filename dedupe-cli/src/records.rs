@@ -1,4 +1,6 @@
-//! `dedupe inspect`, `purge` and `forget`: an operator's view of the records.
+//! `dedupe inspect`, `purge` and `forget`: an operator's view of the records,
+//! on a store as it is (none of them creates or migrates anything), and
+//! `dedupe migrate`, the command that does.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,7 +20,7 @@ pub struct KeyArgs {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct PurgeArgs {
+pub struct StoreArgs {
     /// The store, as a URL.
     #[arg(long, value_name = "URL")]
     pub store: String,
@@ -63,11 +65,21 @@ pub fn record_json(record: &Record) -> Value {
     out
 }
 
+/// Creates the store's file, schema and tables, or brings them to the
+/// current migration, and says what it touched.
+pub async fn migrate(args: StoreArgs) -> Result<bool, Error> {
+    let url = crate::store_url(&args.store)?;
+    let shown = url.to_string();
+    Opener::new(url).await?;
+    println!("{shown}: ready (created or migrated where it was not)");
+    Ok(true)
+}
+
 /// Prints the live record of a key as JSON (`null` when there is none).
 /// Exit 0 when there is a record, 1 when there is none.
 pub async fn inspect(args: KeyArgs) -> Result<bool, Error> {
     let key = Key::new(args.namespace, args.id)?;
-    let store = Opener::new(crate::store_url(&args.store)?)
+    let store = Opener::existing(crate::store_url(&args.store)?)
         .await?
         .handle()
         .await?;
@@ -81,8 +93,8 @@ pub async fn inspect(args: KeyArgs) -> Result<bool, Error> {
 }
 
 /// Removes every expired record and prints how many (for cron).
-pub async fn purge(args: PurgeArgs) -> Result<bool, Error> {
-    let store = Opener::new(crate::store_url(&args.store)?)
+pub async fn purge(args: StoreArgs) -> Result<bool, Error> {
+    let store = Opener::existing(crate::store_url(&args.store)?)
         .await?
         .handle()
         .await?;
@@ -99,7 +111,7 @@ pub async fn purge(args: PurgeArgs) -> Result<bool, Error> {
 /// Exit 0 when there was a live record, 1 when there was none.
 pub async fn forget(args: KeyArgs) -> Result<bool, Error> {
     let key = Key::new(args.namespace, args.id)?;
-    let store = Opener::new(crate::store_url(&args.store)?)
+    let store = Opener::existing(crate::store_url(&args.store)?)
         .await?
         .handle()
         .await?;

@@ -554,3 +554,146 @@ fn inspect_refuses_a_redis_server_that_may_evict() {
     let (_, out) = inspect(&url);
     assert_eq!(out.trim(), "null", "{out}");
 }
+
+/// The commands that read records or remove them, on `url`.
+fn readers(url: &str) -> [Vec<&str>; 5] {
+    [
+        vec!["inspect", "--store", url, "stripe", "evt_1"],
+        vec!["forget", "--store", url, "stripe", "evt_1"],
+        vec!["purge", "--store", url],
+        vec!["inbox", "list", "--store", url],
+        vec!["inbox", "stats", "--store", url],
+    ]
+}
+
+/// Every reader on `url`, which names `what` that is not there, fails
+/// naming it and saying how to make it, and `made()` stays false;
+/// `dedupe migrate` makes it, and the readers then answer.
+fn readers_create_nothing(url: &str, what: &str, made: &dyn Fn() -> bool) {
+    for args in readers(url) {
+        let (ok, out) = dedupe(&args);
+        assert!(!ok, "{args:?} answered on a missing store: {out}");
+        assert!(
+            out.contains(what) && out.contains("dedupe migrate --store"),
+            "{args:?} did not name {what}: {out}"
+        );
+        assert!(!made(), "{args:?} made {what}");
+    }
+    let (ok, out) = dedupe(&["migrate", "--store", url]);
+    assert!(ok, "{out}");
+    assert!(made(), "migrate did not make {what}: {out}");
+    let (found, out) = dedupe(&["inspect", "--store", url, "stripe", "evt_1"]);
+    assert!(!found, "{out}");
+    assert_eq!(out.trim(), "null", "{out}");
+}
+
+/// A SQLite path with a typo, and a file without the store's table.
+#[test]
+fn readers_create_no_sqlite_file_or_table() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("typo.db");
+    let url = format!("sqlite://{}", file.display());
+    readers_create_nothing(&url, "no SQLite file at", &|| file.exists());
+
+    let other = dir.path().join("app.db");
+    dedupe_sqlite::rusqlite::Connection::open(&other)
+        .and_then(|c| c.execute_batch("CREATE TABLE app (x)"))
+        .expect("an app's file");
+    let tables = || {
+        dedupe_sqlite::rusqlite::Connection::open(&other)
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE name = 'typo_records'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .expect("read the app's file")
+    };
+    let url = format!("sqlite://{}?table=typo_records", other.display());
+    readers_create_nothing(&url, "no table \"typo_records\"", &|| tables() == 1);
+    let (ok, out) = dedupe(&["inspect", "--store", "sqlite:", "stripe", "evt_1"]);
+    assert!(!ok && out.contains("temporary file"), "{out}");
+}
+
+/// A Postgres schema and a MariaDB table with a typo.
+#[test]
+fn readers_create_no_postgres_schema_or_mysql_table() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let cluster = dedupe_testkit::PgCluster::start();
+    let pg = cluster.url("postgres");
+    let schemas = || {
+        runtime.block_on(async {
+            let pool = dedupe_postgres::sqlx::PgPool::connect(&pg).await.expect("pg");
+            dedupe_postgres::sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'typo_schema'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("schemas")
+        })
+    };
+    readers_create_nothing(
+        &format!("{pg}?schema=typo_schema"),
+        "no schema \"typo_schema\"",
+        &|| schemas() == 1,
+    );
+
+    let server = dedupe_testkit::MariaDbServer::start();
+    let maria = server.url("test");
+    let tables = || {
+        runtime.block_on(async {
+            let pool = dedupe_mysql::sqlx::MySqlPool::connect(&maria)
+                .await
+                .expect("mariadb");
+            dedupe_mysql::sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'typo_records'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("tables")
+        })
+    };
+    readers_create_nothing(
+        &format!("{maria}?table=typo_records"),
+        "no table `typo_records`",
+        &|| tables() == 1,
+    );
+}
+
+/// A DynamoDB table with a typo, on DynamoDB Local.
+#[test]
+fn readers_create_no_dynamodb_table() {
+    use dedupe_testkit::dynamo::{dynamo_server, list_tables, Emulator};
+    let (_server, endpoint) = dynamo_server(Emulator::DynamoDbLocal);
+    let port: u16 = endpoint
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("a port in the endpoint");
+    let url = format!("dynamodb://typo_table?endpoint={endpoint}");
+    readers_create_nothing(&url, "no DynamoDB table typo_table", &|| {
+        list_tables(port)
+            .expect("ListTables")
+            .contains("\"typo_table\"")
+    });
+}
+
+/// Redis keys need no schema: the readers answer on an empty server, and
+/// write no key.
+#[test]
+fn readers_write_no_redis_key() {
+    let server = dedupe_testkit::redis::RedisServer::start();
+    let url = server.url();
+    for args in readers(&url) {
+        let (_, out) = dedupe(&args);
+        assert!(!out.contains("error"), "{args:?}: {out}");
+    }
+    let port = url.rsplit(':').next().expect("port").trim_end_matches("/0");
+    let keys = Command::new("redis-cli")
+        .args(["-p", port, "DBSIZE"])
+        .output()
+        .expect("redis-cli");
+    assert_eq!(String::from_utf8_lossy(&keys.stdout).trim(), "0");
+}

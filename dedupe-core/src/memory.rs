@@ -615,6 +615,10 @@ impl backend::Admin for MemoryStore {
         Ok(())
     }
 
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
+
     async fn remove_namespace(&self) -> Result<()> {
         Ok(())
     }

@@ -6,12 +6,17 @@ use dedupe_core::{async_trait, Result};
 use crate::DynamoStore;
 
 /// Migrate makes the table with its indexes when it is missing
-/// ([`DynamoStore::create_table_if_missing`]); the namespace is the table
+/// ([`DynamoStore::create_table_if_missing`]), check describes it
+/// ([`DynamoStore::check_ready`]); the namespace is the table
 /// ([`DynamoStore::delete_table`]).
 #[async_trait]
 impl Admin for DynamoStore {
     async fn migrate(&self) -> Result<()> {
         self.create_table_if_missing().await
+    }
+
+    async fn check(&self) -> Result<()> {
+        self.check_ready().await
     }
 
     async fn remove_namespace(&self) -> Result<()> {

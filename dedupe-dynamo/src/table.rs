@@ -15,6 +15,38 @@ use dedupe_core::{Error, Result};
 use crate::store::{DynamoStore, Inner};
 
 impl DynamoStore {
+    /// Checks, writing nothing, that the table exists with the inbox's
+    /// indexes (a `DescribeTable`); what is missing is an
+    /// `Error::InvalidConfig` saying so.
+    pub async fn check_ready(&self) -> Result<()> {
+        let Inner { client, table, .. } = &*self.inner;
+        let described = match client.describe_table().table_name(table).send().await {
+            Ok(described) => described,
+            Err(e) if e.code() == Some("ResourceNotFoundException") => {
+                return Err(dedupe_core::backend::missing(format!(
+                    "no DynamoDB table {table}"
+                )))
+            }
+            Err(e) => return Err(self.fail(e)),
+        };
+        let indexes = described
+            .table()
+            .map(|t| t.global_secondary_indexes())
+            .unwrap_or_default();
+        for index in self.inbox_indexes()? {
+            if !indexes
+                .iter()
+                .any(|i| i.index_name() == Some(index.index_name()))
+            {
+                return Err(dedupe_core::backend::missing(format!(
+                    "table {table} has no index {} (it is from before the inbox)",
+                    index.index_name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Creates the table if it is missing (on-demand billing, partition key
     /// only, TTL on the expiry attribute) and waits until it is active. For
     /// development and tests; in production create it with infrastructure code

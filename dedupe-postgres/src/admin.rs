@@ -1,6 +1,6 @@
 //! The tools' store-wide operations ([`Admin`]) on the store's schema.
 
-use dedupe_core::backend::Admin;
+use dedupe_core::backend::{missing, Admin};
 use dedupe_core::{async_trait, Error, Result};
 
 use crate::PgStore;
@@ -12,6 +12,35 @@ use crate::PgStore;
 impl Admin for PgStore {
     async fn migrate(&self) -> Result<()> {
         PgStore::migrate(self).await
+    }
+
+    /// Reads `information_schema` only: the schema, the table and the
+    /// newest migration's column (`due_at`, 0002_inbox).
+    async fn check(&self) -> Result<()> {
+        let (schema, table) = (&self.sql.schema, &self.sql.table);
+        let failed = |e| Error::retryable("reading the schema's tables", Some(Box::new(e) as _));
+        let (schemas, columns): (i64, Vec<String>) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1),
+                    ARRAY(SELECT column_name::text FROM information_schema.columns
+                          WHERE table_schema = $1 AND table_name = $2)",
+        )
+        .bind(schema)
+        .bind(table)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(failed)?;
+        if schemas == 0 {
+            return Err(missing(format!("no schema \"{schema}\" in the database")));
+        }
+        if columns.is_empty() {
+            return Err(missing(format!("no table \"{schema}\".\"{table}\"")));
+        }
+        if !columns.iter().any(|c| c == "due_at") {
+            return Err(missing(format!(
+                "table \"{schema}\".\"{table}\" is from before migration 0002_inbox"
+            )));
+        }
+        Ok(())
     }
 
     async fn remove_namespace(&self) -> Result<()> {

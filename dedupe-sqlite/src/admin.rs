@@ -1,7 +1,10 @@
 //! The tools' store-wide operations ([`Admin`]) on the store's file.
 
-use dedupe_core::backend::Admin;
+use std::path::Path;
+
+use dedupe_core::backend::{missing, Admin};
 use dedupe_core::{async_trait, Error, Result};
+use rusqlite::OpenFlags;
 
 use crate::SqliteStore;
 
@@ -11,6 +14,13 @@ use crate::SqliteStore;
 impl Admin for SqliteStore {
     async fn migrate(&self) -> Result<()> {
         SqliteStore::migrate(self).await
+    }
+
+    async fn check(&self) -> Result<()> {
+        let (path, table) = (self.path().to_path_buf(), self.table_name().to_string());
+        tokio::task::spawn_blocking(move || check_file(&path, &table))
+            .await
+            .map_err(|e| Error::fatal("checking the file", Some(Box::new(e) as _)))?
     }
 
     async fn remove_namespace(&self) -> Result<()> {
@@ -24,4 +34,39 @@ impl Admin for SqliteStore {
         .map_err(|e| Error::fatal("dropping the table", Some(Box::new(e) as _)))?
         .map_err(|e| Error::retryable("dropping the table", Some(Box::new(e) as _)))
     }
+}
+
+/// Whether the file at `path` holds `table` at the current migration, read
+/// on a read-only connection (it creates no file and changes none).
+pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
+    if !path.is_file() {
+        return Err(missing(format!("no SQLite file at {}", path.display())));
+    }
+    let failed = |e| Error::retryable("reading the file's tables", Some(Box::new(e) as _));
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(failed)?;
+    let columns = conn
+        .prepare("SELECT name FROM pragma_table_info(?1)")
+        .and_then(|mut stmt| {
+            stmt.query_map([table], |row| row.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()
+        })
+        .map_err(failed)?;
+    if columns.is_empty() {
+        return Err(missing(format!(
+            "no table \"{table}\" in the SQLite file {}",
+            path.display()
+        )));
+    }
+    // `wait` is the newest migration's (0002_inbox) column.
+    if !columns.iter().any(|c| c == "wait") {
+        return Err(missing(format!(
+            "table \"{table}\" in {} is from before migration 0002_inbox",
+            path.display()
+        )));
+    }
+    Ok(())
 }

@@ -22,6 +22,8 @@ pub struct SqliteBuilder {
     connections: usize,
     /// The temporary directory the file is in, when the store owns it.
     pub(crate) dir: Option<Arc<tempfile::TempDir>>,
+    /// Whether `open` creates and migrates (see `create`).
+    create: bool,
 }
 
 impl SqliteBuilder {
@@ -67,11 +69,27 @@ impl SqliteBuilder {
         self
     }
 
+    /// Whether [`open`](Self::open) creates a missing file and table and
+    /// migrates them (the default), or opens only a file whose table is
+    /// there at the current migration, and fails naming what is missing
+    /// without writing anything (for tools that only read).
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
     /// Opens (or creates) the database file, switches it to WAL, and creates the
-    /// table and index if they are missing. The work runs on the handle's own
-    /// connection threads, never on the async runtime's.
+    /// table and index if they are missing (unless [`create`](Self::create)
+    /// is off). The work runs on the handle's own connection threads and a
+    /// blocking task, never on the async runtime's.
     pub async fn open(self) -> Result<SqliteStore> {
         let sql = Statements::new(&self.table)?;
+        if !self.create {
+            let (path, table) = (self.path.clone(), self.table.clone());
+            tokio::task::spawn_blocking(move || crate::admin::check_file(&path, &table))
+                .await
+                .map_err(|e| Error::fatal("checking the file", Some(Box::new(e) as _)))??;
+        }
         if self.busy_timeout.is_zero() {
             return Err(Error::config("busy timeout must be above zero"));
         }
@@ -88,8 +106,10 @@ impl SqliteBuilder {
         };
         let store =
             SqliteStore::from_parts(Conns::start(self.connections, settings, writer)?, self.dir);
-        // The first connection opens now, so a bad path or file fails here.
-        store.migrate().await?;
+        if self.create {
+            // The first connection opens now, so a bad path or file fails here.
+            store.migrate().await?;
+        }
         store.conns().open_readers(self.connections).await?;
         Ok(store)
     }
@@ -105,6 +125,7 @@ impl SqliteStore {
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
             connections: Self::DEFAULT_CONNECTION_THREADS,
             dir: None,
+            create: true,
         }
     }
 

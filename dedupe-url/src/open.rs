@@ -50,6 +50,9 @@ pub struct Opener {
     /// file, which every handle opened from them keeps until it drops.
     #[cfg(feature = "sqlite")]
     sqlite_temporary: Option<dedupe_sqlite::SqliteBuilder>,
+    /// Whether opening may create and migrate (see [`Opener::existing`]).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    create: bool,
 }
 
 impl Opener {
@@ -57,16 +60,42 @@ impl Opener {
     /// Postgres schema, creates the DynamoDB table when missing) and checks
     /// that it answers.
     pub async fn new(url: StoreUrl) -> Result<Self, Error> {
+        let opener = Self::unprepared(url, true)?;
+        opener.open().await?.admin.migrate().await?;
+        Ok(opener)
+    }
+
+    /// Opens the store `url` names as it is, creating and migrating nothing,
+    /// for the tools that read records or remove them (`dedupe inspect`,
+    /// `forget`, `purge`, `inbox`): a typo in a URL then creates no file,
+    /// schema or table. Fails with an `Error::InvalidConfig` naming what is
+    /// missing ([`Admin::check`]) and how to make it; `sqlite:` without a
+    /// path (a new temporary file) is refused.
+    pub async fn existing(url: StoreUrl) -> Result<Self, Error> {
+        let opener = Self::unprepared(url, false)?;
+        opener.open().await?.admin.check().await?;
+        Ok(opener)
+    }
+
+    fn unprepared(url: StoreUrl, create: bool) -> Result<Self, Error> {
         let mut opener = Self {
             url,
             memory: MemoryStore::new(),
             sqlite_path: None,
             #[cfg(feature = "sqlite")]
             sqlite_temporary: None,
+            create,
         };
         if let Target::Sqlite { path, .. } = opener.url.target() {
             match path {
                 Some(path) => opener.sqlite_path = Some(path.clone()),
+                #[cfg(feature = "sqlite")]
+                None if !create => {
+                    return Err(Error::config(
+                        "sqlite: without a path names a new temporary file, not an existing \
+                         store: give the store's file (sqlite:///path/to/file.db)",
+                    ))
+                }
                 #[cfg(feature = "sqlite")]
                 None => {
                     let temporary = dedupe_sqlite::SqliteStore::temporary()?;
@@ -77,7 +106,6 @@ impl Opener {
                 None => {}
             }
         }
-        opener.prepare().await?;
         Ok(opener)
     }
 
@@ -93,10 +121,6 @@ impl Opener {
 
     fn timeout(&self) -> Duration {
         self.url.timeout().unwrap_or(DEFAULT_TIMEOUT)
-    }
-
-    async fn prepare(&self) -> Result<(), Error> {
-        self.open().await?.admin.migrate().await
     }
 
     /// Opens the store anew: a handle with a connection (or pool) of its
@@ -176,7 +200,8 @@ impl Opener {
         };
         let mut builder = builder
             .busy_timeout(self.timeout())
-            .connection_threads(connections);
+            .connection_threads(connections)
+            .create(self.create);
         if let Some(table) = table {
             builder = builder.table(table);
         }

@@ -19,6 +19,7 @@ use crate::error::Error;
 /// # async fn run() -> Result<(), dedupe_core::Error> {
 /// let admin: &dyn Admin = &MemoryStore::new();
 /// admin.migrate().await?; // nothing to make: the records live in the process
+/// admin.check().await?;
 /// assert_eq!(admin.durability().await, None);
 /// # Ok(()) }
 /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
@@ -28,6 +29,13 @@ pub trait Admin: Send + Sync + fmt::Debug {
     /// Makes the store's tables, schema or keyspace ready; safe to run again
     /// and from several processes at once.
     async fn migrate(&self) -> Result<(), Error>;
+
+    /// Checks, writing nothing, that the store's file, schema and tables
+    /// exist and are at the current migration: the read-only tools
+    /// (`dedupe inspect`, `dedupe inbox list`, ...) run it where the others
+    /// run [`migrate`](Self::migrate), so a typo in a URL creates nothing.
+    /// What is missing is an [`Error::InvalidConfig`] built by [`missing`].
+    async fn check(&self) -> Result<(), Error>;
 
     /// Removes the store's namespace (its SQLite table, its Postgres schema
     /// unless that is `public`, where only its table goes, its MySQL table,
@@ -41,4 +49,18 @@ pub trait Admin: Send + Sync + fmt::Debug {
     async fn durability(&self) -> Option<String> {
         None
     }
+}
+
+/// The error of [`Admin::check`]: `what` (a file, a schema, a table, a
+/// migration) is missing, nothing was created, and how to create it.
+///
+/// ```
+/// let e = dedupe_core::backend::missing("no table \"public\".\"dedupe_records\"");
+/// assert!(e.to_string().contains("dedupe migrate --store"));
+/// ```
+pub fn missing(what: impl fmt::Display) -> Error {
+    Error::config(format!(
+        "{what}; nothing was created: make it with `dedupe migrate --store URL` \
+         (or the store's `migrate()`)"
+    ))
 }
