@@ -638,6 +638,32 @@ fn readers_create_no_postgres_schema_or_mysql_table() {
         "no schema \"typo_schema\"",
         &|| schemas() == 1,
     );
+    // A database that is not there: the server's own words.
+    let (ok, out) = dedupe(&["inspect", "--store", &cluster.url("typo_db"), "s", "e"]);
+    assert!(
+        !ok && out.contains("database \"typo_db\" does not exist"),
+        "{out}"
+    );
+    // A table of its own name in `public` (`?table=`).
+    let tables = || {
+        runtime.block_on(async {
+            let pool = dedupe_postgres::sqlx::PgPool::connect(&pg)
+                .await
+                .expect("pg");
+            dedupe_postgres::sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM information_schema.tables \
+                 WHERE table_schema = 'public' AND table_name = 'typo_records'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("tables")
+        })
+    };
+    readers_create_nothing(
+        &format!("{pg}?table=typo_records"),
+        "no table \"public\".\"typo_records\"",
+        &|| tables() == 1,
+    );
 
     let server = dedupe_testkit::MariaDbServer::start();
     let maria = server.url("test");
@@ -655,6 +681,8 @@ fn readers_create_no_postgres_schema_or_mysql_table() {
             .expect("tables")
         })
     };
+    let (ok, out) = dedupe(&["inspect", "--store", &server.url("typo_db"), "s", "e"]);
+    assert!(!ok && out.contains("Unknown database 'typo_db'"), "{out}");
     readers_create_nothing(
         &format!("{maria}?table=typo_records"),
         "no table `typo_records`",

@@ -16,12 +16,12 @@
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use dedupe_core::{DedupeStore, Deduper};
-use dedupe_http::{Idempotency, KeyPolicy};
+use dedupe_http::Idempotency;
 use serde_json::{json, Value};
 
 /// The orders created, in memory (the store keeps only the responses).
@@ -64,13 +64,9 @@ async fn list(State(orders): State<Orders>) -> Json<Value> {
 /// The app over `store`, and its orders.
 pub fn app(store: Arc<dyn DedupeStore>) -> (Router, Orders) {
     let orders = Orders::default();
-    let idempotency = Idempotency::new(Deduper::new(store))
-        .namespace("orders")
-        .policy(|req| match req.method {
-            Method::POST => KeyPolicy::Required,
-            _ => KeyPolicy::Ignored,
-        })
-        .scope(|req| caller(&req.headers));
+    // A key required on POST (the default), keys per caller.
+    let idempotency =
+        Idempotency::scoped(Deduper::new(store), |req| caller(&req.headers)).namespace("orders");
     let router = Router::new()
         .route("/orders", get(list).post(create))
         .layer(idempotency.layer())

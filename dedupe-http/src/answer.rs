@@ -178,7 +178,7 @@ impl Answer {
         detail: &str,
         retry_after: Option<Duration>,
     ) -> Response<B> {
-        let mut response: Response<B> = self.stored_problem(detail, retry_after).into_response();
+        let mut response: Response<B> = self.stored_problem(detail, retry_after).into_http();
         response.extensions_mut().insert(self);
         response
     }

@@ -96,8 +96,9 @@ pub enum KeyError {
         /// Its length, unquoted.
         len: usize,
     },
-    /// A byte outside printable ASCII (a bare key: outside `!` to `~`).
-    #[error("the Idempotency-Key has byte 0x{byte:02x} at {at}: only printable ASCII is accepted")]
+    /// A byte outside printable ASCII, or (in a bare key) a space, a
+    /// quote, a backslash, a `;` or a `,`; the message says which and why.
+    #[error("the Idempotency-Key has {} at {at}: {}", shown(*byte), why(*byte))]
     BadCharacter {
         /// Where, in the header's value.
         at: usize,
@@ -114,6 +115,28 @@ pub enum KeyError {
     /// The route requires a key and the request has none.
     #[error("this request requires an Idempotency-Key header")]
     Missing,
+}
+
+/// A refused byte as a reader would name it.
+fn shown(byte: u8) -> String {
+    match byte {
+        0x20..=0x7e => format!("'{}'", char::from(byte)),
+        _ => format!("byte 0x{byte:02x}"),
+    }
+}
+
+/// Why a byte is refused, and what to send instead.
+fn why(byte: u8) -> &'static str {
+    match byte {
+        b',' => {
+            "a comma makes two values (two Idempotency-Key lines are joined with one); \
+             a key holding one is sent quoted, as \"a,b\""
+        }
+        b';' => "a bare key takes no parameters; a key holding ';' is sent quoted, as \"a;b\"",
+        b' ' => "a bare key has no spaces; a key holding one is sent quoted, as \"a b\"",
+        b'"' | b'\\' => "a key holding a quote or a backslash is sent quoted, escaped with '\\'",
+        _ => "only printable ASCII is accepted",
+    }
 }
 
 /// RFC 8941's sf-string: `"` then printable ASCII with `\"` and `\\`
@@ -175,6 +198,26 @@ mod tests {
         );
         assert_eq!(ok(&[b'k'; 255]).map(|k| k.len()), Ok(255));
         assert_eq!(ok(&[b'k'; 256]), Err(KeyError::TooLong { len: 256 }));
+    }
+
+    /// The refusal names the character and says what to send instead,
+    /// never "only printable ASCII" for a comma.
+    #[test]
+    fn a_refused_character_is_named_with_its_reason() {
+        let said = |v: &[u8]| IdempotencyKey::parse(v).expect_err("refused").to_string();
+        let comma = said(b"a,b");
+        assert!(
+            comma.contains("',' at 1") && comma.contains("quoted"),
+            "{comma}"
+        );
+        assert!(!comma.contains("printable"), "{comma}");
+        assert!(said(b"a;b").contains("parameters"));
+        assert!(said(b"a b").contains("no spaces"));
+        let accent = said(b"\"caf\xc3\xa9\"");
+        assert!(
+            accent.contains("byte 0xc3 at 4") && accent.contains("printable ASCII"),
+            "{accent}"
+        );
     }
 
     #[test]

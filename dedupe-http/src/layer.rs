@@ -93,16 +93,16 @@ type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 /// use dedupe_http::{Idempotency, KeyPolicy};
 /// use http::Method;
 ///
-/// let layer = Idempotency::new(Deduper::new(MemoryStore::new()))
-///     // Keys are per caller: one client can neither replay nor block
-///     // another's requests.
-///     .scope(|req| req.headers.get("authorization")?.to_str().ok().map(String::from))
-///     .policy(|req| match req.method {
-///         Method::POST => KeyPolicy::Required,
-///         _ => KeyPolicy::Ignored,
-///     })
-///     .layer();
+/// // Keys are per caller: one client can neither replay nor block
+/// // another's requests. A POST or PATCH without a key is refused (400).
+/// let layer = Idempotency::scoped(Deduper::new(MemoryStore::new()), |req| {
+///     req.headers.get("authorization")?.to_str().ok().map(String::from)
+/// })
+/// .layer();
 /// # let _ = layer;
+/// // A route whose clients cannot all send a key yet, on one caller's API:
+/// let lenient = Idempotency::single_caller(Deduper::new(MemoryStore::new())).keys_optional();
+/// # let _ = (lenient, KeyPolicy::Required, Method::POST);
 /// ```
 #[derive(Clone)]
 pub struct Idempotency {
@@ -161,18 +161,61 @@ impl Idempotency {
     /// [`Retention`](dedupe_core::Retention) for the layer's namespace, 35
     /// days by default; Stripe keeps keys 24 hours, and a shorter retention
     /// is a `Retention::with_namespace("http", ...)` away). Besides:
-    /// namespace `http`; keys optional on POST and PATCH and ignored on
-    /// other methods; no scope; the fingerprint over method, path and
-    /// query, `Content-Type` and the body; the limits above.
-    pub fn new(deduper: Deduper) -> Self {
+    /// namespace `http`; **a key required on POST and PATCH** (400 without
+    /// one: a retried POST without a key would run twice) and ignored on
+    /// other methods; keys **scoped by `scope`**, the caller a request comes
+    /// from (an authenticated principal, an API key, a tenant), and by
+    /// method and path, so one caller's key never meets another's (`None`
+    /// from it is a scope of its own, the anonymous callers; the scope is
+    /// hashed into the store key, never stored as is); the fingerprint over
+    /// method, path and query, `Content-Type` and the body; the limits
+    /// above.
+    ///
+    /// There is no constructor without a scope but
+    /// [`single_caller`](Self::single_caller): without one, two clients
+    /// that pick the same key for the same path meet, and the second gets
+    /// the first's response.
+    ///
+    /// ```compile_fail
+    /// // No layer without a decision about callers:
+    /// let layer = dedupe_http::Idempotency::new(dedupe_core::Deduper::new(
+    ///     dedupe_core::MemoryStore::new(),
+    /// ));
+    /// ```
+    pub fn scoped(
+        deduper: Deduper,
+        scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        Self::with_scope(deduper, Some(Arc::new(scope)))
+    }
+
+    /// As [`scoped`](Self::scoped), for an API with one caller (or callers
+    /// that may see each other's responses): every request shares one key
+    /// space.
+    pub fn single_caller(deduper: Deduper) -> Self {
+        Self::with_scope(deduper, None)
+    }
+
+    /// The engine under another front door: it keys requests by the
+    /// [`RequestKey`] a layer in front of this one put in their extensions,
+    /// not by the header (dedupe-webhook keys deliveries by their provider's
+    /// event id this way). Every method needs one; the scope, the namespace
+    /// and the fingerprint are the front layer's to apply.
+    pub fn keyed_by_extension(deduper: Deduper) -> Self {
+        let mut engine = Self::with_scope(deduper, None).policy(|_| KeyPolicy::Required);
+        engine.source = KeySource::Extension;
+        engine
+    }
+
+    fn with_scope(deduper: Deduper, scope: Option<Arc<ScopeFn>>) -> Self {
         Self {
             deduper,
             namespace: "http".into(),
             policy: Arc::new(|req: &Parts| match req.method {
-                Method::POST | Method::PATCH => KeyPolicy::Optional,
+                Method::POST | Method::PATCH => KeyPolicy::Required,
                 _ => KeyPolicy::Ignored,
             }),
-            scope: None,
+            scope,
             fingerprint: Some(vec![http::header::CONTENT_TYPE]),
             stored_statuses: Arc::new(stored_by_default),
             max_request_bytes: Self::DEFAULT_MAX_REQUEST_BYTES,
@@ -183,17 +226,6 @@ impl Idempotency {
             source: KeySource::Header,
             acknowledge_foreign: false,
         }
-    }
-
-    /// Keys requests by the [`RequestKey`] a layer in front of this one put
-    /// in their extensions, not by the header: the one engine under every
-    /// front door (dedupe-webhook keys deliveries by their provider's event
-    /// id this way). A request without one is as a request without a key
-    /// ([`policy`](Self::policy)); the scope, the namespace and the
-    /// fingerprint settings are the front layer's to apply.
-    pub fn keyed_by_extension(mut self) -> Self {
-        self.source = KeySource::Extension;
-        self
     }
 
     /// A done record whose outcome is not a kept response (the key was
@@ -214,25 +246,21 @@ impl Idempotency {
     }
 
     /// Which requests need a key, which may carry one, which the layer
-    /// leaves alone.
+    /// leaves alone (default: required on POST and PATCH, ignored on the
+    /// rest).
     pub fn policy(mut self, policy: impl Fn(&Parts) -> KeyPolicy + Send + Sync + 'static) -> Self {
         self.policy = Arc::new(policy);
         self
     }
 
-    /// The caller a request comes from (an authenticated principal, an API
-    /// key, a tenant): keys are scoped by it, and by method and path, so one
-    /// caller's key never meets another's. Without a scope (the default),
-    /// every caller shares one key space: two clients that pick the same key
-    /// for the same path meet, and the second gets the first's response or a
-    /// 422. `None` from the extractor is a scope of its own (the anonymous
-    /// callers). The scope is hashed into the store key, never stored as is.
-    pub fn scope(
-        mut self,
-        scope: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.scope = Some(Arc::new(scope));
-        self
+    /// Keys optional on POST and PATCH (a request without one runs
+    /// unprotected), for the routes of a layer whose clients cannot all
+    /// send one yet; the opt-out of the default.
+    pub fn keys_optional(self) -> Self {
+        self.policy(|req| match req.method {
+            Method::POST | Method::PATCH => KeyPolicy::Optional,
+            _ => KeyPolicy::Ignored,
+        })
     }
 
     /// The request headers, besides method, path, query and body, that make
@@ -360,9 +388,15 @@ fn part(hash: &mut Sha256, bytes: &[u8]) {
 /// (`complete_in` of the Postgres or SQLite store) so that its writes and
 /// the stored response commit together.
 ///
+/// It is a request extension, not an extractor: in axum, take it as
+/// `Extension<Idempotent>` (below); elsewhere,
+/// `request.extensions().get::<Idempotent>()`.
+///
 /// ```no_run
+/// use axum::Extension;
+/// use dedupe_http::Idempotent;
 /// # async fn handler(
-/// #     idem: dedupe_http::Idempotent,
+/// Extension(idem): Extension<Idempotent>,
 /// #     store: dedupe_postgres::PgStore,
 /// #     pool: sqlx::PgPool,
 /// # ) -> Result<http::Response<http_body_util::Full<bytes::Bytes>>, Box<dyn std::error::Error>> {
@@ -373,7 +407,7 @@ fn part(hash: &mut Sha256, bytes: &[u8]) {
 /// store.complete_in(&mut tx, idem.lease(), &response.encode(), idem.retention()).await?;
 /// tx.commit().await?;
 /// idem.completed(); // the layer stores nothing more
-/// Ok(response.into_response())
+/// Ok(response.into_http())
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -704,7 +738,7 @@ where
         // is what the key answers from now on, so it never runs twice.
         let kept_problem = |answer: Answer, detail: String| {
             let problem = answer.stored_problem(&detail, None);
-            let mut response: Response<ResB> = problem.clone().into_response();
+            let mut response: Response<ResB> = problem.clone().into_http();
             response.extensions_mut().insert(answer);
             (
                 Ran::Respond(response, answer),
@@ -873,7 +907,7 @@ fn replay<B: From<Bytes>>(
 ) -> Response<B> {
     let mut response: Response<B> = match StoredResponse::decode(outcome) {
         Ok(stored) => {
-            let mut response: Response<B> = stored.into_response();
+            let mut response: Response<B> = stored.into_http();
             for name in &config.never_replayed {
                 response.headers_mut().remove(name);
             }

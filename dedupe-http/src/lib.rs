@@ -29,12 +29,13 @@
 //! ```no_run
 //! use axum::{routing::post, Router};
 //! use dedupe_core::{Deduper, MemoryStore};
-//! use dedupe_http::{Idempotency, KeyPolicy};
+//! use dedupe_http::Idempotency;
 //!
 //! # async fn run() {
-//! let idempotency = Idempotency::new(Deduper::new(MemoryStore::new()))
-//!     .policy(|_| KeyPolicy::Required)
-//!     .scope(|req| req.headers.get("authorization")?.to_str().ok().map(String::from));
+//! // A key required on POST and PATCH; keys per caller (here its bearer token).
+//! let idempotency = Idempotency::scoped(Deduper::new(MemoryStore::new()), |req| {
+//!     req.headers.get("authorization")?.to_str().ok().map(String::from)
+//! });
 //! let app: Router = Router::new()
 //!     .route("/payments", post(|| async { "paid" }))
 //!     .layer(idempotency.layer());

@@ -198,8 +198,19 @@ impl StoredResponse {
         })
     }
 
-    /// The response to send.
-    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
+    /// The response to send, with a body of the type the caller names or
+    /// its return type implies: `axum::body::Body` (an axum `Response`),
+    /// `http_body_util::Full<Bytes>`. (Not `into_response`: that is axum's
+    /// trait method, and a generic one of the same name left `impl
+    /// IntoResponse` handlers unable to tell which was meant.)
+    ///
+    /// ```
+    /// use dedupe_http::StoredResponse;
+    /// let stored = StoredResponse::new(http::StatusCode::CREATED).body("{\"id\":1}");
+    /// let response = stored.into_http::<http_body_util::Full<bytes::Bytes>>();
+    /// assert_eq!(response.status(), 201);
+    /// ```
+    pub fn into_http<B: From<Bytes>>(self) -> Response<B> {
         let mut response = Response::new(B::from(self.body));
         *response.status_mut() = self.status;
         *response.headers_mut() = self.headers;

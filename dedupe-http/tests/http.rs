@@ -117,15 +117,7 @@ fn work_app_on(
     configure: impl FnOnce(Idempotency) -> Idempotency,
 ) -> (Router, Runs) {
     let runs = Runs::default();
-    let idempotency =
-        configure(
-            Idempotency::new(deduper)
-                .namespace("work")
-                .policy(|req| match req.method {
-                    Method::POST => KeyPolicy::Required,
-                    _ => KeyPolicy::Ignored,
-                }),
-        );
+    let idempotency = configure(Idempotency::single_caller(deduper).namespace("work"));
     let router = Router::new()
         .route("/work", post(work))
         .layer(idempotency.layer())
@@ -750,10 +742,11 @@ async fn completes_inside_the_handlers_transaction() {
             .expect("complete in the transaction");
         tx.commit().await.expect("commit");
         idem.completed();
-        response.into_response()
+        response.into_http()
     }
 
-    let idempotency = Idempotency::new(Deduper::new(store.clone())).policy(|_| KeyPolicy::Required);
+    let idempotency =
+        Idempotency::single_caller(Deduper::new(store.clone())).policy(|_| KeyPolicy::Required);
     let router = Router::new()
         .route("/orders", post(create))
         .layer(idempotency.layer())
@@ -825,7 +818,7 @@ async fn a_client_gone_during_the_claim_leaves_the_request_done() {
                 }
             }),
         )
-        .layer(Idempotency::new(Deduper::new(Arc::clone(&store))).layer());
+        .layer(Idempotency::single_caller(Deduper::new(Arc::clone(&store))).layer());
     let request = || {
         axum::http::Request::post("/pay")
             .header("idempotency-key", "gone-1")
@@ -840,7 +833,7 @@ async fn a_client_gone_during_the_claim_leaves_the_request_done() {
     first.abort();
     let _ = first.await;
     gate.add_permits(100);
-    let key = Idempotency::new(Deduper::new(dedupe_core::MemoryStore::new()))
+    let key = Idempotency::single_caller(Deduper::new(dedupe_core::MemoryStore::new()))
         .store_key(
             None,
             &Method::POST,
@@ -891,4 +884,88 @@ async fn an_unbounded_wait_for_in_flight_waits() {
     assert_eq!(copy.headers()["idempotent-replayed"], "true");
     assert_eq!(first.await.expect("first").status(), StatusCode::OK);
     assert_eq!(runs.0.load(Ordering::SeqCst), 1);
+}
+
+/// The defaults protect: a POST or PATCH without a key is refused (400,
+/// nothing run) and a GET runs without one; `keys_optional()` lets the POST
+/// through unprotected. Keys are per caller with `scoped`: two callers
+/// sending the same key and body each run once; with `single_caller` they
+/// share one key space, and the second gets the first's response.
+#[tokio::test]
+async fn the_defaults_require_a_key_and_a_scope() {
+    let scope = |req: &http::request::Parts| {
+        let auth = req.headers.get("authorization")?;
+        auth.to_str().ok().map(String::from)
+    };
+    let runs = Runs::default();
+    let router = |idempotency: Idempotency| {
+        Router::new()
+            .route("/work", post(work).patch(work).get(|| async { "read" }))
+            .layer(idempotency.layer())
+            .with_state(runs.clone())
+    };
+    let strict = Client::new(
+        listen(router(Idempotency::scoped(
+            Deduper::new(dedupe_core::MemoryStore::new()),
+            scope,
+        )))
+        .await,
+    );
+    let body = json!({});
+    let (status, problem) = problem_of(strict.post("/work", "a", None, &body).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("requires an Idempotency-Key"),
+        "{problem}"
+    );
+    let patch = strict
+        .http
+        .patch(format!("{}/work", strict.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(patch.status(), StatusCode::BAD_REQUEST);
+    let get = strict
+        .http
+        .get(format!("{}/work", strict.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(get.status(), StatusCode::OK);
+    assert_eq!(runs.0.load(Ordering::SeqCst), 0, "a refused request ran");
+
+    // Two callers, one key: each runs once.
+    for caller in ["a", "b", "a"] {
+        let answer = strict.post("/work", caller, Some("same"), &body).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
+    assert_eq!(runs.0.load(Ordering::SeqCst), 2, "scoped keys met");
+
+    let shared = Client::new(
+        listen(router(Idempotency::single_caller(Deduper::new(
+            dedupe_core::MemoryStore::new(),
+        ))))
+        .await,
+    );
+    let first = shared.post("/work", "a", Some("same"), &body).await;
+    let first = first.text().await.expect("body");
+    let second = shared.post("/work", "b", Some("same"), &body).await;
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(second.text().await.expect("body"), first);
+    assert_eq!(runs.0.load(Ordering::SeqCst), 3);
+
+    let lenient = Client::new(
+        listen(router(
+            Idempotency::single_caller(Deduper::new(dedupe_core::MemoryStore::new()))
+                .keys_optional(),
+        ))
+        .await,
+    );
+    let answer = lenient.post("/work", "a", None, &body).await;
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert_eq!(runs.0.load(Ordering::SeqCst), 4, "keys_optional let it run");
 }

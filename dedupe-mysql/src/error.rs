@@ -47,9 +47,14 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                 "dedupe table missing: run MySqlStore::migrate()",
                 Some(Box::new(e) as _),
             ),
-            _ => Error::fatal("mysql statement failed", Some(Box::new(e) as _)),
+            // The server's own words: "Unknown database 'x'", "Access
+            // denied for user ...", a permission.
+            n => Error::fatal(
+                format!("mysql refused: {} (error {n})", database_message(&e)),
+                Some(Box::new(e) as _),
+            ),
         },
-        _ => Error::fatal("mysql client error", Some(Box::new(e) as _)),
+        _ => Error::fatal(format!("mysql client error: {e}"), Some(Box::new(e) as _)),
     }
 }
 
@@ -66,4 +71,12 @@ pub(crate) fn number(e: &sqlx::Error) -> Option<u16> {
 /// Whether `e` is a deadlock, which rolled back the statement whole.
 pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
     number(e) == Some(1213)
+}
+
+/// The server's message of a database error.
+fn database_message(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => db.message().to_string(),
+        other => other.to_string(),
+    }
 }

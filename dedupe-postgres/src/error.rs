@@ -68,10 +68,18 @@ pub(crate) fn map(e: sqlx::Error, timeout: Duration) -> Error {
                     "dedupe table missing: run PgStore::migrate()",
                     Some(Box::new(e) as _),
                 ),
-                _ => Error::fatal("postgres statement failed", Some(Box::new(e) as _)),
+                // The server's own words: "database \"x\" does not exist",
+                // "password authentication failed for user ...", a permission.
+                _ => Error::fatal(
+                    format!("postgres refused: {} (SQLSTATE {code})", db.message()),
+                    Some(Box::new(e) as _),
+                ),
             }
         }
-        _ => Error::fatal("postgres client error", Some(Box::new(e) as _)),
+        _ => Error::fatal(
+            format!("postgres client error: {e}"),
+            Some(Box::new(e) as _),
+        ),
     }
 }
 

@@ -274,7 +274,10 @@ impl Opener {
         connections: u32,
         hold: usize,
     ) -> Result<dedupe_postgres::PgStore, Error> {
-        let Target::Postgres { url, schema, .. } = self.url.target() else {
+        let Target::Postgres {
+            url, schema, table, ..
+        } = self.url.target()
+        else {
             return Err(Error::config("not a postgres URL"));
         };
         let pool = dedupe_postgres::PgStore::connect_pool(url, connections, self.timeout()).await?;
@@ -283,6 +286,9 @@ impl Opener {
             .keep_connections(hold);
         if let Some(schema) = schema {
             builder = builder.schema(schema);
+        }
+        if let Some(table) = table {
+            builder = builder.table(table);
         }
         builder.build()
     }

@@ -73,12 +73,14 @@ pub enum Target {
         /// `?connections=`: connections (each on a thread of its own) per handle.
         connections: Option<u32>,
     },
-    /// `postgres://user:pass@host:port/db?schema=...`.
+    /// `postgres://user:pass@host:port/db?schema=...&table=...`.
     Postgres {
         /// The connection URL handed to sqlx (without the options dedupe reads).
         url: String,
         /// `?schema=` (default: the store's, `public`).
         schema: Option<String>,
+        /// `?table=` (default `dedupe_records`).
+        table: Option<String>,
         /// `?connections=`: pool size per handle.
         connections: Option<u32>,
     },
@@ -225,12 +227,18 @@ impl StoreUrl {
             "postgres" | "postgresql" => {
                 built("postgres", cfg!(feature = "postgres"))?;
                 let body = body.ok_or_else(|| malformed("expected postgres://host/db"))?;
-                options.only_or_pass("postgres", &["schema", "connections"], POSTGRES_PASS)?;
+                options.only_or_pass(
+                    "postgres",
+                    &["schema", "table", "connections"],
+                    POSTGRES_PASS,
+                )?;
                 let schema = options.take("schema");
+                let table = options.take("table");
                 let connections = options.take_number("connections", 1, 1000)?;
                 Target::Postgres {
                     url: format!("{scheme_lower}://{body}{}", options.passed_query()),
                     schema,
+                    table,
                     connections,
                 }
             }
@@ -715,10 +723,12 @@ mod tests {
             }
         );
         assert_eq!(
-            parsed("postgres://u:pw@h:5432/db?schema=s&sslmode=disable&timeout=2s").target(),
+            parsed("postgres://u:pw@h:5432/db?schema=s&table=t&sslmode=disable&timeout=2s")
+                .target(),
             &Target::Postgres {
                 url: "postgres://u:pw@h:5432/db?sslmode=disable".into(),
                 schema: Some("s".into()),
+                table: Some("t".into()),
                 connections: None,
             }
         );

@@ -155,7 +155,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|---|---|---|");
     for url in &stores {
         let store = dedupe_url::open_store(url).await?;
-        let layer = Idempotency::new(Deduper::new(store.clone()))
+        let layer = Idempotency::single_caller(Deduper::new(store.clone()))
             .namespace("bench")
             .policy(|_| KeyPolicy::Required)
             .layer();

@@ -14,7 +14,7 @@ use axum::body::{Body, Bytes};
 use axum::response::Response;
 use dedupe_core::{DedupeStore, Deduper, Drained, Error, Fingerprint, Key, Lease, OnFailure};
 use dedupe_http::{
-    count, Answer, Idempotency, IdempotencyLayer, Idempotent, KeyPolicy, OnMismatch, RequestKey,
+    count, Answer, Idempotency, IdempotencyLayer, Idempotent, OnMismatch, RequestKey,
     StoredResponse,
 };
 use futures_util::future::BoxFuture;
@@ -308,10 +308,8 @@ impl Webhook {
     /// handlers, and [`shutdown`](Self::shutdown) drains them all.
     pub fn new(deduper: Deduper, rule: KeyRule) -> Self {
         let keep_failures = deduper.on_failure() == OnFailure::Keep;
-        let engine = Idempotency::new(deduper.clone())
+        let engine = Idempotency::keyed_by_extension(deduper.clone())
             .namespace(rule.namespace())
-            .keyed_by_extension()
-            .policy(|_| KeyPolicy::Required)
             // A provider's retry of a non-2xx runs the handler again, unless
             // failures are kept.
             .stored_statuses(move |status| keep_failures || status.is_success())

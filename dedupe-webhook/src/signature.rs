@@ -158,6 +158,14 @@ impl Verifier {
             if secret.is_empty() {
                 return Err(bad("empty"));
             }
+            // A secret pasted with a newline or a space around it would sign
+            // nothing the provider sends: every delivery would be refused 401.
+            if secret.trim() != secret {
+                return Err(bad(
+                    "has whitespace before or after it (a newline from a file or a copy?): \
+                     no provider's secret does",
+                ));
+            }
             keys.push(match scheme {
                 Scheme::StandardWebhooks => {
                     let b64 = secret.strip_prefix("whsec_").unwrap_or(secret);
@@ -573,6 +581,17 @@ mod tests {
             other.verify(&h, body, SystemTime::now()),
             Err(SignatureError::NoMatch)
         );
+    }
+
+    /// A secret with a newline or space around it is refused when the
+    /// verifier is built, saying so, instead of refusing every delivery.
+    #[test]
+    fn a_secret_with_surrounding_whitespace_is_refused_at_start_up() {
+        for secret in ["whsec_abc\n", " whsec_abc", "whsec_abc "] {
+            let e = Verifier::new(Scheme::Stripe, [secret]).expect_err(secret);
+            assert!(e.to_string().contains("whitespace"), "{e}");
+        }
+        assert!(Verifier::new(Scheme::Stripe, ["whsec_abc"]).is_ok());
     }
 
     #[test]

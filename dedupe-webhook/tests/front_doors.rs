@@ -106,7 +106,7 @@ enum Door {
 /// them), with the same default deduper policy.
 async fn serve(store: impl Fn() -> Arc<dyn DedupeStore>) -> (String, Runs) {
     let runs = Runs::default();
-    let http = Idempotency::new(Deduper::new(store())).policy(|_| KeyPolicy::Required);
+    let http = Idempotency::single_caller(Deduper::new(store())).policy(|_| KeyPolicy::Required);
     let hook = Webhook::new(Deduper::new(store()), KeyRule::body_id("hooks"));
     let app = Router::new()
         .route("/http", axum::routing::post(handler).layer(http.layer()))
@@ -396,7 +396,7 @@ async fn a_hung_handler_loses_its_claim_at_the_default_bound() {
         let app = match door {
             Door::Http => Router::new().route(
                 "/",
-                axum::routing::post(hangs_once).layer(Idempotency::new(deduper).layer()),
+                axum::routing::post(hangs_once).layer(Idempotency::single_caller(deduper).layer()),
             ),
             Door::Webhook => Router::new().route(
                 "/",
@@ -462,7 +462,8 @@ async fn a_key_completed_by_other_code() {
         }
     };
     complete_by_hand(Key::new("hooks", "evt_foreign").expect("key")).await;
-    let http = Idempotency::new(Deduper::new(Arc::clone(&store))).policy(|_| KeyPolicy::Required);
+    let http = Idempotency::single_caller(Deduper::new(Arc::clone(&store)))
+        .policy(|_| KeyPolicy::Required);
     complete_by_hand(
         http.store_key(
             None,
