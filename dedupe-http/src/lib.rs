@@ -18,7 +18,7 @@
 //! | a 5xx from the handler | sent, not kept: the claim is released and the retry runs again |
 //!
 //! Errors are RFC 9457 problem details (`application/problem+json`). Keys
-//! are scoped per caller ([`Idempotency::scope`]) plus method and path.
+//! are scoped per caller ([`Idempotency::scoped`]) plus method and path.
 //!
 //! Underneath, each request is a claim of the store: one atomic step that
 //! exactly one of any number of racing requests wins (fenced by a token,
@@ -58,3 +58,8 @@ pub use layer::{
     LargeResponse, RequestKey,
 };
 pub use stored::{CorruptResponse, StoredResponse, NEVER_REPLAYED, REPLAYED};
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

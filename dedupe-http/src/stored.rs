@@ -37,7 +37,7 @@ pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// The layer makes one from each response it stores. A handler that
 /// completes inside its own transaction makes one itself, stores
 /// [`encode`](Self::encode) with `complete_in`, and answers
-/// [`into_response`](Self::into_response), so the client sees what a retry
+/// [`into_http`](Self::into_http), so the client sees what a retry
 /// will see.
 ///
 /// ```

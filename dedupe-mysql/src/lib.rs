@@ -30,3 +30,8 @@ pub use builder::MySqlBuilder;
 pub use dedupe_sqlx::Transactional;
 pub use sqlx;
 pub use store::MySqlStore;
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
