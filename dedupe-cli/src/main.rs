@@ -57,7 +57,7 @@ enum Command {
     /// The commands below never do: a store they cannot find is an error.
     Migrate(records::StoreArgs),
     /// Print a key's live record as JSON (exit 1 when there is none).
-    Inspect(records::KeyArgs),
+    Inspect(records::InspectArgs),
     /// Remove every expired record and print how many (for cron).
     Purge(records::StoreArgs),
     /// Remove a key's record whatever its state, so its next delivery runs

@@ -20,6 +20,63 @@ pub struct KeyArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// The store, as a URL.
+    #[arg(long, value_name = "URL")]
+    pub store: String,
+    /// The key's namespace (the provider: `stripe`, `github`, ...; with
+    /// `--idempotency-key`, the HTTP layer's, default `http`).
+    pub namespace: Option<String>,
+    /// The key's id (the provider's event id). Not with `--idempotency-key`.
+    pub id: Option<String>,
+    /// An `Idempotency-Key` a client sent: the record is found from it, the
+    /// method, the path and the caller, as the HTTP layer keys it.
+    #[arg(long, value_name = "KEY", requires = "path", conflicts_with = "id")]
+    pub idempotency_key: Option<String>,
+    /// The request's method (with `--idempotency-key`).
+    #[arg(long, default_value = "POST", requires = "idempotency_key")]
+    pub method: String,
+    /// The request's path, without its query (with `--idempotency-key`).
+    #[arg(long, requires = "idempotency_key")]
+    pub path: Option<String>,
+    /// The caller the layer's scope gave the request (its bearer token, API
+    /// key or tenant); none for a `single_caller` layer or an anonymous one.
+    #[arg(long, value_name = "CALLER", requires = "idempotency_key")]
+    pub scope: Option<String>,
+}
+
+impl InspectArgs {
+    /// The store key the arguments name.
+    fn key(&self) -> Result<Key, Error> {
+        let Some(client_key) = &self.idempotency_key else {
+            let (Some(namespace), Some(id)) = (&self.namespace, &self.id) else {
+                return Err(Error::config(
+                    "give NAMESPACE and ID, or --idempotency-key with --path",
+                ));
+            };
+            return Ok(Key::new(namespace.clone(), id.clone())?);
+        };
+        let client_key = dedupe_http::IdempotencyKey::parse(client_key.as_bytes())
+            .map_err(|e| Error::config(format!("--idempotency-key: {e}")))?;
+        let method = http::Method::from_bytes(self.method.to_ascii_uppercase().as_bytes())
+            .map_err(|_| Error::config(format!("--method {}: not an HTTP method", self.method)))?;
+        let path = self.path.as_deref().unwrap_or("/");
+        if !path.starts_with('/') || path.contains('?') {
+            return Err(Error::config(format!(
+                "--path {path}: the request's path, from its `/`, without a query"
+            )));
+        }
+        Ok(dedupe_http::Idempotency::key_in(
+            self.namespace.as_deref().unwrap_or("http"),
+            self.scope.as_deref(),
+            &method,
+            path,
+            &client_key,
+        )?)
+    }
+}
+
+#[derive(clap::Args, Debug)]
 pub struct StoreArgs {
     /// The store, as a URL.
     #[arg(long, value_name = "URL")]
@@ -56,9 +113,14 @@ pub fn record_json(record: &Record) -> Value {
         } => {
             out["completed_at_ms"] = millis(*completed_at);
             out["retention_deadline_ms"] = millis(*retention_deadline);
-            match std::str::from_utf8(outcome) {
-                Ok(text) => out["outcome"] = json!(text),
-                Err(_) => out["outcome_hex"] = json!(hex::encode(outcome)),
+            // A response kept by the HTTP engine (an Idempotency-Key request
+            // or a webhook delivery): its status, headers and body.
+            match dedupe_http::StoredResponse::decode(outcome) {
+                Ok(response) => out["response"] = response_json(&response),
+                Err(_) => match std::str::from_utf8(outcome) {
+                    Ok(text) => out["outcome"] = json!(text),
+                    Err(_) => out["outcome_hex"] = json!(hex::encode(outcome)),
+                },
             }
         }
     }
@@ -75,10 +137,32 @@ pub async fn migrate(args: StoreArgs) -> Result<bool, Error> {
     Ok(true)
 }
 
+/// A kept response as JSON: the status, the headers (values as text), the
+/// body as text when it is UTF-8, else as hex.
+fn response_json(response: &dedupe_http::StoredResponse) -> Value {
+    let headers: serde_json::Map<String, Value> = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.to_string(),
+                json!(String::from_utf8_lossy(value.as_bytes())),
+            )
+        })
+        .collect();
+    let mut out = json!({ "status": response.status().as_u16(), "headers": headers });
+    let body = response.body_bytes();
+    match std::str::from_utf8(body) {
+        Ok(text) => out["body"] = json!(text),
+        Err(_) => out["body_hex"] = json!(hex::encode(body)),
+    }
+    out
+}
+
 /// Prints the live record of a key as JSON (`null` when there is none).
 /// Exit 0 when there is a record, 1 when there is none.
-pub async fn inspect(args: KeyArgs) -> Result<bool, Error> {
-    let key = Key::new(args.namespace, args.id)?;
+pub async fn inspect(args: InspectArgs) -> Result<bool, Error> {
+    let key = args.key()?;
     let store = Opener::existing(crate::store_url(&args.store)?)
         .await?
         .handle()

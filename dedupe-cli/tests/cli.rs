@@ -2,6 +2,10 @@
 
 use std::process::Command;
 
+#[path = "../../dedupe-http/examples/orders.rs"]
+#[allow(dead_code)]
+mod orders;
+
 fn dedupe(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dedupe"))
         .args(args)
@@ -724,4 +728,64 @@ fn readers_write_no_redis_key() {
         .output()
         .expect("redis-cli");
     assert_eq!(String::from_utf8_lossy(&keys.stdout).trim(), "0");
+}
+
+/// An `Idempotency-Key` record made by the orders example, found by `dedupe
+/// inspect` from what an operator knows of the request (caller, method,
+/// path, key) and shown as the response it keeps: status, headers and the
+/// JSON body as text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_finds_an_idempotency_key_record_from_the_request() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("orders.db");
+    let store = dedupe_sqlite::SqliteStore::open(&file)
+        .await
+        .expect("store");
+    let (router, _) = orders::app(std::sync::Arc::new(store));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let created = reqwest::Client::new()
+        .post(format!("{base}/orders"))
+        .bearer_auth("alice")
+        .header("idempotency-key", "order-7")
+        .json(&serde_json::json!({ "item": "book" }))
+        .send()
+        .await
+        .expect("POST /orders");
+    assert_eq!(created.status(), 201);
+    let body = created.text().await.expect("body");
+
+    let url = format!("sqlite://{}", file.display());
+    let inspect = |extra: &[&str]| {
+        let mut args = vec![
+            "inspect",
+            "--store",
+            &url,
+            "orders",
+            "--idempotency-key",
+            "order-7",
+        ];
+        args.extend(extra);
+        dedupe(&args)
+    };
+    let (found, out) = inspect(&["--path", "/orders", "--scope", "alice"]);
+    assert!(found, "{out}");
+    let record: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(record["state"], "done", "{out}");
+    assert_eq!(record["response"]["status"], 201, "{out}");
+    assert_eq!(record["response"]["body"], body.as_str(), "{out}");
+    assert_eq!(
+        record["response"]["headers"]["content-type"], "application/json",
+        "{out}"
+    );
+    // Another caller's key, another path: not this record.
+    let (found, out) = inspect(&["--path", "/orders", "--scope", "bob"]);
+    assert!(!found && out.trim() == "null", "{out}");
+    let (found, _) = inspect(&["--path", "/order", "--scope", "alice"]);
+    assert!(!found);
+    let (ok, out) = inspect(&["--path", "orders?x=1", "--scope", "alice"]);
+    assert!(!ok && out.contains("--path"), "{out}");
 }

@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease};
 use crate::error::Error;
+use crate::expire_task::{spawn_expire_task, ExpireTask};
 use crate::key::Key;
 use crate::retention::Retention;
 use crate::store::DedupeStore;
@@ -217,6 +218,20 @@ pub struct Deduper {
     heartbeat: bool,
     max_work_time: Duration,
     tasks: Arc<Tasks>,
+    /// How often the store's expired records are removed (`None`: never,
+    /// by this deduper).
+    expiry: Option<Duration>,
+    /// The expiry task, started by the first work (shared by the clones).
+    expire_task: Arc<std::sync::Mutex<Expiry>>,
+}
+
+/// Where the deduper's expiry task is.
+#[derive(Debug, Default)]
+enum Expiry {
+    #[default]
+    NotStarted,
+    Running(ExpireTask),
+    Stopped,
 }
 
 impl Deduper {
@@ -230,14 +245,20 @@ impl Deduper {
     /// hold its key (every copy answered in flight) for as long as the
     /// process lives. Ten minutes is far past any provider's wait.
     pub const DEFAULT_MAX_WORK_TIME: Duration = Duration::from_secs(600);
+    /// Default period of the expiry task: how often records past their
+    /// retention are deleted (the first pass when the first work starts).
+    pub const DEFAULT_EXPIRY_PERIOD: Duration = Duration::from_secs(3600);
 
     /// A helper over `store` (any store, an `Arc` of one included) with the
     /// default policy: a lease of [`DEFAULT_LEASE`](Self::DEFAULT_LEASE)
     /// kept alive by the heartbeat, work bounded by
     /// [`DEFAULT_MAX_WORK_TIME`](Self::DEFAULT_MAX_WORK_TIME), done records
-    /// kept for [`Retention::default`], failures released. Every front door
-    /// (the webhook receiver, the `Idempotency-Key` layer, the inbox worker)
-    /// takes its lifecycle from a `Deduper`, so these are theirs too.
+    /// kept for [`Retention::default`], failures released, and the store's
+    /// expired records deleted every
+    /// [`DEFAULT_EXPIRY_PERIOD`](Self::DEFAULT_EXPIRY_PERIOD) by a task the
+    /// first work starts ([`with_expiry`](Self::with_expiry)). Every front
+    /// door (the webhook receiver, the `Idempotency-Key` layer, the inbox
+    /// worker) takes its lifecycle from a `Deduper`, so these are theirs too.
     pub fn new<S: DedupeStore>(store: S) -> Self {
         Self {
             store: Arc::new(TracedStore::new(store)),
@@ -247,6 +268,38 @@ impl Deduper {
             heartbeat: true,
             max_work_time: Self::DEFAULT_MAX_WORK_TIME,
             tasks: Arc::default(),
+            expiry: Some(Self::DEFAULT_EXPIRY_PERIOD),
+            expire_task: Arc::default(),
+        }
+    }
+
+    /// How often the store's records past their retention are deleted
+    /// (`expire()`), by a Tokio task that the first work of this deduper
+    /// (or of a front door over it) starts and [`shutdown`](Self::shutdown)
+    /// stops; the clones share it. `None` turns it off: for a process that
+    /// leaves the deletion to another (`dedupe purge` from cron,
+    /// [`spawn_expire_task`](crate::spawn_expire_task) of its own). A store
+    /// that expires records itself (Redis, DynamoDB's TTL) gets no task.
+    pub fn with_expiry(mut self, period: Option<Duration>) -> Self {
+        self.expiry = period.map(|p| p.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// Starts the expiry task if it is due to run and is not running: on
+    /// the first work, inside the runtime the work runs on.
+    pub(crate) fn start_expiry(&self) {
+        let Some(period) = self.expiry else { return };
+        if !self.store.capabilities().explicit_expire
+            || tokio::runtime::Handle::try_current().is_err()
+        {
+            return;
+        }
+        let mut state = self
+            .expire_task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if matches!(*state, Expiry::NotStarted) {
+            *state = Expiry::Running(spawn_expire_task(Arc::clone(&self.store), period));
         }
     }
 
@@ -418,6 +471,7 @@ impl Deduper {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        self.start_expiry();
         self.tasks.spawn(fut)
     }
 
@@ -440,7 +494,18 @@ impl Deduper {
     /// dropped and its claims released. Runs started afterwards answer
     /// [`HandleError::Store`] with a retryable error.
     pub async fn shutdown(&self, grace: Duration) -> Drained {
-        self.tasks.shutdown(grace).await
+        let expiry = std::mem::replace(
+            &mut *self
+                .expire_task
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            Expiry::Stopped,
+        );
+        let drained = self.tasks.shutdown(grace).await;
+        if let Expiry::Running(task) = expiry {
+            task.stop().await;
+        }
+        drained
     }
 
     fn holder(&self, ttl: Duration) -> Holder {

@@ -180,6 +180,7 @@ impl InboxWorker {
         E: Display + Send + 'static,
     {
         self.deduper.validate()?;
+        self.deduper.start_expiry();
         let lease_ttl = self.deduper.lease_ttl();
         let handler = Arc::new(handler);
         let slots = Arc::new(Semaphore::new(self.concurrency));

@@ -749,3 +749,86 @@ async fn hung_work_loses_its_claim_at_the_default_bound() {
         .expect("ran");
     assert!(matches!(next, Handled::Ran { .. }), "{next:?}");
 }
+
+/// A record whose lease has passed, planted directly in `store`.
+async fn plant_expired(store: &MemoryStore, id: &str) {
+    let _planted = store
+        .claim(&key(id), &ClaimOptions::new(Duration::from_millis(1)))
+        .await
+        .expect("claim");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+}
+
+async fn until_len(store: &MemoryStore, len: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.len() != len {
+        assert!(
+            Instant::now() < deadline,
+            "{} records, not {len}: the expiry task did not run",
+            store.len()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// With the default settings the deduper deletes expired records: its first
+/// work starts the expiry task (whose first pass is at once), none runs
+/// before any work, `with_expiry(None)` runs none, and shutdown stops it.
+#[tokio::test]
+async fn expiry_runs_by_default_from_the_first_work() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(store.clone());
+    plant_expired(&store, "old").await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(store.len(), 1, "an expiry task ran before any work");
+    deduper
+        .run(&key("work"), |_| async {
+            Ok::<_, Declined>(b"done".to_vec())
+        })
+        .await
+        .expect("run");
+    until_len(&store, 1).await; // "old" gone, "work" kept for its retention
+    assert!(store.get(&key("work")).await.expect("get").is_some());
+    deduper.shutdown(Duration::from_secs(1)).await;
+
+    let off = MemoryStore::new();
+    let deduper = Deduper::new(off.clone()).with_expiry(None);
+    plant_expired(&off, "old").await;
+    deduper
+        .run(&key("work"), |_| async {
+            Ok::<_, Declined>(b"done".to_vec())
+        })
+        .await
+        .expect("run");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(off.len(), 2, "expiry ran though turned off");
+
+    let stopped = MemoryStore::new();
+    let deduper = Deduper::new(stopped.clone()).with_expiry(Some(Duration::from_millis(10)));
+    deduper
+        .run(&key("work"), |_| async {
+            Ok::<_, Declined>(b"done".to_vec())
+        })
+        .await
+        .expect("run");
+    deduper.shutdown(Duration::from_secs(1)).await;
+    plant_expired(&stopped, "late").await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(stopped.len(), 2, "the expiry task outlived shutdown");
+}
+
+/// The inbox worker, a front door of its own, starts the expiry too.
+#[tokio::test]
+async fn the_inbox_worker_starts_the_expiry() {
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(store.clone());
+    plant_expired(&store, "old").await;
+    let worker = dedupe_core::InboxWorker::new(&deduper, store.clone(), "test");
+    let running = tokio::spawn(async move {
+        worker
+            .run(|_taken| async { Ok::<_, Declined>(Vec::new()) })
+            .await
+    });
+    until_len(&store, 0).await;
+    running.abort();
+}

@@ -331,11 +331,35 @@ impl Idempotency {
         }
     }
 
-    /// The store key of a request: `namespace` and the SHA-256 (hex) of the
-    /// scope, method, path and client key, each length-prefixed. For an
-    /// operator who wants to `dedupe forget` one request's record.
+    /// The store key of a request through this layer: [`key_in`](Self::key_in)
+    /// its namespace.
     pub fn store_key(
         &self,
+        scope: Option<&str>,
+        method: &Method,
+        path: &str,
+        key: &IdempotencyKey,
+    ) -> Result<Key, dedupe_core::KeyError> {
+        Self::key_in(&self.namespace, scope, method, path, key)
+    }
+
+    /// The store key of a request in a layer's `namespace`: the namespace
+    /// and the SHA-256 (hex) of the scope (the caller, `None` for a
+    /// [`single_caller`](Self::single_caller) layer or an anonymous caller),
+    /// method, path and client key, each length-prefixed. What `dedupe
+    /// inspect --idempotency-key` computes, so an operator finds one
+    /// request's record from what they know of it.
+    ///
+    /// ```
+    /// use dedupe_http::{Idempotency, IdempotencyKey};
+    /// let key = IdempotencyKey::parse(b"order-7")?;
+    /// let stored = Idempotency::key_in("orders", Some("alice"), &http::Method::POST, "/orders", &key)?;
+    /// assert_eq!(stored.namespace(), "orders");
+    /// assert_eq!(stored.id().len(), 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn key_in(
+        namespace: &str,
         scope: Option<&str>,
         method: &Method,
         path: &str,
@@ -352,7 +376,7 @@ impl Idempotency {
         part(&mut hash, method.as_str().as_bytes());
         part(&mut hash, path.as_bytes());
         part(&mut hash, key.as_str().as_bytes());
-        Key::new(&self.namespace, hex::encode(hash.finalize()))
+        Key::new(namespace, hex::encode(hash.finalize()))
     }
 
     fn fingerprint_of(&self, req: &Parts, body: &[u8]) -> Option<Fingerprint> {

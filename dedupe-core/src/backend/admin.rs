@@ -60,7 +60,7 @@ pub trait Admin: Send + Sync + fmt::Debug {
 /// ```
 pub fn missing(what: impl fmt::Display) -> Error {
     Error::config(format!(
-        "{what}; nothing was created: make it with `dedupe migrate --store URL` \
-         (or the store's `migrate()`)"
+        "{what}; nothing was created: check the URL for a typo, and if the name is \
+         right make it with `dedupe migrate --store URL` (or the store's `migrate()`)"
     ))
 }

@@ -8,14 +8,9 @@
 //! ```
 //!
 //! It logs through `tracing` (`RUST_LOG=info,dedupe=debug` shows every store
-//! call), removes expired records every hour (`spawn_expire_task`: nothing
-//! else deletes them), listens on `LISTEN` (default `127.0.0.1:8080`), and
+//! call), listens on `LISTEN` (default `127.0.0.1:8080`), and
 //! on Ctrl-C stops taking deliveries and lets running ones finish.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use dedupe_core::spawn_expire_task;
 use dedupe_example_stripe_orders::{postgres, sqlite};
 
 #[tokio::main]
@@ -27,18 +22,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
     let secret = std::env::var("STRIPE_WEBHOOK_SECRET").map_err(|_| "set STRIPE_WEBHOOK_SECRET")?;
-    let (app, _expiry) = match url.strip_prefix("sqlite://") {
+    // The receivers' Deduper deletes records past their retention every
+    // hour, from the first delivery on.
+    let app = match url.strip_prefix("sqlite://") {
         Some(path) => {
             let store = dedupe_sqlite::SqliteStore::open(path).await?;
             sqlite::setup(&store).await?;
-            let expiry = spawn_expire_task(Arc::new(store.clone()), Duration::from_secs(3600));
-            (sqlite::router(store, &secret)?, expiry)
+            sqlite::router(store, &secret)?
         }
         None => {
             let store = dedupe_postgres::PgStore::connect(&url).await?;
             postgres::setup(&store).await?;
-            let expiry = spawn_expire_task(Arc::new(store.clone()), Duration::from_secs(3600));
-            (postgres::router(store, &secret)?, expiry)
+            postgres::router(store, &secret)?
         }
     };
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:8080".into());

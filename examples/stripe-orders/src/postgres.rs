@@ -2,7 +2,7 @@
 
 // readme-begin
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{routing::post, Json, Router};
 use dedupe_core::Deduper;
@@ -32,7 +32,8 @@ async fn payment_succeeded(
     match record_order(&store, &event, amount).await {
         Ok(answer) => {
             event.completed(); // committed with the order: the receiver settles nothing more
-            (StatusCode::OK, answer).into_response()
+            let json = [(header::CONTENT_TYPE, "application/json")];
+            (StatusCode::OK, json, answer).into_response()
         }
         Err(e) => {
             // Nothing committed: the claim is released, and Stripe's retry runs this again.
@@ -52,7 +53,10 @@ async fn record_order(
     event: &WebhookEvent,
     amount: i64,
 ) -> dedupe_core::Result<Vec<u8>> {
-    let db = |e| dedupe_core::Error::retryable("orders", Some(Box::new(e) as _));
+    // The cause in the message, so the log says what failed.
+    let db = |e: sqlx::Error| {
+        dedupe_core::Error::retryable(format!("orders: {e}"), Some(Box::new(e) as _))
+    };
     let mut tx = store.pool().begin().await.map_err(db)?;
     let order: i64 = sqlx::query_scalar(
         "INSERT INTO orders (event_id, amount_cents) VALUES ($1, $2) RETURNING id",

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{routing::post, Json, Router};
 use dedupe_core::Deduper;
@@ -40,7 +40,8 @@ async fn payment_succeeded(
     match recorded {
         Ok(Ok(answer)) => {
             event.completed();
-            (StatusCode::OK, answer).into_response()
+            let json = [(header::CONTENT_TYPE, "application/json")];
+            (StatusCode::OK, json, answer).into_response()
         }
         Ok(Err(e)) => not_recorded(e.is_retryable(), e),
         Err(e) => not_recorded(false, e),
@@ -53,7 +54,9 @@ fn record_order(
     event: &WebhookEvent,
     amount: i64,
 ) -> dedupe_core::Result<Vec<u8>> {
-    let db = |e| dedupe_core::Error::retryable("orders", Some(Box::new(e) as _));
+    let db = |e: rusqlite::Error| {
+        dedupe_core::Error::retryable(format!("orders: {e}"), Some(Box::new(e) as _))
+    };
     let mut conn = connection(store.path()).map_err(db)?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
