@@ -33,7 +33,9 @@ pub struct ListArgs {
     #[arg(long, value_name = "URL")]
     store: String,
     /// The namespace (repeat for several; default: the namespaces of
-    /// `dedupe serve`'s built-in routes: hooks, stripe, github, shopify).
+    /// `dedupe serve`'s built-in routes: hooks, stripe, github, shopify; a
+    /// `--route NAME=PROVIDER` keeps its items in NAME, shown only when
+    /// named here).
     #[arg(long = "namespace", value_name = "NS")]
     namespaces: Vec<String>,
     /// Only items in this state.
@@ -83,8 +85,16 @@ async fn open(store: &str) -> Result<Arc<dyn Inbox>, Error> {
         .ok_or_else(|| Error::config(format!("{scheme} stores have no inbox")))
 }
 
+/// The namespaces to read: those given, or serve's built-in ones, said on
+/// stderr (a `--route NAME=PROVIDER` keys its items in `NAME`, which only
+/// `--namespace NAME` shows).
 fn namespaces(given: Vec<String>) -> Vec<String> {
     if given.is_empty() {
+        eprintln!(
+            "namespaces: {} (dedupe serve's built-in routes; a --route NAME=PROVIDER \
+             keeps its items in NAME: add --namespace NAME)",
+            SERVE_NAMESPACES.join(", ")
+        );
         SERVE_NAMESPACES.iter().map(|n| n.to_string()).collect()
     } else {
         given
