@@ -56,6 +56,9 @@ enum Command {
     /// current migration (safe to run again, and from several processes).
     /// The commands below never do: a store they cannot find is an error.
     Migrate(records::StoreArgs),
+    /// List the live records, a page at a time (namespace, state, age):
+    /// JSON with the cursor of the next page.
+    Records(records::RecordsArgs),
     /// Print a key's live record as JSON (exit 1 when there is none).
     Inspect(records::InspectArgs),
     /// Remove every expired record and print how many (for cron).
@@ -103,6 +106,7 @@ async fn main() -> ExitCode {
         Command::Soak(args) => soak::soak(args).await,
         Command::Migrate(args) => records::migrate(args).await,
         Command::Inspect(args) => records::inspect(args).await,
+        Command::Records(args) => records::records(args).await,
         Command::Purge(args) => records::purge(args).await,
         Command::Forget(args) => records::forget(args).await,
         Command::Inbox { command } => inbox::inbox(command).await,

@@ -77,6 +77,32 @@ impl InspectArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct RecordsArgs {
+    /// The store, as a URL.
+    #[arg(long, value_name = "URL")]
+    pub store: String,
+    /// Only this namespace.
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Only records in this state.
+    #[arg(long, value_name = "in_flight|done", value_parser = ["in_flight", "done"])]
+    pub state: Option<String>,
+    /// Only records first seen within this long before now (30s, 5m, 2h, 7d).
+    #[arg(long, value_name = "AGE")]
+    pub since: Option<String>,
+    /// Keys read a page (1 to 1000; a store that pages by what it scanned,
+    /// Redis or DynamoDB, answers about this many).
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// Go on from this cursor: the `next` a page printed.
+    #[arg(long, value_name = "CURSOR")]
+    pub after: Option<String>,
+    /// Every page, not only one (`next` is then null).
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct StoreArgs {
     /// The store, as a URL.
     #[arg(long, value_name = "URL")]
@@ -157,6 +183,61 @@ fn response_json(response: &dedupe_http::StoredResponse) -> Value {
         Err(_) => out["body_hex"] = json!(hex::encode(body)),
     }
     out
+}
+
+/// Prints `{"records": [...], "next": CURSOR|null}`: a page of the live
+/// records (every page with `--all`), filtered by state and age.
+pub async fn records(args: RecordsArgs) -> Result<bool, Error> {
+    let since = match args.since.as_deref() {
+        None => None,
+        Some(age) => {
+            let age = dedupe_url::parse_duration(age).ok_or_else(|| {
+                Error::config(format!(
+                    "--since {age}: a duration such as 30s, 5m, 2h or 7d"
+                ))
+            })?;
+            Some(SystemTime::now().checked_sub(age).unwrap_or(UNIX_EPOCH))
+        }
+    };
+    if !(1..=dedupe_core::backend::MAX_RECORD_PAGE).contains(&args.limit) {
+        return Err(Error::config(format!(
+            "--limit {}: 1 to {}",
+            args.limit,
+            dedupe_core::backend::MAX_RECORD_PAGE
+        )));
+    }
+    let opened = Opener::existing(crate::store_url(&args.store)?)
+        .await?
+        .open()
+        .await?;
+    let mut query = dedupe_core::backend::RecordQuery::new(args.namespace.clone(), args.limit)
+        .after(args.after.clone());
+    let mut shown = Vec::new();
+    let next = loop {
+        let page = opened.admin.record_keys(&query).await?;
+        for key in &page.keys {
+            let Some(record) = opened.store.get(key).await? else {
+                continue; // expired, or gone since the page was read
+            };
+            let state = match record.state {
+                RecordState::InFlight { .. } => "in_flight",
+                RecordState::Done { .. } => "done",
+            };
+            if args.state.as_deref().is_some_and(|wanted| wanted != state)
+                || since.is_some_and(|since| record.first_seen < since)
+            {
+                continue;
+            }
+            shown.push(record_json(&record));
+        }
+        match page.next {
+            Some(next) if args.all => query = query.after(Some(next)),
+            next => break next,
+        }
+    };
+    let out = json!({ "records": shown, "next": next });
+    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+    Ok(true)
 }
 
 /// Prints the live record of a key as JSON (`null` when there is none).

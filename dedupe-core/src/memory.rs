@@ -619,6 +619,36 @@ impl backend::Admin for MemoryStore {
         Ok(())
     }
 
+    /// The map's record keys in `namespace:id` order (a sort per page: a
+    /// tool's read, not a hot path).
+    async fn record_keys(&self, query: &backend::RecordQuery) -> Result<backend::KeyPage> {
+        let after = query
+            .after
+            .as_deref()
+            .map(backend::parse_key_cursor)
+            .transpose()?;
+        let mut keys: Vec<Key> = self
+            .lock()
+            .map
+            .iter()
+            .filter(|(key, entry)| {
+                entry.item.is_none()
+                    && query
+                        .namespace
+                        .as_deref()
+                        .is_none_or(|ns| key.namespace() == ns)
+                    && after.as_ref().is_none_or(|(ns, id)| {
+                        (key.namespace(), key.id()) > (ns.as_str(), id.as_str())
+                    })
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.sort_by(|a, b| (a.namespace(), a.id()).cmp(&(b.namespace(), b.id())));
+        keys.truncate(query.limit);
+        let next = backend::key_cursor(&keys, query.limit);
+        Ok(backend::KeyPage { keys, next })
+    }
+
     async fn remove_namespace(&self) -> Result<()> {
         Ok(())
     }

@@ -832,3 +832,45 @@ async fn the_inbox_worker_starts_the_expiry() {
     until_len(&store, 0).await;
     running.abort();
 }
+
+/// `Admin::record_keys` on the memory store: records only (an inbox item
+/// is not one), one namespace or all, in `(namespace, id)` order, pages
+/// that end with `next: None`.
+#[tokio::test]
+async fn memory_lists_record_keys_a_page_at_a_time() {
+    use dedupe_core::backend::{Admin, RecordQuery};
+    use dedupe_core::Inbox;
+    let store = MemoryStore::new();
+    for (ns, id) in [("b", "1"), ("a", "2"), ("a", "1"), ("c", "9"), ("a", "3")] {
+        let _claimed = store
+            .claim(&Key::new(ns, id).expect("key"), &ClaimOptions::default())
+            .await
+            .expect("claim");
+    }
+    store
+        .accept(&Key::new("a", "item").expect("key"), b"{}")
+        .await
+        .expect("accept");
+    let mut listed = Vec::new();
+    let mut query = RecordQuery::new(None, 2);
+    loop {
+        let page = store.record_keys(&query).await.expect("page");
+        assert!(page.keys.len() <= 2);
+        listed.extend(page.keys.iter().map(|k| k.to_string()));
+        match page.next {
+            Some(next) => query = query.after(Some(next)),
+            None => break,
+        }
+    }
+    assert_eq!(listed, ["a:1", "a:2", "a:3", "b:1", "c:9"]);
+    let only_a = store
+        .record_keys(&RecordQuery::new(Some("a".into()), 10))
+        .await
+        .expect("page");
+    assert_eq!(only_a.keys.len(), 3);
+    assert_eq!(only_a.next, None);
+    assert!(store
+        .record_keys(&RecordQuery::new(None, 1).after(Some("no cursor".into())))
+        .await
+        .is_err());
+}

@@ -1,6 +1,6 @@
 //! The tools' store-wide operations ([`Admin`]) on the store's table.
 
-use dedupe_core::backend::Admin;
+use dedupe_core::backend::{Admin, KeyPage, RecordQuery};
 use dedupe_core::{async_trait, Result};
 
 use crate::DynamoStore;
@@ -17,6 +17,11 @@ impl Admin for DynamoStore {
 
     async fn check(&self) -> Result<()> {
         self.check_ready().await
+    }
+
+    /// A `Scan` a page ([`DynamoStore::scan_record_keys`]).
+    async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
+        self.scan_record_keys(query).await
     }
 
     async fn remove_namespace(&self) -> Result<()> {

@@ -47,6 +47,56 @@ impl DynamoStore {
         Ok(())
     }
 
+    /// One `Scan` page of the table's record keys (inbox items left out,
+    /// one namespace's by a filter): the cursor is the last partition key
+    /// the scan read, so a page may hold fewer keys than the limit and still
+    /// have a next. A tool's read: it costs a full scan over all pages.
+    pub async fn scan_record_keys(
+        &self,
+        query: &dedupe_core::backend::RecordQuery,
+    ) -> Result<dedupe_core::backend::KeyPage> {
+        use aws_sdk_dynamodb::types::AttributeValue;
+        let Inner {
+            client,
+            table,
+            names,
+            ..
+        } = &*self.inner;
+        let mut scan = client
+            .scan()
+            .table_name(table)
+            .consistent_read(true)
+            .limit(query.limit.min(i32::MAX as usize) as i32);
+        if let Some(after) = &query.after {
+            scan = scan.exclusive_start_key(&names.partition_key, AttributeValue::S(after.clone()));
+        }
+        if let Some(namespace) = &query.namespace {
+            scan = scan
+                .filter_expression("begins_with(#pk, :ns)")
+                .expression_attribute_names("#pk", &names.partition_key)
+                .expression_attribute_values(":ns", AttributeValue::S(format!("{namespace}:")));
+        }
+        let page = scan.send().await.map_err(|e| self.fail(e))?;
+        let keys = page
+            .items()
+            .iter()
+            .filter(|item| !crate::codec::is_inbox_item(names, item))
+            .filter_map(|item| match item.get(&names.partition_key) {
+                Some(AttributeValue::S(pk)) => {
+                    let (ns, id) = pk.split_once(':')?;
+                    dedupe_core::Key::new(ns, id).ok()
+                }
+                _ => None,
+            })
+            .collect();
+        let next = page
+            .last_evaluated_key()
+            .and_then(|k| k.get(&names.partition_key))
+            .and_then(|v| v.as_s().ok())
+            .cloned();
+        Ok(dedupe_core::backend::KeyPage { keys, next })
+    }
+
     /// Creates the table if it is missing (on-demand billing, partition key
     /// only, TTL on the expiry attribute) and waits until it is active. For
     /// development and tests; in production create it with infrastructure code

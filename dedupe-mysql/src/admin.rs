@@ -1,6 +1,7 @@
 //! The tools' store-wide operations ([`Admin`]) on the store's table.
 
-use dedupe_core::backend::{missing, Admin};
+use dedupe_core::backend::{key_cursor, missing, parse_key_cursor, Admin, KeyPage, RecordQuery};
+use dedupe_core::Key;
 use dedupe_core::{async_trait, Error, Result};
 
 use crate::MySqlStore;
@@ -39,6 +40,39 @@ impl Admin for MySqlStore {
             )));
         }
         Ok(())
+    }
+
+    /// The primary key's order, `(namespace, id)`, one range read a page.
+    async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
+        let after = query.after.as_deref().map(parse_key_cursor).transpose()?;
+        let (after_ns, after_id) = after.unzip();
+        let statement = format!(
+            "SELECT namespace, id FROM `{}` WHERE wait IS NULL
+               AND (? IS NULL OR namespace = ?)
+               AND (? IS NULL OR namespace > ? OR (namespace = ? AND id > ?))
+             ORDER BY namespace, id LIMIT ?",
+            self.table_name()
+        );
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(statement))
+            .bind(query.namespace.as_deref())
+            .bind(query.namespace.as_deref())
+            .bind(after_ns.as_deref())
+            .bind(after_ns.as_deref())
+            .bind(after_ns.as_deref())
+            .bind(after_id.as_deref())
+            .bind(query.limit as u64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| Error::retryable("listing the records", Some(Box::new(e) as _)))?;
+        let keys = rows
+            .into_iter()
+            .map(|(ns, id)| {
+                Key::new(String::from_utf8_lossy(&ns), String::from_utf8_lossy(&id))
+                    .map_err(Error::from)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let next = key_cursor(&keys, query.limit);
+        Ok(KeyPage { keys, next })
     }
 
     async fn remove_namespace(&self) -> Result<()> {

@@ -1,6 +1,7 @@
 //! The tools' store-wide operations ([`Admin`]) on the store's schema.
 
-use dedupe_core::backend::{missing, Admin};
+use dedupe_core::backend::{key_cursor, missing, Admin, KeyPage, RecordQuery};
+use dedupe_core::Key;
 use dedupe_core::{async_trait, Error, Result};
 
 use crate::PgStore;
@@ -41,6 +42,33 @@ impl Admin for PgStore {
             )));
         }
         Ok(())
+    }
+
+    /// The primary key's order (`namespace:id`, byte order), one index
+    /// range read a page.
+    async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
+        let (schema, table) = (&self.sql.schema, &self.sql.table);
+        let statement = format!(
+            "SELECT key FROM \"{schema}\".\"{table}\" WHERE wait IS NULL AND key > $1
+               AND ($2::text IS NULL OR (key > $2 || ':' AND key < $2 || ';'))
+             ORDER BY key LIMIT $3"
+        );
+        let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(statement))
+            .bind(query.after.as_deref().unwrap_or(""))
+            .bind(query.namespace.as_deref())
+            .bind(query.limit as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| Error::retryable("listing the records", Some(Box::new(e) as _)))?;
+        let keys = rows
+            .iter()
+            .map(|k| {
+                let (ns, id) = k.split_once(':').unwrap_or((k, ""));
+                Key::new(ns, id).map_err(Error::from)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let next = key_cursor(&keys, query.limit);
+        Ok(KeyPage { keys, next })
     }
 
     async fn remove_namespace(&self) -> Result<()> {

@@ -1,6 +1,6 @@
 //! The tools' store-wide operations ([`Admin`]) on the store's prefix.
 
-use dedupe_core::backend::Admin;
+use dedupe_core::backend::{Admin, KeyPage, RecordQuery};
 use dedupe_core::{async_trait, Error, Result};
 use redis::AsyncCommands;
 
@@ -34,6 +34,63 @@ impl Admin for RedisAdmin {
     /// Keys need no schema: there is nothing to be missing.
     async fn check(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// One `SCAN` batch a page, server by server (each primary on a
+    /// Cluster): the cursor is the server's place in `urls` and its SCAN
+    /// cursor; `COUNT` is a hint to Redis, so a page may hold fewer keys
+    /// than the limit (or none) or more, and still have a next. Inbox items (in their namespace's id set) are left
+    /// out.
+    async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
+        let fail =
+            |e: redis::RedisError| Error::retryable("listing the records", Some(Box::new(e) as _));
+        let (mut node, mut cursor) = match query.after.as_deref() {
+            None => (0usize, 0u64),
+            Some(after) => after
+                .split_once(':')
+                .and_then(|(n, c)| Some((n.parse().ok()?, c.parse().ok()?)))
+                .ok_or_else(|| Error::config(format!("{after:?} is not a cursor of this store")))?,
+        };
+        let Some(url) = self.urls.get(node) else {
+            return Ok(KeyPage::default());
+        };
+        let pattern = match query.namespace.as_deref() {
+            Some(namespace) => format!("{}*", glob_escape(&self.store.record_base(namespace))),
+            None => format!("{}*", glob_escape(self.store.prefix())),
+        };
+        let client = redis::Client::open(url.as_str()).map_err(fail)?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(fail)?;
+        let (next_cursor, found): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(query.limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(fail)?;
+        let mut keys = Vec::new();
+        for found in found {
+            let Some(key) = self.store.key_of_record_key(&found) else {
+                continue;
+            };
+            let item = match self.store.index_keys(key.namespace()) {
+                Some([_, _, ids]) => conn.sismember(ids, key.id()).await.map_err(fail)?,
+                None => false,
+            };
+            if !item {
+                keys.push(key);
+            }
+        }
+        cursor = next_cursor;
+        if cursor == 0 {
+            node += 1;
+        }
+        let next = (node < self.urls.len()).then(|| format!("{node}:{cursor}"));
+        Ok(KeyPage { keys, next })
     }
 
     async fn remove_namespace(&self) -> Result<()> {

@@ -55,6 +55,23 @@ impl RedisStore {
         format!("{}{}", self.record_base(key.namespace()), key.id())
     }
 
+    /// The key a record key names, `None` for any other key under the
+    /// prefix (an index key, something else's).
+    pub(crate) fn key_of_record_key(&self, redis_key: &str) -> Option<Key> {
+        let rest = redis_key.strip_prefix(self.prefix.as_str())?;
+        let (namespace, id) = if self.hash_tags {
+            let rest = rest.strip_prefix('{')?;
+            let (namespace, id) = rest.split_once("}:")?;
+            (namespace, id)
+        } else {
+            rest.split_once(':')?
+        };
+        if namespace.contains(['|', '{', '}']) {
+            return None;
+        }
+        Key::new(namespace, id).ok()
+    }
+
     /// What every record key of `namespace` starts with.
     pub(crate) fn record_base(&self, namespace: &str) -> String {
         format!("{}:", self.namespace_base(namespace))

@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use dedupe_core::backend::{missing, Admin};
+use dedupe_core::backend::{key_cursor, missing, parse_key_cursor, Admin, KeyPage, RecordQuery};
+use dedupe_core::Key;
 use dedupe_core::{async_trait, Error, Result};
 use rusqlite::OpenFlags;
 
@@ -21,6 +22,39 @@ impl Admin for SqliteStore {
         tokio::task::spawn_blocking(move || check_file(&path, &table))
             .await
             .map_err(|e| Error::fatal("checking the file", Some(Box::new(e) as _)))?
+    }
+
+    /// The primary key's order, `(namespace, id)`, one range read a page.
+    async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
+        let after = query.after.as_deref().map(parse_key_cursor).transpose()?;
+        let (only, limit) = (query.namespace.clone(), query.limit);
+        let statement = format!(
+            "SELECT namespace, id FROM \"{}\" WHERE wait IS NULL
+               AND (?1 IS NULL OR namespace = ?1)
+               AND (?2 IS NULL OR namespace > ?2 OR (namespace = ?2 AND id > ?3))
+             ORDER BY namespace, id LIMIT ?4",
+            self.table_name()
+        );
+        let rows = self
+            .conns()
+            .with_conn(move |_, conn| {
+                let (after_ns, after_id) = after.unzip();
+                conn.prepare(&statement)
+                    .and_then(|mut stmt| {
+                        stmt.query_map((only, after_ns, after_id, limit as i64), |row| {
+                            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                        })?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                    })
+                    .map_err(|e| Error::retryable("listing the records", Some(Box::new(e) as _)))
+            })
+            .await?;
+        let keys = rows
+            .into_iter()
+            .map(|(ns, id)| Key::new(ns, id).map_err(Error::from))
+            .collect::<Result<Vec<_>>>()?;
+        let next = key_cursor(&keys, limit);
+        Ok(KeyPage { keys, next })
     }
 
     async fn remove_namespace(&self) -> Result<()> {

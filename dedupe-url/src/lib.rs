@@ -35,7 +35,7 @@ mod parse;
 
 pub use dedupe_core::backend::Admin;
 pub use open::{open_deduper, open_store, Opened, Opener, DEFAULT_TIMEOUT};
-pub use parse::{StoreUrl, Target, UrlError};
+pub use parse::{parse_duration, StoreUrl, Target, UrlError};
 
 /// Why a store could not be opened: its URL, or the store itself.
 #[derive(Debug, thiserror::Error)]

@@ -667,8 +667,15 @@ impl Options {
     }
 }
 
-/// `250ms`, `30s`, `5m`, `2h`, `7d`; above zero.
-fn parse_duration(text: &str) -> Option<Duration> {
+/// A duration as the URLs and the CLI write it: `250ms`, `30s`, `5m`,
+/// `2h`, `7d`; above zero.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(dedupe_url::parse_duration("2h"), Some(Duration::from_secs(7200)));
+/// assert_eq!(dedupe_url::parse_duration("2 hours"), None);
+/// ```
+pub fn parse_duration(text: &str) -> Option<Duration> {
     let split = text.find(|c: char| !c.is_ascii_digit())?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().ok()?;

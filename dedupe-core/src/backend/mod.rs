@@ -53,7 +53,9 @@ mod time;
 
 pub use crate::batch::BatchKeys;
 pub use crate::claim::{check_batch, check_ttl};
-pub use admin::{missing, Admin};
+pub use admin::{
+    key_cursor, missing, parse_key_cursor, Admin, KeyPage, RecordQuery, MAX_RECORD_PAGE,
+};
 pub use first::FirstStatement;
 pub use item::{
     accepted_over, check_payload, check_take, cut_error, status_code, stored_counts, taken_item,
