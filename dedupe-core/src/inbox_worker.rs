@@ -69,7 +69,9 @@ impl Backoff {
 /// with its outcome (a done record, kept for the deduper's retention of the
 /// namespace); one that returns `Err` fails it: due again after the
 /// [`Backoff`], or dead when it fails at attempt `max_attempts` or later (so
-/// a replayed dead item gets one more run). A panic gives the item back (due
+/// a replayed dead item gets one more run). The error may say otherwise
+/// ([`WorkFailure`]): due again after a delay of its own (an API's
+/// `Retry-After`), or dead at once (a failure no attempt will get past). A panic gives the item back (due
 /// again, the attempt counted); a worker that dies mid-item leaves it to be
 /// taken over at its lease's end (counted). Attempts that end without a
 /// failure (panics, dead workers, the time bound) do not make an item dead:
@@ -177,7 +179,7 @@ impl InboxWorker {
     where
         H: Fn(Taken) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send + 'static,
-        E: Display + Send + 'static,
+        E: Into<WorkFailure> + Send + 'static,
     {
         self.deduper.validate()?;
         self.deduper.start_expiry();
@@ -260,7 +262,7 @@ impl InboxWorker {
     where
         H: Fn(Taken) -> Fut,
         Fut: Future<Output = std::result::Result<Vec<u8>, E>>,
-        E: Display,
+        E: Into<WorkFailure>,
     {
         let lease = item.lease.clone();
         let attempt = lease.attempt;
@@ -272,12 +274,14 @@ impl InboxWorker {
             match handler(item).await {
                 Ok(outcome) => ((), Settle::Complete { outcome, retention }),
                 Err(e) => {
-                    let retry = if attempt >= self.max_attempts {
-                        Retry::Dead
-                    } else {
-                        Retry::After(self.backoff.delay(attempt))
+                    let failure: WorkFailure = e.into();
+                    let retry = match failure.then {
+                        Then::Dead => Retry::Dead,
+                        _ if attempt >= self.max_attempts => Retry::Dead,
+                        Then::Backoff => Retry::After(self.backoff.delay(attempt)),
+                        Then::After(delay) => Retry::After(delay),
                     };
-                    self.fail(&lease, &e.to_string(), retry).await;
+                    self.fail(&lease, &failure.error, retry).await;
                     ((), Settle::Settled)
                 }
             }
@@ -330,6 +334,7 @@ mod tests {
     use crate::inbox::ItemStatus;
     use crate::{ClaimOptions, ClaimOutcome, Deduper, Key, MemoryStore};
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::SystemTime;
 
     /// 20 items, four at a time: the good ones run once each and are done
     /// records; the poison ones fail three times (a backoff between) and are
@@ -574,6 +579,83 @@ mod tests {
         running.await.expect("in the test").expect("in the test");
     }
 
+    /// A handler's failure says what comes next: `permanent` is dead after
+    /// one attempt (of five), `retry_after` is due the delay from its
+    /// failure (not on the 10 ms backoff), and a plain error is due on the
+    /// backoff; each keeps its error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failure_says_when_the_item_runs_again() {
+        let inbox = MemoryStore::new();
+        for id in ["gone", "later", "plain"] {
+            inbox
+                .accept(&Key::new("f", id).expect("in the test"), id.as_bytes())
+                .await
+                .expect("in the test");
+        }
+        let deduper = Deduper::new(inbox.clone());
+        let worker = InboxWorker::new(&deduper, inbox.clone(), "f")
+            .with_max_attempts(5)
+            .with_backoff(Backoff {
+                first: Duration::from_millis(10),
+                max: Duration::from_millis(10),
+            })
+            .with_poll_interval(Duration::from_millis(5));
+        let started = SystemTime::now();
+        let running = tokio::spawn({
+            let worker = worker.clone();
+            async move {
+                worker
+                    .run(|taken| async move {
+                        match &taken.payload[..] {
+                            b"gone" => Err(WorkFailure::permanent("404: the customer is gone")),
+                            b"later" => Err(WorkFailure::retry_after(
+                                Duration::from_secs(3600),
+                                "429: come back in an hour",
+                            )),
+                            _ => Err(WorkFailure::from("500: try again")),
+                        }
+                    })
+                    .await
+            }
+        });
+        let item = |id: &'static str| {
+            let inbox = inbox.clone();
+            async move {
+                inbox
+                    .item(&Key::new("f", id).expect("in the test"))
+                    .await
+                    .expect("in the test")
+                    .expect("an item")
+            }
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while item("plain").await.attempts < 3 || item("gone").await.status != ItemStatus::Dead {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the items never failed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        worker.shutdown(Duration::from_secs(1)).await;
+        running.await.expect("in the test").expect("in the test");
+        let gone = item("gone").await;
+        assert_eq!((gone.status, gone.attempts), (ItemStatus::Dead, 1));
+        assert_eq!(
+            gone.last_error.as_deref(),
+            Some("404: the customer is gone")
+        );
+        let later = item("later").await;
+        assert_eq!((later.status, later.attempts), (ItemStatus::Failed, 1));
+        assert!(
+            later.due_at >= started + Duration::from_secs(3590),
+            "due {:?} after the start, not in an hour",
+            later.due_at.duration_since(started)
+        );
+        let plain = item("plain").await;
+        assert!(plain.attempts >= 3, "the backoff's retries ran");
+        assert_eq!(plain.last_error.as_deref(), Some("500: try again"));
+    }
+
     #[test]
     fn backoff_doubles_within_its_bounds_with_jitter() {
         let b = Backoff {
@@ -599,5 +681,81 @@ mod tests {
         }
         let spread: std::collections::HashSet<Duration> = (0..50).map(|_| b.delay(3)).collect();
         assert!(spread.len() > 10, "no jitter: {spread:?}");
+    }
+}
+
+/// What a handler's failure asks of the worker: any error (anything
+/// `Display`) is retried on the worker's [`Backoff`]; a `WorkFailure` can
+/// instead say when to try again ([`retry_after`](Self::retry_after): an
+/// API's `Retry-After` passed on) or that no attempt will ever succeed
+/// ([`permanent`](Self::permanent): dead now, with its error, instead of
+/// burning every attempt over hours of backoff). Every failure spends an
+/// attempt, and an item out of attempts is dead whatever it asked.
+///
+/// ```
+/// use std::time::Duration;
+/// use dedupe_core::WorkFailure;
+///
+/// fn answer(status: u16) -> Result<Vec<u8>, WorkFailure> {
+///     match status {
+///         200 => Ok(b"sent".to_vec()),
+///         404 => Err(WorkFailure::permanent("the customer is gone (404)")),
+///         429 => Err(WorkFailure::retry_after(Duration::from_secs(30), "rate limited (429)")),
+///         _ => Err(format!("the API answered {status}").into()), // the backoff
+///     }
+/// }
+/// assert!(answer(404).is_err());
+/// ```
+#[derive(Debug)]
+pub struct WorkFailure {
+    error: String,
+    then: Then,
+}
+
+/// When a failed item runs again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    Backoff,
+    After(Duration),
+    Dead,
+}
+
+impl WorkFailure {
+    /// Retried on the worker's backoff (what any other error does).
+    pub fn retry(error: impl Display) -> Self {
+        Self {
+            error: error.to_string(),
+            then: Then::Backoff,
+        }
+    }
+
+    /// Retried `delay` from now, not on the backoff (a `Retry-After`).
+    pub fn retry_after(delay: Duration, error: impl Display) -> Self {
+        Self {
+            error: error.to_string(),
+            then: Then::After(delay.max(Duration::from_millis(1))),
+        }
+    }
+
+    /// Dead now: no attempt will succeed (a 404, a payload that can never be
+    /// processed). `dedupe inbox replay` runs it again.
+    pub fn permanent(error: impl Display) -> Self {
+        Self {
+            error: error.to_string(),
+            then: Then::Dead,
+        }
+    }
+
+    /// The error, as the item keeps it.
+    pub fn error(&self) -> &str {
+        &self.error
+    }
+}
+
+/// Any error is a failure retried on the backoff. (`WorkFailure` is not
+/// `Display` itself, so that this conversion can take every error.)
+impl<E: Display> From<E> for WorkFailure {
+    fn from(error: E) -> Self {
+        Self::retry(error)
     }
 }

@@ -54,7 +54,7 @@ pub use inbox::{
     Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry, Taken,
     MAX_ERROR_BYTES, MAX_PAGE, MAX_PAYLOAD_BYTES, MAX_TAKE,
 };
-pub use inbox_worker::{Backoff, InboxWorker};
+pub use inbox_worker::{Backoff, InboxWorker, WorkFailure};
 pub use key::{
     ClaimId, Fingerprint, Key, KeyError, LeaseToken, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES,
     MAX_ID_BYTES, MAX_NAMESPACE_BYTES,
