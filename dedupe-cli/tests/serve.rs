@@ -1222,3 +1222,82 @@ async fn serve_inbox_on_redis() {
     let server = support::redis::RedisServer::start();
     inbox_path(&server.url()).await;
 }
+
+/// `dedupe serve --inbox` over HTTP: a delivery whose business step answers
+/// "permanent" is dead after one attempt (of five), and one that answers
+/// "retry after 2 s" runs again no sooner than 2 s later (the backoff is
+/// 20 ms), on SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_inbox_takes_the_business_steps_failure_answer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("hooks.db").display());
+    let log = dir.path().join("effects.log");
+    let log_arg = log.display().to_string();
+    let serve = Serve::with(
+        &url,
+        0,
+        &[
+            "--unsigned",
+            "hooks",
+            "--inbox",
+            "--max-attempts",
+            "5",
+            "--retry-backoff-ms",
+            "20",
+            "--effect-log",
+            &log_arg,
+        ],
+        &[],
+    );
+    let http = client();
+    let hooks = format!("{}/hooks", serve.base);
+    let (gone, later) = (unique("gone"), unique("later"));
+    let failing = |value: &str| [("x-test-fail", value.to_string())];
+    let body = |id: &str| format!(r#"{{"id":"{id}","type":"x"}}"#);
+    let (status, _, text) = deliver(&http, &hooks, &body(&gone), "d1", &failing("permanent")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let sent = std::time::Instant::now();
+    let (status, _, text) = deliver(
+        &http,
+        &hooks,
+        &body(&later),
+        "d2",
+        &failing("retry-after=2"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+
+    let later_key = format!("hooks:{later}");
+    eventually("the retry-after item never ran", async || {
+        effects(&log, &later_key) == 1
+    })
+    .await;
+    eventually("the permanent item never died", async || {
+        listed(&url, "hooks", Some("dead"))
+            .iter()
+            .any(|item| item["id"] == gone.as_str())
+    })
+    .await;
+    let dead = listed(&url, "hooks", Some("dead"));
+    let item = dead
+        .iter()
+        .find(|item| item["id"] == gone.as_str())
+        .expect("dead");
+    assert_eq!(item["attempts"], 1, "{item}");
+    assert!(
+        item["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("permanent")),
+        "{item}"
+    );
+    eventually("the retry-after item never ran again", async || {
+        effects(&log, &later_key) >= 2
+    })
+    .await;
+    assert!(
+        sent.elapsed() >= Duration::from_secs(2),
+        "ran again {:?} after its delivery, before its 2 s",
+        sent.elapsed()
+    );
+    assert_eq!(effects(&log, &format!("hooks:{gone}")), 1);
+}

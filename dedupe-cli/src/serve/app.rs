@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dedupe_core::{Error, Taken};
+use dedupe_core::{Error, Taken, WorkFailure};
 use dedupe_webhook::{Webhook, WebhookEvent};
 use http::{header, Request, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -31,8 +31,9 @@ pub(super) struct App {
 
 /// Why the business step did not record an event.
 enum StepError {
-    /// The request carried `--fail-on-header` (a test hook).
-    Refused,
+    /// The request carried `--fail-on-header` (a test hook), with its
+    /// value.
+    Refused(String),
     /// The ledger write and completion did not commit.
     NotRecorded(Error),
 }
@@ -69,8 +70,9 @@ async fn business(
         tokio::time::sleep(app.work).await;
     }
     if let Some(name) = &app.fail_on {
-        if headers.contains_key(name) {
-            return Err(StepError::Refused);
+        if let Some(value) = headers.get(name) {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            return Err(StepError::Refused(value));
         }
     }
     let body = serde_json::json!({
@@ -103,7 +105,7 @@ pub(super) async fn business_step(app: Arc<App>, req: Request<Body>) -> Response
             event.completed();
             ([(header::CONTENT_TYPE, "application/json")], bytes).into_response()
         }
-        Err(StepError::Refused) => (
+        Err(StepError::Refused(_)) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Json(
                 serde_json::json!({"error": "business step failed", "key": event.key.to_string()}),
@@ -136,19 +138,30 @@ pub(super) async fn business_step(app: Arc<App>, req: Request<Body>) -> Response
 /// The business step on an inbox worker: the stored delivery, run as in the
 /// request. The ledger completes the item with the row; the worker's own
 /// completion with the same outcome then answers Ok (asked twice, answered
-/// once). A failure is the item's failure: due again after the backoff.
-pub(super) async fn inbox_step(app: Arc<App>, taken: Taken) -> Result<Vec<u8>, String> {
-    let (event, headers) =
-        WebhookEvent::from_item(&taken, app.retention).map_err(|e| e.to_string())?;
+/// once). A failure is the item's failure: due again after the backoff, or
+/// as the `--fail-on-header` value says: `permanent` (dead now) or
+/// `retry-after=SECS` (due that long after).
+pub(super) async fn inbox_step(app: Arc<App>, taken: Taken) -> Result<Vec<u8>, WorkFailure> {
+    let (event, headers) = WebhookEvent::from_item(&taken, app.retention)?;
     match business(&app, &event, &headers).await {
         Ok(bytes) => Ok(WebhookEvent::outcome_for(
             StatusCode::OK,
             Some("application/json"),
             &bytes,
         )),
-        Err(StepError::Refused) => Err("business step failed (--fail-on-header)".to_string()),
-        Err(StepError::NotRecorded(_)) => {
-            Err("the ledger write and completion failed (see the log)".to_string())
+        Err(StepError::Refused(value)) => {
+            let error = format!("business step failed (--fail-on-header: {value})");
+            let retry_after = value
+                .strip_prefix("retry-after=")
+                .and_then(|secs| secs.trim().parse::<u64>().ok());
+            Err(match (value.trim(), retry_after) {
+                ("permanent", _) => WorkFailure::permanent(error),
+                (_, Some(secs)) => WorkFailure::retry_after(Duration::from_secs(secs), error),
+                _ => WorkFailure::retry(error),
+            })
         }
+        Err(StepError::NotRecorded(_)) => Err(WorkFailure::retry(
+            "the ledger write and completion failed (see the log)",
+        )),
     }
 }

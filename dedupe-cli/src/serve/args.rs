@@ -87,7 +87,9 @@ pub struct ServeArgs {
     pub(super) shutdown_grace_secs: f64,
     /// Test hook, not for production: a request carrying this header fails in
     /// its business step (500), as a crashing handler would; in inbox mode
-    /// the stored delivery keeps the header, so it fails on every attempt.
+    /// the stored delivery keeps the header, so it fails on every attempt,
+    /// retried on the backoff, or as the header's value says: `permanent`
+    /// (dead at once) or `retry-after=SECS` (due again that long after).
     #[arg(long, value_name = "HEADER")]
     pub(super) fail_on_header: Option<String>,
     /// Test hook, not for production: the business step appends a line
