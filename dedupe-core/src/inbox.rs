@@ -353,6 +353,15 @@ pub trait Inbox: DedupeStore {
 
     /// How many items of the namespace stand where.
     async fn counts(&self, namespace: &str) -> Result<InboxCounts>;
+
+    /// Raised (`notify_waiters`) each time this handle or a clone of it
+    /// accepts an item, so that a worker in the same process takes it at
+    /// once rather than at its next poll. `None` (the default): workers
+    /// only poll. A wake-up is a hint: one that is missed delays an item by
+    /// at most the worker's poll interval, and loses nothing.
+    fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
 }
 
 macro_rules! forward_inbox {
@@ -380,6 +389,9 @@ macro_rules! forward_inbox {
             }
             async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
                 (**self).counts(namespace).await
+            }
+            fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+                (**self).accepted_signal()
             }
         }
     )*};

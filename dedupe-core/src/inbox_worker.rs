@@ -201,6 +201,14 @@ impl InboxWorker {
             };
             let (first, extra) = free;
             let want = (1 + extra).min(MAX_TAKE);
+            // Listening before the take: an item accepted after it found
+            // nothing wakes the pause below (`notify_waiters` reaches only
+            // listeners already registered).
+            let signal = self.inbox.accepted_signal();
+            let mut woken = signal.as_deref().map(|s| Box::pin(s.notified()));
+            if let Some(woken) = woken.as_mut() {
+                woken.as_mut().enable();
+            }
             let taken = match self.inbox.take(&self.namespace, want, lease_ttl).await {
                 Ok(taken) => taken,
                 // A corrupt item is the store's to report, not a reason to stop
@@ -215,7 +223,13 @@ impl InboxWorker {
             };
             if taken.is_empty() {
                 drop(first);
-                self.pause().await;
+                match woken {
+                    Some(woken) => tokio::select! {
+                        () = woken => {}
+                        () = self.pause() => {}
+                    },
+                    None => self.pause().await,
+                }
                 continue;
             }
             let mut first = Some(first);
@@ -574,6 +588,38 @@ mod tests {
         {
             ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"second"),
             other => panic!("{other:?}"),
+        }
+        worker.shutdown(Duration::from_secs(1)).await;
+        running.await.expect("in the test").expect("in the test");
+    }
+
+    /// A worker polling every 30 s takes an item accepted while it waits at
+    /// once: the inbox's accepted signal wakes it (test fails without it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_accepted_item_wakes_an_idle_worker() {
+        let inbox = MemoryStore::new();
+        let deduper = Deduper::new(inbox.clone());
+        let worker = InboxWorker::new(&deduper, inbox.clone(), "wake")
+            .with_poll_interval(Duration::from_secs(30));
+        let running = tokio::spawn({
+            let worker = worker.clone();
+            async move {
+                worker
+                    .run(|_| async { Ok::<_, String>(b"done".to_vec()) })
+                    .await
+            }
+        });
+        // The worker found nothing and waits out its poll.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let key = Key::new("wake", "evt_1").expect("in the test");
+        let accepted = std::time::Instant::now();
+        inbox.accept(&key, b"{}").await.expect("in the test");
+        while inbox.item(&key).await.expect("in the test").is_some() {
+            assert!(
+                accepted.elapsed() < Duration::from_secs(5),
+                "the item waited for the poll"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         worker.shutdown(Duration::from_secs(1)).await;
         running.await.expect("in the test").expect("in the test");

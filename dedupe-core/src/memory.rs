@@ -187,6 +187,8 @@ impl Entry {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     records: Arc<Mutex<Records>>,
+    /// Raised on each new item, for the workers of this process.
+    accepted: Arc<tokio::sync::Notify>,
 }
 
 /// The entries, and per namespace the inbox items a take may hand out
@@ -478,6 +480,8 @@ impl Inbox for MemoryStore {
                 }),
             },
         );
+        drop(map);
+        self.accepted.notify_waiters();
         Ok(Accepted::New)
     }
 
@@ -580,6 +584,10 @@ impl Inbox for MemoryStore {
             });
         }
         Ok(replayable)
+    }
+
+    fn accepted_signal(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(Arc::clone(&self.accepted))
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {

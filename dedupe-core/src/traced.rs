@@ -315,4 +315,8 @@ impl<S: Inbox> Inbox for TracedStore<S> {
             )
         })
     }
+
+    fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.inner().accepted_signal()
+    }
 }

@@ -31,9 +31,18 @@ impl Inbox for SqliteStore {
     async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
         check_payload(payload)?;
         let (key, payload) = (key.clone(), payload.to_vec());
-        self.conns()
+        let accepted = self
+            .conns()
             .write(1, move |ops, conn| ops.accept(conn, &key, &payload))
-            .await
+            .await?;
+        if matches!(accepted, Accepted::New) {
+            self.accepted().notify_waiters();
+        }
+        Ok(accepted)
+    }
+
+    fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        Some(std::sync::Arc::clone(self.accepted()))
     }
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {

@@ -20,6 +20,9 @@ use crate::sql::EXPIRE_BATCH;
 struct Inner {
     /// Where its calls run.
     conns: Conns,
+    /// Raised on each new inbox item, for the workers on this handle and
+    /// its clones (a handle opened apart, or another process, polls).
+    accepted: Arc<tokio::sync::Notify>,
     /// The temporary directory the file is in, for a store that owns it:
     /// removed when the last handle onto it (clones, reopens) drops. Last, so
     /// the handle's connections close first.
@@ -88,8 +91,17 @@ pub struct SqliteStore {
 impl SqliteStore {
     pub(crate) fn from_parts(conns: Conns, dir: Option<Arc<tempfile::TempDir>>) -> Self {
         Self {
-            inner: Arc::new(Inner { conns, dir }),
+            inner: Arc::new(Inner {
+                conns,
+                accepted: Arc::default(),
+                dir,
+            }),
         }
+    }
+
+    /// Raised on each new inbox item.
+    pub(crate) fn accepted(&self) -> &Arc<tokio::sync::Notify> {
+        &self.inner.accepted
     }
 
     /// Where this handle's calls run.

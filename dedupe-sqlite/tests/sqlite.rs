@@ -945,3 +945,39 @@ async fn a_table_from_before_the_inbox_is_migrated() {
     // leaves items out.
     assert_eq!(indexes, ["dedupe_records_due", "dedupe_records_expiry"]);
 }
+
+/// A worker polling every 30 s on this store takes an item accepted through
+/// a clone of its handle at once: the store raises its accepted signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_item_wakes_an_idle_worker() {
+    use dedupe_core::{Deduper, Inbox, InboxWorker};
+    let store = SqliteStore::temporary()
+        .expect("dir")
+        .open()
+        .await
+        .expect("store");
+    let deduper = Deduper::new(store.clone());
+    let worker = InboxWorker::new(&deduper, store.clone(), "wake")
+        .with_poll_interval(Duration::from_secs(30));
+    let running = tokio::spawn({
+        let worker = worker.clone();
+        async move {
+            worker
+                .run(|_| async { Ok::<_, String>(b"done".to_vec()) })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let key = Key::new("wake", "evt_1").expect("key");
+    let accepted = std::time::Instant::now();
+    store.accept(&key, b"{}").await.expect("accept");
+    while store.item(&key).await.expect("item").is_some() {
+        assert!(
+            accepted.elapsed() < Duration::from_secs(5),
+            "the item waited for the poll"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    worker.shutdown(Duration::from_secs(1)).await;
+    running.await.expect("worker task").expect("worker");
+}
