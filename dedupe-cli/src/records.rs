@@ -199,6 +199,11 @@ pub async fn records(args: RecordsArgs) -> Result<bool, Error> {
             Some(SystemTime::now().checked_sub(age).unwrap_or(UNIX_EPOCH))
         }
     };
+    if let Some(namespace) = &args.namespace {
+        // A namespace as keys hold them (no `:`), so every store reads the
+        // same one.
+        Key::new(namespace, "_").map_err(|e| Error::config(format!("--namespace: {e}")))?;
+    }
     if !(1..=dedupe_core::backend::MAX_RECORD_PAGE).contains(&args.limit) {
         return Err(Error::config(format!(
             "--limit {}: 1 to {}",

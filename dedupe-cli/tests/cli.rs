@@ -797,6 +797,21 @@ async fn inspect_finds_an_idempotency_key_record_from_the_request() {
 fn records_are_listed_a_page_at_a_time(url: &str) {
     let (ok, out) = dedupe(&["race", "--store", url, "--events", "12", "--copies", "2"]);
     assert!(ok, "{out}");
+    // An inbox item in the same namespace: `dedupe inbox list`'s, not a record.
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let opener = dedupe_url::Opener::new(url.parse().expect("url"))
+                .await
+                .expect("open");
+            let inbox = opener
+                .inbox_handle()
+                .await
+                .expect("open")
+                .expect("an inbox");
+            let key = dedupe_core::Key::new("race", "an_item").expect("key");
+            inbox.accept(&key, b"{}").await.expect("accept");
+        });
     let page = |extra: &[&str]| {
         let mut args = vec!["records", "--store", url, "--namespace", "race"];
         args.extend(extra);

@@ -15,6 +15,10 @@ pub struct Capabilities {
     pub explicit_expire: bool,
     /// Largest outcome, in bytes, that `complete` accepts.
     pub max_outcome_bytes: usize,
+    /// The store deletes expired records by itself, in time (Redis' key
+    /// expiry, DynamoDB's TTL): a `Deduper` runs no expiry task of its own
+    /// over it, whatever `expire()` can do besides.
+    pub expires_by_itself: bool,
 }
 
 impl Capabilities {
@@ -23,7 +27,14 @@ impl Capabilities {
         Self {
             explicit_expire: true,
             max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            expires_by_itself: false,
         }
+    }
+
+    /// Sets [`Capabilities::expires_by_itself`].
+    pub const fn with_expires_by_itself(mut self, yes: bool) -> Self {
+        self.expires_by_itself = yes;
+        self
     }
 
     /// Sets [`Capabilities::explicit_expire`].

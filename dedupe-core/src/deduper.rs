@@ -230,7 +230,10 @@ pub struct Deduper {
 enum Expiry {
     #[default]
     NotStarted,
-    Running(ExpireTask),
+    /// Kept for its `Drop`, which stops the task.
+    Running {
+        _task: ExpireTask,
+    },
     Stopped,
 }
 
@@ -279,7 +282,10 @@ impl Deduper {
     /// stops; the clones share it. `None` turns it off: for a process that
     /// leaves the deletion to another (`dedupe purge` from cron,
     /// [`spawn_expire_task`](crate::spawn_expire_task) of its own). A store
-    /// that expires records itself (Redis, DynamoDB's TTL) gets no task.
+    /// that expires records itself (Redis, DynamoDB's TTL:
+    /// [`Capabilities::expires_by_itself`](crate::Capabilities)) gets no
+    /// task. Shutdown stops it without waiting for a pass under way (each
+    /// of its statements is whole; the next pass finishes the work).
     pub fn with_expiry(mut self, period: Option<Duration>) -> Self {
         self.expiry = period.map(|p| p.max(Duration::from_millis(1)));
         self
@@ -289,7 +295,9 @@ impl Deduper {
     /// the first work, inside the runtime the work runs on.
     pub(crate) fn start_expiry(&self) {
         let Some(period) = self.expiry else { return };
-        if !self.store.capabilities().explicit_expire
+        let caps = self.store.capabilities();
+        if !caps.explicit_expire
+            || caps.expires_by_itself
             || tokio::runtime::Handle::try_current().is_err()
         {
             return;
@@ -299,7 +307,9 @@ impl Deduper {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if matches!(*state, Expiry::NotStarted) {
-            *state = Expiry::Running(spawn_expire_task(Arc::clone(&self.store), period));
+            *state = Expiry::Running {
+                _task: spawn_expire_task(Arc::clone(&self.store), period),
+            };
         }
     }
 
@@ -501,11 +511,10 @@ impl Deduper {
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
             Expiry::Stopped,
         );
-        let drained = self.tasks.shutdown(grace).await;
-        if let Expiry::Running(task) = expiry {
-            task.stop().await;
-        }
-        drained
+        // Dropping the task's handle stops it before its next pass; a pass
+        // under way is not waited for, so it never holds the grace.
+        drop(expiry);
+        self.tasks.shutdown(grace).await
     }
 
     fn holder(&self, ttl: Duration) -> Holder {

@@ -775,11 +775,12 @@ impl WorkFailure {
         }
     }
 
-    /// Retried `delay` from now, not on the backoff (a `Retry-After`).
+    /// Retried `delay` from now, not on the backoff (a `Retry-After`),
+    /// cut to 1 ms to [`MAX_TTL`](crate::MAX_TTL).
     pub fn retry_after(delay: Duration, error: impl Display) -> Self {
         Self {
             error: error.to_string(),
-            then: Then::After(delay.max(Duration::from_millis(1))),
+            then: Then::After(delay.clamp(Duration::from_millis(1), crate::MAX_TTL)),
         }
     }
 

@@ -874,3 +874,66 @@ async fn memory_lists_record_keys_a_page_at_a_time() {
         .await
         .is_err());
 }
+
+/// A store that deletes expired records by itself (Redis, DynamoDB's TTL)
+/// gets no expiry task: a DynamoDB table is not scanned every hour.
+#[tokio::test]
+async fn a_store_that_expires_by_itself_gets_no_expiry_task() {
+    #[derive(Debug, Clone)]
+    struct ExpiresItself(MemoryStore);
+    #[dedupe_core::async_trait]
+    impl DedupeStore for ExpiresItself {
+        async fn claim(
+            &self,
+            key: &Key,
+            opts: &ClaimOptions,
+        ) -> dedupe_core::Result<dedupe_core::ClaimOutcome> {
+            self.0.claim(key, opts).await
+        }
+        async fn complete(
+            &self,
+            lease: &dedupe_core::Lease,
+            outcome: &[u8],
+            retention: Duration,
+        ) -> dedupe_core::Result<()> {
+            self.0.complete(lease, outcome, retention).await
+        }
+        async fn release(&self, lease: &dedupe_core::Lease) -> dedupe_core::Result<()> {
+            self.0.release(lease).await
+        }
+        async fn extend(
+            &self,
+            lease: &dedupe_core::Lease,
+            ttl: Duration,
+        ) -> dedupe_core::Result<dedupe_core::Lease> {
+            self.0.extend(lease, ttl).await
+        }
+        async fn expire(&self) -> dedupe_core::Result<u64> {
+            self.0.expire().await
+        }
+        async fn get(&self, key: &Key) -> dedupe_core::Result<Option<dedupe_core::Record>> {
+            self.0.get(key).await
+        }
+        async fn forget(&self, key: &Key) -> dedupe_core::Result<bool> {
+            self.0.forget(key).await
+        }
+        fn capabilities(&self) -> dedupe_core::Capabilities {
+            self.0.capabilities().with_expires_by_itself(true)
+        }
+    }
+    let store = MemoryStore::new();
+    let deduper = Deduper::new(ExpiresItself(store.clone()));
+    plant_expired(&store, "old").await;
+    deduper
+        .run(&key("work"), |_| async {
+            Ok::<_, Declined>(b"done".to_vec())
+        })
+        .await
+        .expect("run");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        store.len(),
+        2,
+        "an expiry task ran on a store that expires by itself"
+    );
+}

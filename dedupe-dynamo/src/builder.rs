@@ -178,7 +178,11 @@ impl DynamoBuilder {
                 names: self.names,
                 timeout,
                 grace_ms: duration_millis(self.grace),
-                caps: Capabilities::new().with_max_outcome_bytes(self.max_outcome_bytes),
+                // TTL deletes expired items (within days); `expire()` is
+                // a full Scan, for `dedupe purge`, never an hourly task.
+                caps: Capabilities::new()
+                    .with_max_outcome_bytes(self.max_outcome_bytes)
+                    .with_expires_by_itself(true),
                 fan_out: self.fan_out.max(1),
                 expire_rate: self.expire_rate.max(1),
                 clock: self.clock,

@@ -42,25 +42,39 @@ impl Admin for MySqlStore {
         Ok(())
     }
 
-    /// The primary key's order, `(namespace, id)`, one range read a page.
+    /// The primary key's order, `(namespace, id)`, one range read of the
+    /// primary key a page.
     async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
         let after = query.after.as_deref().map(parse_key_cursor).transpose()?;
-        let (after_ns, after_id) = after.unzip();
-        let statement = format!(
-            "SELECT namespace, id FROM `{}` WHERE wait IS NULL
-               AND (? IS NULL OR namespace = ?)
-               AND (? IS NULL OR namespace > ? OR (namespace = ? AND id > ?))
-             ORDER BY namespace, id LIMIT ?",
-            self.table_name()
-        );
-        let rows: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(sqlx::AssertSqlSafe(statement))
-            .bind(query.namespace.as_deref())
-            .bind(query.namespace.as_deref())
-            .bind(after_ns.as_deref())
-            .bind(after_ns.as_deref())
-            .bind(after_ns.as_deref())
-            .bind(after_id.as_deref())
-            .bind(query.limit as u64)
+        let table = self.table_name();
+        let listing = match &query.namespace {
+            Some(namespace) => {
+                let after_id = after
+                    .filter(|(ns, _)| ns == namespace)
+                    .map(|(_, id)| id)
+                    .unwrap_or_default();
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT namespace, id FROM `{table}` WHERE namespace = ? AND id > ?
+                       AND wait IS NULL ORDER BY id LIMIT ?"
+                )))
+                .bind(namespace.clone())
+                .bind(after_id)
+                .bind(query.limit as u64)
+            }
+            None => {
+                let (ns, id) = after.unwrap_or_default();
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT namespace, id FROM `{table}`
+                     WHERE (namespace > ? OR (namespace = ? AND id > ?)) AND wait IS NULL
+                     ORDER BY namespace, id LIMIT ?"
+                )))
+                .bind(ns.clone())
+                .bind(ns)
+                .bind(id)
+                .bind(query.limit as u64)
+            }
+        };
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = listing
             .fetch_all(&self.pool)
             .await
             .map_err(|e| Error::retryable("listing the records", Some(Box::new(e) as _)))?;

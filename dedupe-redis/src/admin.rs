@@ -39,8 +39,10 @@ impl Admin for RedisAdmin {
     /// One `SCAN` batch a page, server by server (each primary on a
     /// Cluster): the cursor is the server's place in `urls` and its SCAN
     /// cursor; `COUNT` is a hint to Redis, so a page may hold fewer keys
-    /// than the limit (or none) or more, and still have a next. Inbox items (in their namespace's id set) are left
-    /// out.
+    /// than the limit (or none) or more, and still have a next; a key SCAN
+    /// returns twice (it may, during a rehash) is listed twice. Inbox items
+    /// are left out. The servers are the URL's: on a Cluster, name every
+    /// primary.
     async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
         let fail =
             |e: redis::RedisError| Error::retryable("listing the records", Some(Box::new(e) as _));
@@ -77,10 +79,10 @@ impl Admin for RedisAdmin {
             let Some(key) = self.store.key_of_record_key(&found) else {
                 continue;
             };
-            let item = match self.store.index_keys(key.namespace()) {
-                Some([_, _, ids]) => conn.sismember(ids, key.id()).await.map_err(fail)?,
-                None => false,
-            };
+            // An inbox item (only where the store can keep one) is
+            // `dedupe inbox list`'s, not a record.
+            let item = self.store.index_keys(key.namespace()).is_some()
+                && dedupe_core::Inbox::item(&self.store, &key).await?.is_some();
             if !item {
                 keys.push(key);
             }

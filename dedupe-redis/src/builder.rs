@@ -315,6 +315,7 @@ impl RedisBuilder {
             timeout,
             grace_ms: duration_millis(self.grace),
             caps: Capabilities::new()
+                .with_expires_by_itself(true)
                 .with_explicit_expire(false)
                 .with_max_outcome_bytes(self.max_outcome_bytes),
             wait: self

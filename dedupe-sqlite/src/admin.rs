@@ -24,24 +24,45 @@ impl Admin for SqliteStore {
             .map_err(|e| Error::fatal("checking the file", Some(Box::new(e) as _)))?
     }
 
-    /// The primary key's order, `(namespace, id)`, one range read a page.
+    /// The primary key's order, `(namespace, id)`, one range read of the
+    /// primary key a page.
     async fn record_keys(&self, query: &RecordQuery) -> Result<KeyPage> {
         let after = query.after.as_deref().map(parse_key_cursor).transpose()?;
-        let (only, limit) = (query.namespace.clone(), query.limit);
-        let statement = format!(
-            "SELECT namespace, id FROM \"{}\" WHERE wait IS NULL
-               AND (?1 IS NULL OR namespace = ?1)
-               AND (?2 IS NULL OR namespace > ?2 OR (namespace = ?2 AND id > ?3))
-             ORDER BY namespace, id LIMIT ?4",
-            self.table_name()
-        );
+        let limit = query.limit;
+        let table = self.table_name();
+        // Two shapes, each a range of the primary key (an `OR` or an
+        // `IS NULL` test would make SQLite scan the table on every page).
+        let (statement, first, second) = match &query.namespace {
+            Some(namespace) => (
+                format!(
+                    "SELECT namespace, id FROM \"{table}\"
+                     WHERE namespace = ?1 AND id > ?2 AND wait IS NULL ORDER BY id LIMIT ?3"
+                ),
+                namespace.clone(),
+                after
+                    .filter(|(ns, _)| ns == namespace)
+                    .map(|(_, id)| id)
+                    .unwrap_or_default(),
+            ),
+            None => {
+                let (ns, id) = after.unwrap_or_default();
+                (
+                    format!(
+                        "SELECT namespace, id FROM \"{table}\"
+                         WHERE (namespace, id) > (?1, ?2) AND wait IS NULL
+                         ORDER BY namespace, id LIMIT ?3"
+                    ),
+                    ns,
+                    id,
+                )
+            }
+        };
         let rows = self
             .conns()
             .with_conn(move |_, conn| {
-                let (after_ns, after_id) = after.unzip();
                 conn.prepare(&statement)
                     .and_then(|mut stmt| {
-                        stmt.query_map((only, after_ns, after_id, limit as i64), |row| {
+                        stmt.query_map((first, second, limit as i64), |row| {
                             Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
                         })?
                         .collect::<rusqlite::Result<Vec<_>>>()
@@ -95,7 +116,8 @@ pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
             path.display()
         )));
     }
-    // `wait` is the newest migration's (0002_inbox) column.
+    // `wait` is the newest column (0002_inbox; 0003 adds indexes only,
+    // which reads do not need).
     if !columns.iter().any(|c| c == "wait") {
         return Err(missing(format!(
             "table \"{table}\" in {} is from before migration 0002_inbox",

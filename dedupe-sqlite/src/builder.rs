@@ -71,8 +71,10 @@ impl SqliteBuilder {
 
     /// Whether [`open`](Self::open) creates a missing file and table and
     /// migrates them (the default), or opens only a file whose table is
-    /// there at the current migration, and fails naming what is missing
-    /// without writing anything (for tools that only read).
+    /// there with the current migration's columns, and fails naming what is
+    /// missing, having created nothing (for tools that only read). Opened,
+    /// its connections use the file as any handle does (WAL, with its
+    /// `-wal` and `-shm` files).
     pub fn create(mut self, create: bool) -> Self {
         self.create = create;
         self
