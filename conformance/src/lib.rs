@@ -29,6 +29,8 @@
 
 pub mod checks;
 pub mod crashes;
+#[cfg(unix)]
+pub mod deploys;
 mod harness;
 pub mod history;
 pub mod processes;
@@ -107,6 +109,7 @@ macro_rules! __with_check_names {
             inbox_list_and_counts,
             inbox_accepts_race_claims,
             inbox_calls_asked_twice,
+            inbox_hand_back_is_free,
         }
     };
 }

@@ -127,6 +127,9 @@ enum Flaw {
     AcceptLapsedClaimInFlight,
     /// A listing filtered by status starts every page from the beginning.
     FilteredListIgnoresCursor,
+    /// A release of an item keeps the attempt its take counted: every
+    /// deploy spends one.
+    HandBackSpendsAttempt,
     /// A completed item is still listed, as it was before the completion.
     CompletedStillListed,
 }
@@ -154,6 +157,7 @@ impl Flaw {
                 | Flaw::AcceptResetsDead
                 | Flaw::AcceptLapsedClaimInFlight
                 | Flaw::FilteredListIgnoresCursor
+                | Flaw::HandBackSpendsAttempt
                 | Flaw::CompletedStillListed
         )
     }
@@ -169,6 +173,8 @@ struct Broken {
     done: Arc<Mutex<HashSet<Key>>>,
     /// Items as they were before their completion (`CompletedStillListed`).
     completed_items: Arc<Mutex<Vec<Item>>>,
+    /// Attempts hand-backs kept (`HandBackSpendsAttempt`).
+    spent: Arc<Mutex<HashMap<Key, u32>>>,
 }
 
 impl Broken {
@@ -331,6 +337,16 @@ impl DedupeStore for Broken {
                 Ok(())
             }
             Flaw::ReleaseKeepsRecord => Ok(()),
+            Flaw::HandBackSpendsAttempt if self.inner.item(&lease.key).await?.is_some() => {
+                self.inner.release(&lease).await?;
+                *self
+                    .spent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(lease.key.clone())
+                    .or_default() += 1;
+                Ok(())
+            }
             Flaw::ItemReleaseAgainIsLeaseLost
                 if self
                     .inner
@@ -470,6 +486,7 @@ impl StoreFactory for BrokenFactory {
             physical: Arc::default(),
             done: Arc::default(),
             completed_items: Arc::default(),
+            spent: Arc::default(),
         })))
     }
 }
@@ -574,6 +591,17 @@ impl Inbox for Broken {
                 Ok(taken)
             }
             Flaw::TakeNewestFirst => Ok(taken.into_iter().rev().collect()),
+            Flaw::HandBackSpendsAttempt => {
+                let spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(taken
+                    .into_iter()
+                    .map(|t| {
+                        let mut lease = t.lease.clone();
+                        lease.attempt += spent.get(&lease.key).copied().unwrap_or(0);
+                        Taken::new(lease, t.payload.clone(), t.last_error.clone())
+                    })
+                    .collect())
+            }
             Flaw::TakeoverAttemptNotCounted => Ok(taken
                 .into_iter()
                 .map(|t| {
@@ -605,7 +633,12 @@ impl Inbox for Broken {
     }
 
     async fn item(&self, key: &Key) -> Result<Option<Item>> {
-        self.inner.item(key).await
+        let mut item = self.inner.item(key).await?;
+        if let Some(item) = item.as_mut() {
+            let spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
+            item.attempts += spent.get(key).copied().unwrap_or(0);
+        }
+        Ok(item)
     }
 
     async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
@@ -824,6 +857,10 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::AcceptResetsDead, &["inbox_failures_and_replay"]),
     (Flaw::AcceptLapsedClaimInFlight, &["inbox_accepts_once"]),
     (Flaw::FilteredListIgnoresCursor, &["inbox_list_and_counts"]),
+    (
+        Flaw::HandBackSpendsAttempt,
+        &["inbox_hand_back_is_free", "inbox_calls_asked_twice"],
+    ),
     (Flaw::CompletedStillListed, &["inbox_list_and_counts"]),
 ];
 

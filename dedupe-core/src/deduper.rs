@@ -529,6 +529,7 @@ impl Deduper {
             ttl,
             heartbeat: self.heartbeat,
             max_time: self.max_work_time,
+            on_failure: None,
         }
     }
 

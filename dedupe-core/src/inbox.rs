@@ -313,7 +313,8 @@ pub struct InboxCounts {
 /// The lease of a taken item is a [`Lease`] of the store: complete it with
 /// [`DedupeStore::complete`] (the item becomes a done record), keep it with
 /// [`DedupeStore::extend`], give it back with [`DedupeStore::release`] (due
-/// again now, its attempts kept), remove it with [`DedupeStore::forget`].
+/// again now, the attempt its take counted taken back: a hand-back spends
+/// none), remove it with [`DedupeStore::forget`].
 /// All of them, and [`fail`](Self::fail), are fenced: a worker whose lease
 /// passed or was taken over gets `LeaseLost` and changes nothing.
 ///

@@ -71,12 +71,12 @@ impl Backoff {
 /// [`Backoff`], or dead when it fails at attempt `max_attempts` or later (so
 /// a replayed dead item gets one more run). The error may say otherwise
 /// ([`WorkFailure`]): due again after a delay of its own (an API's
-/// `Retry-After`), or dead at once (a failure no attempt will get past). A panic gives the item back (due
-/// again, the attempt counted); a worker that dies mid-item leaves it to be
-/// taken over at its lease's end (counted). Attempts that end without a
-/// failure (panics, dead workers, the time bound) do not make an item dead:
-/// a handler that kills its process is retried until an operator forgets
-/// the item (watch `attempts` in `list`).
+/// `Retry-After`), or dead at once (a failure no attempt will get past). A
+/// panic, or a run past the time bound, is a failure of its attempt (the
+/// panic's message or the bound is the error); a worker that dies mid-item
+/// leaves it to be taken over at its lease's end (the attempt counted). An
+/// item given back at shutdown spends no attempt (CONTRACT.md I9): deploys
+/// do not send healthy items to the dead letters.
 ///
 /// ```
 /// use std::time::Duration;
@@ -281,7 +281,19 @@ impl InboxWorker {
         let lease = item.lease.clone();
         let attempt = lease.attempt;
         let store: Arc<dyn DedupeStore> = Arc::clone(&self.inbox) as Arc<dyn DedupeStore>;
-        let holder = self.deduper.holder_on(store, self.deduper.lease_ttl());
+        let mut holder = self.deduper.holder_on(store, self.deduper.lease_ttl());
+        // A panic or a run past the time bound is a failure of the attempt
+        // (a release would hand it back, free: CONTRACT.md I9).
+        let this = self.clone();
+        holder.on_failure = Some(Arc::new(move |lease: Lease, what: String| {
+            let this = this.clone();
+            Box::pin(async move {
+                let retry = this.retry(lease.attempt, Then::Backoff);
+                this.inbox.fail(&lease, &what, retry).await?;
+                this.log_failure(&lease, &what, retry);
+                Ok(())
+            })
+        }));
         let retention = self.deduper.retention().for_namespace(&self.namespace);
         let span = tracing::info_span!("dedupe.inbox.item", key = %lease.key, attempt);
         let work = async {
@@ -289,12 +301,7 @@ impl InboxWorker {
                 Ok(outcome) => ((), Settle::Complete { outcome, retention }),
                 Err(e) => {
                     let failure: WorkFailure = e.into();
-                    let retry = match failure.then {
-                        Then::Dead => Retry::Dead,
-                        _ if attempt >= self.max_attempts => Retry::Dead,
-                        Then::Backoff => Retry::After(self.backoff.delay(attempt)),
-                        Then::After(delay) => Retry::After(delay),
-                    };
+                    let retry = self.retry(attempt, failure.then);
                     self.fail(&lease, &failure.error, retry).await;
                     ((), Settle::Settled)
                 }
@@ -307,16 +314,30 @@ impl InboxWorker {
             .await;
     }
 
+    /// What a failure of attempt `attempt` that asks for `then` does.
+    fn retry(&self, attempt: u32, then: Then) -> Retry {
+        match then {
+            Then::Dead => Retry::Dead,
+            _ if attempt >= self.max_attempts => Retry::Dead,
+            Then::Backoff => Retry::After(self.backoff.delay(attempt)),
+            Then::After(delay) => Retry::After(delay),
+        }
+    }
+
+    fn log_failure(&self, lease: &Lease, error: &str, retry: Retry) {
+        match retry {
+            Retry::Dead => {
+                tracing::error!(key = %lease.key, attempt = lease.attempt, error, "item dead")
+            }
+            Retry::After(delay) => {
+                tracing::warn!(key = %lease.key, attempt = lease.attempt, error, ?delay, "item failed; due again")
+            }
+        }
+    }
+
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) {
         match self.inbox.fail(lease, error, retry).await {
-            Ok(()) => match retry {
-                Retry::Dead => {
-                    tracing::error!(key = %lease.key, attempt = lease.attempt, error, "item dead")
-                }
-                Retry::After(delay) => {
-                    tracing::warn!(key = %lease.key, attempt = lease.attempt, error, ?delay, "item failed; due again")
-                }
-            },
+            Ok(()) => self.log_failure(lease, error, retry),
             Err(e) => {
                 tracing::error!(key = %lease.key, error = %e, "could not record an item's failure; it is due again when its lease passes")
             }
@@ -324,8 +345,8 @@ impl InboxWorker {
     }
 
     /// Stops taking items and waits up to `grace` for the running ones; past
-    /// it, they are dropped mid-way and given back (due again, their attempt
-    /// counted). This is the deduper's [`shutdown`](Deduper::shutdown): work
+    /// it, they are dropped mid-way and given back (due again now, the
+    /// attempt not spent). This is the deduper's [`shutdown`](Deduper::shutdown): work
     /// of other front doors on the same deduper (or its clones) is drained
     /// too, and none starts afterwards; give a worker a `Deduper` of its own
     /// to stop it apart.
@@ -491,7 +512,7 @@ mod tests {
     }
 
     /// A handler that never ends: shutdown's grace runs out, the item is
-    /// given back (due again, its attempt counted), and a second worker
+    /// given back (due again, no attempt spent), and a second worker
     /// finishes it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_item_cut_off_by_shutdown_is_given_back() {
@@ -522,7 +543,8 @@ mod tests {
             .await
             .expect("in the test")
             .expect("given back");
-        assert_eq!((item.status, item.attempts), (ItemStatus::Pending, 1));
+        // Given back free: shutdown spends no attempt (CONTRACT.md I9).
+        assert_eq!((item.status, item.attempts), (ItemStatus::Pending, 0));
 
         let second = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
             .with_poll_interval(Duration::from_millis(5));
@@ -548,12 +570,61 @@ mod tests {
         ));
     }
 
+    /// A handler that panics fails its attempt with the panic's message: with
+    /// one attempt allowed the item is dead after one run. (Were a panic a
+    /// hand-back, free, the item would run forever and this fails.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_fails_its_attempt() {
+        let inbox = MemoryStore::new();
+        let key = Key::new("w", "panics").expect("in the test");
+        inbox.accept(&key, b"x").await.expect("in the test");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
+            .with_max_attempts(1)
+            .with_poll_interval(Duration::from_millis(5));
+        let running = tokio::spawn({
+            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
+            async move {
+                worker
+                    .run(move |_| {
+                        let ran = runs.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            if ran < usize::MAX {
+                                panic!("boom in the handler");
+                            }
+                            Ok::<Vec<u8>, String>(Vec::new())
+                        }
+                    })
+                    .await
+            }
+        });
+        let started = std::time::Instant::now();
+        let dead = loop {
+            let item = inbox.item(&key).await.expect("in the test").expect("kept");
+            if item.status == ItemStatus::Dead {
+                break item;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "{item:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(dead.attempts, 1);
+        assert_eq!(
+            dead.last_error.as_deref(),
+            Some("the work panicked: boom in the handler")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "a dead item ran again");
+        worker.shutdown(Duration::from_secs(1)).await;
+        running.await.expect("in the test").expect("in the test");
+    }
+
     /// A handler hung on its first attempt, with the default settings: the
-    /// item stays running nine minutes in, then the default bound gives it
-    /// back and the next take completes it. Without the bound the item is
-    /// held for as long as the process lives and this fails.
+    /// item stays running nine minutes in, then the default bound fails the
+    /// attempt (counted, the bound as its error) and the retry completes it.
+    /// Without the bound the item is held for as long as the process lives
+    /// and this fails.
     #[tokio::test(start_paused = true)]
-    async fn a_hung_item_is_given_back_at_the_default_bound() {
+    async fn a_hung_item_fails_at_the_default_bound() {
         let inbox = MemoryStore::new();
         let key = Key::new("w", "hung").expect("in the test");
         inbox.accept(&key, b"x").await.expect("in the test");
@@ -574,13 +645,25 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(9 * 60)).await;
         let item = inbox.item(&key).await.expect("in the test").expect("held");
         assert_eq!((item.status, item.attempts), (ItemStatus::Running, 1));
+        let mut failed = None;
         tokio::time::timeout(Duration::from_secs(2 * 60), async {
-            while inbox.item(&key).await.expect("in the test").is_some() {
+            while let Some(item) = inbox.item(&key).await.expect("in the test") {
+                if item.status == ItemStatus::Failed {
+                    // Its retry is due on the wall clock, which a paused
+                    // runtime does not move.
+                    std::thread::sleep(Duration::from_millis(20));
+                    failed = Some(item);
+                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         })
         .await
-        .expect("the default bound gave the item back and it was done");
+        .unwrap_or_else(|_| {
+            panic!(
+                "the default bound did not end the hung attempt: {:?}",
+                futures_util::FutureExt::now_or_never(inbox.item(&key))
+            )
+        });
         match inbox
             .claim(&key, &ClaimOptions::default())
             .await
@@ -589,6 +672,12 @@ mod tests {
             ClaimOutcome::Duplicate { outcome, .. } => assert_eq!(outcome, b"second"),
             other => panic!("{other:?}"),
         }
+        let failed = failed.expect("the hung attempt failed before the retry");
+        assert_eq!(failed.attempts, 1);
+        assert_eq!(
+            failed.last_error.as_deref(),
+            Some("the work ran past its time bound of 600s")
+        );
         worker.shutdown(Duration::from_secs(1)).await;
         running.await.expect("in the test").expect("in the test");
     }

@@ -354,12 +354,14 @@ impl DedupeStore for MemoryStore {
         match map.map.get(&lease.key) {
             Some(entry) if entry.holds(lease, now) => {
                 if entry.item.is_some() {
-                    // An item is given back, due now, its attempts kept.
+                    // An item is given back, due now, the attempt its take
+                    // counted taken back (I5).
                     map.change(&lease.key, |entry| {
                         if let Some(item) = entry.item.as_mut() {
                             item.wait = Wait::Due;
                         }
                         entry.expires_at = now;
+                        entry.attempts = entry.attempts.saturating_sub(1);
                     });
                 } else {
                     map.remove(&lease.key);

@@ -18,6 +18,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -59,8 +60,9 @@ pub enum Worked<T> {
         /// The store's answer to the completion or release.
         settled: Result<(), Error>,
     },
-    /// The work panicked; its claim was released (`released` says whether the
-    /// store took the release). `payload` is the panic's, to resume it.
+    /// The work panicked; its claim was released, or its inbox item failed
+    /// (`released` says whether the store took it). `payload` is the panic's,
+    /// to resume it.
     Panicked {
         /// The panic payload.
         payload: Box<dyn Any + Send>,
@@ -68,7 +70,7 @@ pub enum Worked<T> {
         released: Result<(), Error>,
     },
     /// The work ran past its time bound: it was dropped mid-way and its claim
-    /// released.
+    /// released, or its inbox item failed.
     TimedOut {
         /// The bound it ran past.
         limit: Duration,
@@ -195,13 +197,44 @@ fn count(outcome: &'static str) {
     metrics::counter!("dedupe_work_total", "outcome" => outcome).increment(1);
 }
 
+/// What a holder does with the lease of work that panicked or ran past its
+/// time bound, given the lease and what went wrong.
+pub(crate) type OnFailure =
+    Arc<dyn Fn(Lease, String) -> BoxFuture<'static, Result<(), Error>> + Send + Sync>;
+
 /// The lifecycle itself, on a store the caller has behind a `TracedStore`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Holder {
     pub(crate) store: Arc<dyn DedupeStore>,
     pub(crate) ttl: Duration,
     pub(crate) heartbeat: bool,
     pub(crate) max_time: Duration,
+    /// Work that panicked or ran past its bound: `None` releases its claim
+    /// (the next delivery runs it again); the inbox worker fails its item
+    /// instead, the attempt spent (CONTRACT.md I9: a release of an item is a
+    /// hand-back and spends none).
+    pub(crate) on_failure: Option<OnFailure>,
+}
+
+impl std::fmt::Debug for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holder")
+            .field("store", &self.store)
+            .field("ttl", &self.ttl)
+            .field("heartbeat", &self.heartbeat)
+            .field("max_time", &self.max_time)
+            .field("on_failure", &self.on_failure.is_some())
+            .finish()
+    }
+}
+
+/// A panic's message, when it has one.
+fn panic_text(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 impl Holder {
@@ -258,15 +291,17 @@ impl Holder {
                 Worked::Returned { value, settled }
             }
             Some(Ok(Err(payload))) => {
-                tracing::error!(key = %lease.key, "the work panicked; releasing its claim");
+                tracing::error!(key = %lease.key, "the work panicked; settling its claim");
                 count("panicked");
-                let released = self.store.release(&lease).await;
+                let what = format!("the work panicked: {}", panic_text(&*payload));
+                let released = self.failed(&lease, what).await;
                 Worked::Panicked { payload, released }
             }
             Some(Err(limit)) => {
-                tracing::error!(key = %lease.key, ?limit, "the work ran past its time bound; dropped it and released its claim");
+                tracing::error!(key = %lease.key, ?limit, "the work ran past its time bound; dropped it and settling its claim");
                 count("timed_out");
-                let released = self.store.release(&lease).await;
+                let what = format!("the work ran past its time bound of {limit:?}");
+                let released = self.failed(&lease, what).await;
                 Worked::TimedOut { limit, released }
             }
             None => {
@@ -274,6 +309,14 @@ impl Holder {
                 let released = self.store.release(&lease).await;
                 Worked::Aborted { released }
             }
+        }
+    }
+
+    /// Settles the lease of work that panicked or ran past its bound.
+    async fn failed(&self, lease: &Lease, what: String) -> Result<(), Error> {
+        match &self.on_failure {
+            Some(on_failure) => on_failure(lease.clone(), what).await,
+            None => self.store.release(lease).await,
         }
     }
 

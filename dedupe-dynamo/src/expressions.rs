@@ -54,8 +54,12 @@ pub(crate) const DUE: &str = "attribute_exists(#iq) AND #dl <= :now";
 pub(crate) const LEASE: &str =
     "SET #tk = :tk, #dl = :until, #at = #at + :one, #wt = :zero, #iq = :q, #ik = :lk";
 
-/// An item given back (release, replay, a failure with a retry): waiting.
+/// An item made due again by a replay: waiting.
 pub(crate) const WAITING: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk";
+/// An item given back by its worker (a release): waiting, the attempt its
+/// take counted taken back (I9).
+pub(crate) const GIVEN_BACK: &str =
+    "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #at = #at - :one";
 /// A failure with a retry, and a dead one (out of the due index).
 pub(crate) const FAIL_RETRY: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #le = :le";
 pub(crate) const FAIL_DEAD: &str = "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le REMOVE #iq";
@@ -79,7 +83,7 @@ pub(crate) const REQUESTS: [&[&str]; 19] = [
     &[CLAIM_HELD],
     &[EXTEND, CLAIM_HELD],
     &[DUE, LEASE],
-    &[WAITING, ITEM_HELD],
+    &[GIVEN_BACK, ITEM_HELD],
     &[WAITING, REPLAYABLE],
     &[FAIL_RETRY, ITEM_HELD],
     &[FAIL_DEAD, ITEM_HELD],

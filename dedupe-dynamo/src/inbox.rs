@@ -173,8 +173,8 @@ impl DynamoStore {
     }
 
     /// `release` of an inbox item held by `lease` (read as `item`): due now,
-    /// its attempts kept. Given back already by this lease (the same release
-    /// sent again): Ok.
+    /// the attempt its take counted taken back (I9). Given back already by
+    /// this lease (the same release sent again): Ok, nothing changed.
     pub(crate) async fn release_item(&self, lease: &Lease, item: &Item) -> Result<()> {
         let names = &self.inner.names;
         let given_back = |item: &Item| -> Result<bool> {
@@ -204,7 +204,7 @@ impl DynamoStore {
             (":lk", list_key(status, &lease.key)),
         ]);
         match self
-            .update(&lease.key, WAITING, ITEM_HELD, vals, false)
+            .update(&lease.key, GIVEN_BACK, ITEM_HELD, vals, false)
             .await?
         {
             Updated::Done(_) => Ok(()),

@@ -178,11 +178,13 @@ impl Statements {
                 "SELECT token = ?, {ITEM} FROM {t}
                  WHERE namespace = ? AND id = ? AND wait IS NOT NULL"
             ),
-            // An item held by the lease, due now, its attempts kept (I5); an
-            // item given back so already under this token (the same release
-            // sent again) matches too and is left as it is.
+            // An item held by the lease, due now, the attempt its take counted
+            // taken back (I9); an item given back so already under this token
+            // (the same release sent again) matches too and is left as it is.
+            // `wait` last: the assignments before it read the old one.
             give_back: format!(
-                "UPDATE {t} SET expires_at = IF(wait = 0, {now}, expires_at),
+                "UPDATE {t} SET attempts = IF(wait = 0, attempts - 1, attempts),
+                                expires_at = IF(wait = 0, {now}, expires_at),
                                 due_at = IF(wait = 0, {now}, due_at), wait = 1
                  WHERE namespace = ? AND id = ? AND token = ?
                    AND ((wait = 0 AND expires_at > {now}) OR (wait = 1 AND expires_at <= {now}))"

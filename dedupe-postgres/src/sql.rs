@@ -294,13 +294,14 @@ impl Statements {
             // since is a later claim's); false for a live record of another
             // lease, or a done one.
             // An item held by this lease is given back instead, due now,
-            // its attempts kept.
+            // the attempt its take counted taken back (I9).
             release: format!(
                 "WITH gone AS (DELETE FROM {t}
                                 WHERE {is_bound} AND token = $3 AND state = 0 AND expires_at > now()
                                   AND wait IS NULL
                                 RETURNING 1),
                       given AS (UPDATE {t} SET wait = 1,
+                                       attempts = CASE WHEN wait = 0 THEN attempts - 1 ELSE attempts END,
                                        expires_at = CASE WHEN wait = 0 THEN now() ELSE expires_at END,
                                        due_at = CASE WHEN wait = 0 THEN now() ELSE due_at END
                                 WHERE {is_bound} AND token = $3

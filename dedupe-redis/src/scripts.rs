@@ -265,8 +265,9 @@ return 1
 /// record under the key (the lease passed, or the same release sent again
 /// finds its work done; an expired record is left for its attempt count); `0`
 /// a live record of another lease, or a done one; `-1` corrupt. A held inbox
-/// item is given back due now, its attempts kept; one this token gave back
-/// already (the same release sent again) answers `1`.
+/// item is given back due now, the attempt its take counted taken back (I9);
+/// one this token gave back already (the same release sent again) answers
+/// `1` and changes nothing.
 const RELEASE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if v and is_item(v) then
@@ -277,7 +278,7 @@ if v and is_item(v) then
     return code
   end
   local back = icopy(r)
-  back.wait, back.due = 1, now
+  back.wait, back.due, back.attempts = 1, now, r.attempts - 1
   iput(ARGV[2], r, back)
   return 1
 end

@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I8) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I9) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection.
 
 use std::time::Duration;
@@ -93,7 +93,7 @@ impl Inbox for SqliteStore {
     }
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I8), each one statement on the
+/// The inbox's statements (CONTRACT.md I1 to I9), each one statement on the
 /// caller's connection (writes in the writer's transaction).
 impl Ops<'_> {
     pub(crate) fn accept(&self, conn: &Connection, key: &Key, payload: &[u8]) -> Result<Accepted> {

@@ -107,11 +107,12 @@ impl Statements {
                  WHERE namespace = :ns AND id = :id AND token = :token AND state = 0 AND expires_at > :now
                    AND wait IS NULL"
             ),
-            // An item's release gives it back, due now, its attempts kept. One
-            // given back under this token already (the same release sent
-            // again) matches too, and is left as it is.
+            // An item's release gives it back, due now, the attempt its take
+            // counted taken back (I9). One given back under this token already
+            // (the same release sent again) matches too, and is left as it is.
             release_item: format!(
-                "UPDATE {t} SET wait = 1, expires_at = CASE WHEN wait = 0 THEN :now ELSE expires_at END
+                "UPDATE {t} SET wait = 1, expires_at = CASE WHEN wait = 0 THEN :now ELSE expires_at END,
+                        attempts = CASE WHEN wait = 0 THEN attempts - 1 ELSE attempts END
                  WHERE namespace = :ns AND id = :id AND token = :token
                    AND ((wait = 0 AND expires_at > :now) OR (wait = 1 AND expires_at <= :now))"
             ),

@@ -34,7 +34,10 @@
 /// store), also `killed_inbox_workers_complete_every_item_exactly_once` and
 /// its child `inbox_crash_worker`: the same run on the inbox
 /// ([`CrashPlan::inbox`](dedupe_conformance::crashes::CrashPlan::inbox), 200
-/// items accepted by every worker, taken three at a time).
+/// items accepted by every worker, taken three at a time), and
+/// `inbox_deploys_spend_no_attempts` with its child `inbox_deploy_worker`
+/// (worker processes stopped with SIGTERM and replaced twenty times under
+/// load: every item done at attempt 1).
 #[macro_export]
 macro_rules! crash_tests {
     (setup: $setup:expr, worker: $worker:expr, inbox_worker: $inbox:expr $(,)?) => {
@@ -59,6 +62,28 @@ macro_rules! crash_tests {
         async fn inbox_crash_worker() {
             let inbox = ($inbox)().await;
             $crate::__conformance::crashes::run_inbox_crash_worker(inbox).await;
+        }
+
+        /// Inbox worker processes stopped gracefully (SIGTERM) and replaced
+        /// twenty times under load: no item gains an attempt from a deploy
+        /// (see `dedupe_conformance::deploys`).
+        #[test]
+        fn inbox_deploys_spend_no_attempts() {
+            let (_guard, env) = ($setup)();
+            let report = $crate::__conformance::deploys::deploy_workers(
+                "inbox_deploy_worker",
+                &$crate::__conformance::deploys::DeployPlan::default(),
+                &env,
+            )
+            .unwrap_or_else(|failure| panic!("{failure}"));
+            eprintln!("{report}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "run by inbox_deploys_spend_no_attempts in a child process"]
+        async fn inbox_deploy_worker() {
+            let inbox = ($inbox)().await;
+            $crate::__conformance::deploys::run_deploy_worker(inbox).await;
         }
     };
     (setup: $setup:expr, worker: $worker:expr $(,)?) => {

@@ -1,4 +1,4 @@
-//! The inbox rules (CONTRACT.md, I1 to I8), for a store whose fixture offers
+//! The inbox rules (CONTRACT.md, I1 to I9), for a store whose fixture offers
 //! an [`Inbox`](dedupe_core::Inbox); skipped for one that does not.
 
 use dedupe_core::{Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
@@ -412,7 +412,7 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
 
 /// I5, I6: a failure keeps the error (cut to its limit) and the attempts and
 /// makes the item due after the delay (not before); a release gives it back
-/// due now; dead items are never taken; a replay makes a dead item due now
+/// due now, the attempt its take counted taken back (I9); dead items are never taken; a replay makes a dead item due now
 /// with its history; a replay of anything else answers `false`.
 pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
@@ -485,7 +485,7 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         Failure::new("a released item was removed (an item is given back, not removed)")
     })?;
     ensure!(
-        released.attempts == 2 && released.status != ItemStatus::Running,
+        released.attempts == 1 && released.status != ItemStatus::Running,
         "a released item shows {:?} with {} attempts",
         released.status,
         released.attempts
@@ -510,13 +510,13 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         .ok_or_else(|| Failure::new("a dead item vanished"))?;
     ensure!(
         dead.status == ItemStatus::Dead
-            && dead.attempts == 3
+            && dead.attempts == 2
             && dead.last_error.as_deref() == Some("for good"),
         "a dead item shows {dead:?}"
     );
     match inbox.accept(&k, b"a resend").await? {
         Accepted::Item(item) => ensure!(
-            item.status == ItemStatus::Dead && item.attempts == 3 && item.payload == b"poison",
+            item.status == ItemStatus::Dead && item.attempts == 2 && item.payload == b"poison",
             "an accept of a dead item's key answered the item as {:?} with {} attempts",
             item.status,
             item.attempts
@@ -544,7 +544,7 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         .await?
         .ok_or_else(|| Failure::new("a replayed item vanished"))?;
     ensure!(
-        replayed.attempts == 3 && replayed.last_error.as_deref() == Some("for good"),
+        replayed.attempts == 2 && replayed.last_error.as_deref() == Some("for good"),
         "a replay lost the item's history: {replayed:?}"
     );
     ensure!(
@@ -561,8 +561,8 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
     )?;
     let fourth = take_n(&*inbox, 1, LONG_TTL).await?;
     ensure!(
-        fourth.first().is_some_and(|t| t.lease.attempt == 4),
-        "a replayed item was not taken at once as attempt 4: {fourth:?}"
+        fourth.first().is_some_and(|t| t.lease.attempt == 3),
+        "a replayed item was not taken at once as attempt 3: {fourth:?}"
     );
     ensure!(
         !inbox.replay(&k).await?,
@@ -881,6 +881,89 @@ pub async fn inbox_accepts_race_claims(factory: &dyn StoreFactory) -> CheckResul
     Ok(Verdict::Passed)
 }
 
+/// I9: a release (a hand-back: a worker that stops, or never ran the
+/// handler) takes back the attempt its take counted, so that deploys spend
+/// no attempts; a failure spends one; a takeover of a worker that died
+/// spends one.
+pub async fn inbox_hand_back_is_free(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let k = item_key("handed-back")?;
+    inbox.accept(&k, b"work").await?;
+    for round in 1..=3 {
+        let taken = take_n(&*inbox, 1, LONG_TTL).await?;
+        let taken = taken
+            .into_iter()
+            .next()
+            .ok_or_else(|| Failure::new("an item given back was not due again at once"))?;
+        ensure!(
+            taken.lease.attempt == 1,
+            "after {} hand-backs the item was taken as attempt {}, expected 1",
+            round - 1,
+            taken.lease.attempt
+        );
+        store.release(&taken.lease).await?;
+        let item = inbox
+            .item(&k)
+            .await?
+            .ok_or_else(|| Failure::new("an item given back vanished"))?;
+        ensure!(
+            item.attempts == 0 && item.status == ItemStatus::Pending,
+            "an item given back {round} times shows {:?} with {} attempts, expected pending \
+             with 0",
+            item.status,
+            item.attempts
+        );
+    }
+    // A failure spends its attempt: a hand-back after it takes back only
+    // its own take's.
+    let taken = take_n(&*inbox, 1, LONG_TTL).await?;
+    let lease = taken
+        .first()
+        .map(|t| t.lease.clone())
+        .ok_or_else(|| Failure::new("an item given back was not taken"))?;
+    inbox
+        .fail(&lease, "counted", Retry::After(dedupe_core::MIN_TTL))
+        .await?;
+    let failed = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("a failed item vanished"))?;
+    wait_past(failed.due_at).await?;
+    let taken = take_n(&*inbox, 1, SHORT_TTL).await?;
+    let second = taken
+        .first()
+        .ok_or_else(|| Failure::new("a failed item was not taken once due"))?;
+    ensure!(
+        second.lease.attempt == 2,
+        "after a failure the item was taken as attempt {}, expected 2",
+        second.lease.attempt
+    );
+    // Its worker dies: the takeover counts the attempt the dead worker spent.
+    wait_past(second.lease.deadline).await?;
+    let taken = take_n(&*inbox, 1, LONG_TTL).await?;
+    let third = taken
+        .first()
+        .ok_or_else(|| Failure::new("an item whose lease passed was not taken over"))?;
+    ensure!(
+        third.lease.attempt == 3,
+        "a takeover took the item as attempt {}, expected 3",
+        third.lease.attempt
+    );
+    store.release(&third.lease).await?;
+    let item = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("an item given back vanished"))?;
+    ensure!(
+        item.attempts == 2,
+        "a hand-back after a takeover left {} attempts, expected 2",
+        item.attempts
+    );
+    Ok(Verdict::Passed)
+}
+
 /// Rule 10 for items (I3): a fail or a release sent again after its answer
 /// was lost answers Ok and changes nothing; a fail under the same lease with
 /// another error or decision is no resend (`LeaseLost`); once the item was
@@ -962,8 +1045,9 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
     );
     let new = take_one("a released item").await?.lease;
     ensure!(
-        new.attempt == 2,
-        "the item given back twice was taken as attempt {}, expected 2",
+        new.attempt == 1,
+        "the item given back twice was taken as attempt {}, expected 1 (a release \
+         takes back its take's attempt, once)",
         new.attempt
     );
     expect_lease_lost(
