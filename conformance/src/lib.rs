@@ -110,6 +110,8 @@ macro_rules! __with_check_names {
             inbox_accepts_race_claims,
             inbox_calls_asked_twice,
             inbox_hand_back_is_free,
+            inbox_takeovers_are_counted,
+            inbox_accept_options,
         }
     };
 }

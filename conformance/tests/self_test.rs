@@ -28,9 +28,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use dedupe_conformance::{checks::CHECKS, run_all, run_check, run_selected, Fixture, StoreFactory};
 use dedupe_core::{
-    Accepted, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, InboxCounts,
-    Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, MemoryStore, Record, RecordState, Result,
-    Retry, Taken,
+    AcceptOptions, Accepted, Capabilities, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox,
+    InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, MemoryStore, Record,
+    RecordState, Result, Retry, Taken,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +130,12 @@ enum Flaw {
     /// A release of an item keeps the attempt its take counted: every
     /// deploy spends one.
     HandBackSpendsAttempt,
+    /// Takeovers of a worker that died are not counted.
+    TakeoverNotCounted,
+    /// `accept_with` ignores `not_before`: delayed work is due at once.
+    NotBeforeIgnored,
+    /// `accept_with` drops the item's own attempt limit.
+    ItemLimitDropped,
     /// A completed item is still listed, as it was before the completion.
     CompletedStillListed,
 }
@@ -158,6 +164,9 @@ impl Flaw {
                 | Flaw::AcceptLapsedClaimInFlight
                 | Flaw::FilteredListIgnoresCursor
                 | Flaw::HandBackSpendsAttempt
+                | Flaw::TakeoverNotCounted
+                | Flaw::NotBeforeIgnored
+                | Flaw::ItemLimitDropped
                 | Flaw::CompletedStillListed
         )
     }
@@ -511,14 +520,19 @@ impl Fixture for BrokenFixture {
 
 #[async_trait]
 impl Inbox for Broken {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
         match self.flaw {
             Flaw::AcceptCheckThenInsert => {
                 if self.inner.get(key).await?.is_none() {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     self.inner.forget(key).await?;
                 }
-                self.inner.accept(key, payload).await
+                self.inner.accept_with(key, payload, options).await
             }
             Flaw::AcceptOverwritesPending => {
                 if self
@@ -529,7 +543,7 @@ impl Inbox for Broken {
                 {
                     self.inner.forget(key).await?;
                 }
-                self.inner.accept(key, payload).await
+                self.inner.accept_with(key, payload, options).await
             }
             Flaw::AcceptResetsDead => {
                 if self
@@ -540,7 +554,7 @@ impl Inbox for Broken {
                 {
                     self.inner.forget(key).await?;
                 }
-                self.inner.accept(key, payload).await
+                self.inner.accept_with(key, payload, options).await
             }
             Flaw::AcceptLapsedClaimInFlight
                 if self.physical().contains(key) && self.inner.get(key).await?.is_none() =>
@@ -555,7 +569,17 @@ impl Inbox for Broken {
                     .accept(key, &payload[..payload.len().min(64 * 1024)])
                     .await
             }
-            _ => self.inner.accept(key, payload).await,
+            Flaw::NotBeforeIgnored => {
+                let mut options = *options;
+                options.not_before = None;
+                self.inner.accept_with(key, payload, &options).await
+            }
+            Flaw::ItemLimitDropped => {
+                let mut options = *options;
+                options.max_attempts = None;
+                self.inner.accept_with(key, payload, &options).await
+            }
+            _ => self.inner.accept_with(key, payload, options).await,
         }
     }
 
@@ -591,6 +615,13 @@ impl Inbox for Broken {
                 Ok(taken)
             }
             Flaw::TakeNewestFirst => Ok(taken.into_iter().rev().collect()),
+            Flaw::TakeoverNotCounted => Ok(taken
+                .into_iter()
+                .map(|t| {
+                    let limit = t.max_attempts;
+                    t.with_counts(0, limit)
+                })
+                .collect()),
             Flaw::HandBackSpendsAttempt => {
                 let spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
                 Ok(taken
@@ -637,6 +668,9 @@ impl Inbox for Broken {
         if let Some(item) = item.as_mut() {
             let spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
             item.attempts += spent.get(key).copied().unwrap_or(0);
+            if self.flaw == Flaw::TakeoverNotCounted {
+                item.takeovers = 0;
+            }
         }
         Ok(item)
     }
@@ -861,6 +895,9 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
         Flaw::HandBackSpendsAttempt,
         &["inbox_hand_back_is_free", "inbox_calls_asked_twice"],
     ),
+    (Flaw::TakeoverNotCounted, &["inbox_takeovers_are_counted"]),
+    (Flaw::NotBeforeIgnored, &["inbox_accept_options"]),
+    (Flaw::ItemLimitDropped, &["inbox_accept_options"]),
     (Flaw::CompletedStillListed, &["inbox_list_and_counts"]),
 ];
 
@@ -880,12 +917,23 @@ async fn assert_rejected(flaw: Flaw) {
 }
 
 macro_rules! broken_store_tests {
-    ($($test:ident => $flaw:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $test() {
-            assert_rejected(Flaw::$flaw).await;
+    ($($test:ident => $flaw:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                assert_rejected(Flaw::$flaw).await;
+            }
+        )*
+
+        /// A flaw with expectations but no test would prove nothing.
+        #[test]
+        fn every_flaw_has_a_test() {
+            let tested = [$(Flaw::$flaw),*];
+            for (flaw, _) in EXPECTED {
+                assert!(tested.contains(flaw), "{flaw:?} has no test");
+            }
         }
-    )*};
+    };
 }
 
 broken_store_tests!(
@@ -933,6 +981,10 @@ broken_store_tests!(
     rejects_accept_of_a_lapsed_claim_answering_in_flight => AcceptLapsedClaimInFlight,
     rejects_filtered_list_ignoring_the_cursor => FilteredListIgnoresCursor,
     rejects_completed_items_still_listed => CompletedStillListed,
+    rejects_a_hand_back_spending_an_attempt => HandBackSpendsAttempt,
+    rejects_takeovers_not_counted => TakeoverNotCounted,
+    rejects_not_before_ignored => NotBeforeIgnored,
+    rejects_the_item_limit_dropped => ItemLimitDropped,
 );
 
 /// Which checks each independently written broken store must trip: the check

@@ -45,8 +45,9 @@ pub struct ListArgs {
     #[arg(long, value_name = "N")]
     limit: Option<usize>,
     /// A JSON array of objects (`namespace`, `id`, `state`, `attempts`,
-    /// `last_error`, `due_at`, `due_at_ms`, `accepted_at_ms`,
-    /// `payload_bytes`) instead of a table.
+    /// `max_attempts` (null: the worker's), `takeovers`, `last_error`,
+    /// `due_at`, `due_at_ms`, `accepted_at_ms`, `payload_bytes`) instead of a
+    /// table.
     #[arg(long)]
     json: bool,
 }
@@ -137,6 +138,8 @@ fn item_json(item: &Item) -> Value {
         "id": item.key.id(),
         "state": item.status.as_str(),
         "attempts": item.attempts,
+        "max_attempts": item.max_attempts,
+        "takeovers": item.takeovers,
         "last_error": item.last_error,
         "due_at": rfc3339(item.due_at),
         "due_at_ms": millis(item.due_at),
@@ -188,16 +191,22 @@ async fn list(args: ListArgs) -> Result<bool, Error> {
         println!("no items");
     } else {
         println!(
-            "{:<12} {:<40} {:<8} {:>8}  {:<24}  last error",
-            "namespace", "id", "state", "attempts", "due at"
+            "{:<12} {:<40} {:<8} {:>8} {:>9}  {:<24}  last error",
+            "namespace", "id", "state", "attempts", "takeovers", "due at"
         );
         for item in &items {
+            // Attempts of the item's own limit, when it has one.
+            let attempts = match item.max_attempts {
+                Some(limit) => format!("{}/{limit}", item.attempts),
+                None => item.attempts.to_string(),
+            };
             println!(
-                "{:<12} {:<40} {:<8} {:>8}  {:<24}  {}",
+                "{:<12} {:<40} {:<8} {:>8} {:>9}  {:<24}  {}",
                 item.key.namespace(),
                 item.key.id(),
                 item.status.as_str(),
-                item.attempts,
+                attempts,
+                item.takeovers,
                 rfc3339(item.due_at),
                 item.last_error.as_deref().unwrap_or("-").replace('\n', " ")
             );

@@ -86,6 +86,13 @@ pub struct Item {
     pub last_error: Option<String>,
     /// The delivery as accepted.
     pub payload: Vec<u8>,
+    /// How many times it was taken over from a worker that died holding it
+    /// (its lease passed): a worker quarantines an item past its
+    /// `max_takeovers` (CONTRACT.md I10).
+    pub takeovers: u32,
+    /// The attempts it gets before it is dead, set when it was accepted
+    /// ([`AcceptOptions::max_attempts`]); `None`: the worker's setting.
+    pub max_attempts: Option<u32>,
 }
 
 impl Item {
@@ -108,7 +115,76 @@ impl Item {
             due_at,
             last_error,
             payload,
+            takeovers: 0,
+            max_attempts: None,
         }
+    }
+
+    /// The item with its takeovers and its own attempt limit (for store
+    /// authors).
+    pub fn with_counts(mut self, takeovers: u32, max_attempts: Option<u32>) -> Self {
+        self.takeovers = takeovers;
+        self.max_attempts = max_attempts;
+        self
+    }
+}
+
+/// What an [`Inbox::accept_with`] stores beside the delivery.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AcceptOptions {
+    /// Not taken before this time (delayed work); `None` or a time passed:
+    /// due now.
+    pub not_before: Option<SystemTime>,
+    /// The attempts the item gets before it is dead, whatever the settings of
+    /// the worker that takes it (so workers of different versions agree);
+    /// `None`: the taking worker's `max_attempts`.
+    pub max_attempts: Option<u32>,
+}
+
+impl AcceptOptions {
+    /// Due now, the worker's attempt limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Not taken before `at`.
+    pub fn not_before(mut self, at: SystemTime) -> Self {
+        self.not_before = Some(at);
+        self
+    }
+
+    /// Dead after `attempts` failed attempts (at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Checks the options: `max_attempts` at least 1, `not_before` at most
+    /// [`MAX_TTL`](crate::MAX_TTL) ahead.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_attempts == Some(0) {
+            return Err(Error::config("an item needs at least 1 attempt, 0 asked"));
+        }
+        if let Some(at) = self.not_before {
+            let ahead = at
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO);
+            if ahead > crate::MAX_TTL {
+                return Err(Error::config(format!(
+                    "not_before is {ahead:?} ahead, more than the longest delay, {:?}",
+                    crate::MAX_TTL
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The delay from now to `not_before` (zero when due now).
+    pub fn delay(&self) -> Duration {
+        self.not_before
+            .and_then(|at| at.duration_since(SystemTime::now()).ok())
+            .unwrap_or(Duration::ZERO)
     }
 }
 
@@ -165,6 +241,11 @@ pub struct Taken {
     pub payload: Vec<u8>,
     /// The error of the item's last failure, if any.
     pub last_error: Option<String>,
+    /// Takeovers of the item so far, this take's included when it took the
+    /// item over from a worker that died (see [`Item::takeovers`]).
+    pub takeovers: u32,
+    /// The item's own attempt limit, set when it was accepted.
+    pub max_attempts: Option<u32>,
 }
 
 impl Taken {
@@ -174,7 +255,17 @@ impl Taken {
             lease,
             payload,
             last_error,
+            takeovers: 0,
+            max_attempts: None,
         }
+    }
+
+    /// The taken item with its takeovers and its own attempt limit (for
+    /// store authors).
+    pub fn with_counts(mut self, takeovers: u32, max_attempts: Option<u32>) -> Self {
+        self.takeovers = takeovers;
+        self.max_attempts = max_attempts;
+        self
     }
 }
 
@@ -327,12 +418,25 @@ pub trait Inbox: DedupeStore {
     /// Stores `payload` under `key` as a pending item, due now, when nothing
     /// live holds the key; else answers what does, and writes nothing. One
     /// atomic step: two copies accepted at the same instant give one item.
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted>;
+    /// [`accept_with`](Self::accept_with) with the default options.
+    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
+        self.accept_with(key, payload, &AcceptOptions::default())
+            .await
+    }
+
+    /// [`accept`](Self::accept), the item due at `options.not_before` (now
+    /// when that has passed) and carrying its own attempt limit.
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted>;
 
     /// Leases up to `max` due items of `namespace` (pending or failed whose
     /// time came, or running whose lease passed), oldest due first, each to
     /// this caller only: a new token, the deadline `now + lease`, one more
-    /// attempt.
+    /// attempt, and one more takeover when its worker's lease had passed.
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>>;
 
     /// The work of a taken item failed: keeps `error` (cut to
@@ -372,6 +476,14 @@ macro_rules! forward_inbox {
         impl<S: Inbox + ?Sized> Inbox for $ty {
             async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
                 (**self).accept(key, payload).await
+            }
+            async fn accept_with(
+                &self,
+                key: &Key,
+                payload: &[u8],
+                options: &AcceptOptions,
+            ) -> Result<Accepted> {
+                (**self).accept_with(key, payload, options).await
             }
             async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
                 (**self).take(namespace, max, lease).await

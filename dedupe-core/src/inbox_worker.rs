@@ -74,7 +74,11 @@ impl Backoff {
 /// `Retry-After`), or dead at once (a failure no attempt will get past). A
 /// panic, or a run past the time bound, is a failure of its attempt (the
 /// panic's message or the bound is the error); a worker that dies mid-item
-/// leaves it to be taken over at its lease's end (the attempt counted). An
+/// leaves it to be taken over at its lease's end (the attempt counted), and
+/// an item taken over [`max_takeovers`](Self::with_max_takeovers) times is
+/// quarantined: dead, with an error saying so, without another run. An
+/// item's own attempt limit, set when it was accepted, wins over the
+/// worker's `max_attempts`. An
 /// item given back at shutdown spends no attempt (CONTRACT.md I9): deploys
 /// do not send healthy items to the dead letters.
 ///
@@ -112,6 +116,7 @@ pub struct InboxWorker {
     inbox: Arc<dyn Inbox>,
     namespace: String,
     max_attempts: u32,
+    max_takeovers: u32,
     backoff: Backoff,
     concurrency: usize,
     poll: Duration,
@@ -121,6 +126,9 @@ pub struct InboxWorker {
 impl InboxWorker {
     /// Default attempts before an item is dead.
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
+    /// Default takeovers (workers that died holding an item) before the item
+    /// is quarantined: dead without another run.
+    pub const DEFAULT_MAX_TAKEOVERS: u32 = 3;
     /// Default items run at once by one worker.
     pub const DEFAULT_CONCURRENCY: usize = 8;
 
@@ -139,6 +147,7 @@ impl InboxWorker {
             inbox: Arc::new(crate::TracedStore::new(inbox)),
             namespace: namespace.into(),
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
+            max_takeovers: Self::DEFAULT_MAX_TAKEOVERS,
             backoff: Backoff::default(),
             concurrency: Self::DEFAULT_CONCURRENCY,
             poll: Duration::from_millis(250),
@@ -146,9 +155,22 @@ impl InboxWorker {
         }
     }
 
-    /// Attempts before an item is dead (default 8, at least 1).
+    /// Attempts before an item is dead (default 8, at least 1), for items
+    /// accepted without a limit of their own
+    /// ([`AcceptOptions::max_attempts`](crate::AcceptOptions::max_attempts)
+    /// wins over this).
     pub fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Takeovers before an item is quarantined (default 3, at least 1): an
+    /// item whose workers died holding it this many times (a panic across
+    /// FFI, an OOM kill, a segfault in a native library) is failed dead as
+    /// it is taken, without running again, instead of killing worker after
+    /// worker.
+    pub fn with_max_takeovers(mut self, takeovers: u32) -> Self {
+        self.max_takeovers = takeovers.max(1);
         self
     }
 
@@ -280,6 +302,15 @@ impl InboxWorker {
     {
         let lease = item.lease.clone();
         let attempt = lease.attempt;
+        let max_attempts = item.max_attempts.unwrap_or(self.max_attempts);
+        if item.takeovers >= self.max_takeovers {
+            let error = format!(
+                "quarantined: its workers died holding it {} times (max_takeovers {})",
+                item.takeovers, self.max_takeovers
+            );
+            self.fail(&lease, &error, Retry::Dead).await;
+            return;
+        }
         let store: Arc<dyn DedupeStore> = Arc::clone(&self.inbox) as Arc<dyn DedupeStore>;
         let mut holder = self.deduper.holder_on(store, self.deduper.lease_ttl());
         // A panic or a run past the time bound is a failure of the attempt
@@ -288,7 +319,7 @@ impl InboxWorker {
         holder.on_failure = Some(Arc::new(move |lease: Lease, what: String| {
             let this = this.clone();
             Box::pin(async move {
-                let retry = this.retry(lease.attempt, Then::Backoff);
+                let retry = this.retry(lease.attempt, max_attempts, Then::Backoff);
                 this.inbox.fail(&lease, &what, retry).await?;
                 this.log_failure(&lease, &what, retry);
                 Ok(())
@@ -301,7 +332,7 @@ impl InboxWorker {
                 Ok(outcome) => ((), Settle::Complete { outcome, retention }),
                 Err(e) => {
                     let failure: WorkFailure = e.into();
-                    let retry = self.retry(attempt, failure.then);
+                    let retry = self.retry(attempt, max_attempts, failure.then);
                     self.fail(&lease, &failure.error, retry).await;
                     ((), Settle::Settled)
                 }
@@ -314,11 +345,12 @@ impl InboxWorker {
             .await;
     }
 
-    /// What a failure of attempt `attempt` that asks for `then` does.
-    fn retry(&self, attempt: u32, then: Then) -> Retry {
+    /// What a failure of attempt `attempt` of an item allowed `max_attempts`
+    /// that asks for `then` does.
+    fn retry(&self, attempt: u32, max_attempts: u32, then: Then) -> Retry {
         match then {
             Then::Dead => Retry::Dead,
-            _ if attempt >= self.max_attempts => Retry::Dead,
+            _ if attempt >= max_attempts => Retry::Dead,
             Then::Backoff => Retry::After(self.backoff.delay(attempt)),
             Then::After(delay) => Retry::After(delay),
         }
@@ -568,6 +600,95 @@ mod tests {
                 .expect("in the test"),
             ClaimOutcome::Duplicate { .. }
         ));
+    }
+
+    /// An item whose workers died holding it three times is quarantined by
+    /// the worker that takes it over next: dead, with an error saying so, and
+    /// the handler never runs it. (Without the check the handler runs it.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_item_that_kills_its_workers_is_quarantined() {
+        let inbox = MemoryStore::new();
+        let key = Key::new("w", "kills-workers").expect("in the test");
+        inbox.accept(&key, b"x").await.expect("in the test");
+        // Three workers take it and die: their leases pass.
+        for _ in 0..3 {
+            let taken = inbox
+                .take("w", 1, Duration::from_millis(20))
+                .await
+                .expect("in the test");
+            assert_eq!(taken.len(), 1);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        let runs = Arc::new(AtomicUsize::new(0));
+        let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
+            .with_poll_interval(Duration::from_millis(5));
+        let running = tokio::spawn({
+            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
+            async move {
+                worker
+                    .run(move |_| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        async { Ok::<_, String>(b"ran".to_vec()) }
+                    })
+                    .await
+            }
+        });
+        let started = std::time::Instant::now();
+        let dead = loop {
+            let item = inbox.item(&key).await.expect("in the test");
+            if let Some(item) = item.filter(|i| i.status == ItemStatus::Dead) {
+                break item;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "not quarantined"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "a quarantined item ran");
+        assert_eq!((dead.takeovers, dead.attempts), (3, 4));
+        assert_eq!(
+            dead.last_error.as_deref(),
+            Some("quarantined: its workers died holding it 3 times (max_takeovers 3)")
+        );
+        worker.shutdown(Duration::from_secs(1)).await;
+        running.await.expect("in the test").expect("in the test");
+    }
+
+    /// An item's own attempt limit, set at accept, wins over the worker's: a
+    /// worker allowing 8 attempts leaves an item accepted with 1 dead after
+    /// its first failure.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_items_own_limit_wins_over_the_workers() {
+        let inbox = MemoryStore::new();
+        let key = Key::new("w", "one-try").expect("in the test");
+        inbox
+            .accept_with(&key, b"x", &crate::AcceptOptions::new().max_attempts(1))
+            .await
+            .expect("in the test");
+        let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
+            .with_max_attempts(8)
+            .with_poll_interval(Duration::from_millis(5));
+        let running = tokio::spawn({
+            let worker = worker.clone();
+            async move {
+                worker
+                    .run(|_| async { Err::<Vec<u8>, _>("refused".to_string()) })
+                    .await
+            }
+        });
+        let started = std::time::Instant::now();
+        let item = loop {
+            let item = inbox.item(&key).await.expect("in the test").expect("kept");
+            if item.status != ItemStatus::Pending && item.status != ItemStatus::Running {
+                break item;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "{item:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!((item.status, item.attempts), (ItemStatus::Dead, 1));
+        worker.shutdown(Duration::from_secs(1)).await;
+        running.await.expect("in the test").expect("in the test");
     }
 
     /// A handler that panics fails its attempt with the panic's message: with

@@ -51,8 +51,8 @@ pub use deduper::{Deduper, HandleError, Handled, OnFailure};
 pub use error::{BoxError, Error, Result};
 pub use expire_task::{spawn_expire_task, ExpireTask};
 pub use inbox::{
-    Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry, Taken,
-    MAX_ERROR_BYTES, MAX_PAGE, MAX_PAYLOAD_BYTES, MAX_TAKE,
+    AcceptOptions, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry,
+    Taken, MAX_ERROR_BYTES, MAX_PAGE, MAX_PAYLOAD_BYTES, MAX_TAKE,
 };
 pub use inbox_worker::{Backoff, InboxWorker, WorkFailure};
 pub use key::{

@@ -6,11 +6,12 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::backend::{self, check_payload, check_take, cut_error};
+use crate::backend::{self, check_accept, check_take, cut_error};
 use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease};
 use crate::error::{Error, Result};
 use crate::inbox::{
-    Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry, Taken,
+    AcceptOptions, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry,
+    Taken,
 };
 use crate::key::{ClaimId, Fingerprint, Key, LeaseToken};
 use crate::record::{Record, RecordState};
@@ -24,6 +25,10 @@ struct ItemEntry {
     /// neither while a worker holds it.
     wait: Wait,
     last_error: Option<String>,
+    /// Takeovers of workers that died holding it.
+    takeovers: u32,
+    /// Its own attempt limit, set at accept.
+    max_attempts: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,15 +76,18 @@ impl Entry {
             (Wait::Due, None) => ItemStatus::Pending,
             (Wait::Due, Some(_)) => ItemStatus::Failed,
         };
-        Some(Item::new(
-            key.clone(),
-            status,
-            self.attempts,
-            self.first_seen,
-            self.expires_at,
-            item.last_error.clone(),
-            item.payload.clone(),
-        ))
+        Some(
+            Item::new(
+                key.clone(),
+                status,
+                self.attempts,
+                self.first_seen,
+                self.expires_at,
+                item.last_error.clone(),
+                item.payload.clone(),
+            )
+            .with_counts(item.takeovers, item.max_attempts),
+        )
     }
 
     /// Due to be taken: waiting and its time came, or held past its lease.
@@ -437,8 +445,13 @@ impl DedupeStore for MemoryStore {
 /// lease's deadline) or dead, until a completion makes it a done record.
 #[async_trait]
 impl Inbox for MemoryStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
         let now = SystemTime::now();
         let mut map = self.lock();
         let previous = match map.map.get(key) {
@@ -471,7 +484,7 @@ impl Inbox for MemoryStore {
                 token: LeaseToken::generate(),
                 claim_id: None,
                 fingerprint: None,
-                expires_at: now,
+                expires_at: now + options.delay(),
                 done: None,
                 attempts,
                 first_seen,
@@ -479,6 +492,8 @@ impl Inbox for MemoryStore {
                     payload: payload.to_vec(),
                     wait: Wait::Due,
                     last_error: None,
+                    takeovers: 0,
+                    max_attempts: options.max_attempts,
                 }),
             },
         );
@@ -499,12 +514,20 @@ impl Inbox for MemoryStore {
                     return None;
                 }
                 let item = entry.item.as_mut()?;
+                if item.wait == Wait::Held {
+                    // Its worker's lease passed: a takeover (I10).
+                    item.takeovers = item.takeovers.saturating_add(1);
+                }
                 item.wait = Wait::Held;
                 let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
+                let counts = (item.takeovers, item.max_attempts);
                 entry.token = LeaseToken::generate();
                 entry.expires_at = now + lease;
                 entry.attempts = entry.attempts.saturating_add(1);
-                Some(Taken::new(entry.lease(&key), payload, last_error))
+                Some(
+                    Taken::new(entry.lease(&key), payload, last_error)
+                        .with_counts(counts.0, counts.1),
+                )
             });
             taken.extend(leased.flatten());
         }

@@ -9,7 +9,9 @@ use tracing::{Instrument, Span};
 use crate::capabilities::Capabilities;
 use crate::claim::{ClaimOptions, ClaimOutcome, Lease};
 use crate::error::{Error, Result};
-use crate::inbox::{Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Retry, Taken};
+use crate::inbox::{
+    AcceptOptions, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Retry, Taken,
+};
 use crate::key::Key;
 use crate::record::Record;
 use crate::store::DedupeStore;
@@ -235,6 +237,23 @@ impl<S: Inbox> Inbox for TracedStore<S> {
         let result = self
             .inner
             .accept(key, payload)
+            .instrument(span.clone())
+            .await;
+        measure("accept", started, &result, |a, count| count(a.kind()));
+        finish(&span, result, |a| a.kind().to_string())
+    }
+
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        let started = Instant::now();
+        let span = span!("dedupe.accept", key = key);
+        let result = self
+            .inner
+            .accept_with(key, payload, options)
             .instrument(span.clone())
             .await;
         measure("accept", started, &result, |a, count| count(a.kind()));

@@ -69,6 +69,12 @@ pub struct AttributeNames {
     pub list_namespace: String,
     /// The sort key of the items index: `<status letter>:<id>` (default `ik`).
     pub list_key: String,
+    /// An inbox item's takeovers of workers that died holding it; absent
+    /// reads as 0 (default `to`).
+    pub takeovers: String,
+    /// An inbox item's own attempt limit, set at accept; absent: the
+    /// worker's (default `ma`).
+    pub max_attempts: String,
 }
 
 impl Default for AttributeNames {
@@ -91,13 +97,15 @@ impl Default for AttributeNames {
             queue: "iq".into(),
             list_namespace: "il".into(),
             list_key: "ik".into(),
+            takeovers: "to".into(),
+            max_attempts: "ma".into(),
         }
     }
 }
 
 impl AttributeNames {
     /// Placeholders (`#pk`, ...) paired with the names they stand for.
-    fn pairs(&self) -> [(&'static str, &str); 17] {
+    fn pairs(&self) -> [(&'static str, &str); 19] {
         [
             ("#pk", &self.partition_key),
             ("#st", &self.state),
@@ -116,6 +124,8 @@ impl AttributeNames {
             ("#iq", &self.queue),
             ("#il", &self.list_namespace),
             ("#ik", &self.list_key),
+            ("#to", &self.takeovers),
+            ("#ma", &self.max_attempts),
         ]
     }
 
@@ -210,6 +220,12 @@ pub(crate) fn decode_item(
         Some(AttributeValue::Null(true)) => Some(Vec::new()),
         _ => return Err(corrupt(&names.payload)),
     };
+    let opt_num = |name: &str| -> Result<Option<i64>> {
+        match item.get(name) {
+            None => Ok(None),
+            Some(_) => num(name).map(Some),
+        }
+    };
     dedupe_core::backend::StoredItem {
         id: key.id().to_string(),
         wait: num(&names.wait)?,
@@ -218,6 +234,10 @@ pub(crate) fn decode_item(
         due_ms: num(&names.deadline)?,
         last_error,
         payload,
+        counts: dedupe_core::backend::StoredCounts {
+            takeovers: opt_num(&names.takeovers)?.unwrap_or(0),
+            max_attempts: opt_num(&names.max_attempts)?,
+        },
     }
     .decode(key.namespace())
     .map(Some)

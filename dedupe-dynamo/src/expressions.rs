@@ -34,7 +34,7 @@ pub(crate) const FENCED: &str = "#tk = :tk";
 /// what a claim's record never had costs nothing).
 pub(crate) const COMPLETE: &str =
     "SET #st = :one, #dl = :until, #cm = :now, #oc = :oc, #ex = :exp \
-     REMOVE #wt, #pl, #le, #iq, #il, #ik";
+     REMOVE #wt, #pl, #le, #iq, #il, #ik, #to, #ma";
 pub(crate) const EXTEND: &str = "SET #dl = :until, #ex = :exp";
 
 /// `expire()`'s scan filter, projection, and delete condition (never a record
@@ -48,11 +48,14 @@ pub(crate) const UNCHANGED: &str =
 /// An inbox item held by this token: running, its deadline ahead.
 pub(crate) const ITEM_HELD: &str = "#tk = :tk AND #wt = :zero AND #dl > :now";
 
-/// A take: the item is due now (waiting or held, deadline passed), whatever
-/// the index showed.
-pub(crate) const DUE: &str = "attribute_exists(#iq) AND #dl <= :now";
+/// A take: the item is due now and still as the index showed it, waiting
+/// or held past its lease (a takeover, counted, I10).
+pub(crate) const DUE_WAITING: &str = "attribute_exists(#iq) AND #dl <= :now AND #wt = :one";
+pub(crate) const DUE_HELD: &str = "attribute_exists(#iq) AND #dl <= :now AND #wt = :zero";
 pub(crate) const LEASE: &str =
     "SET #tk = :tk, #dl = :until, #at = #at + :one, #wt = :zero, #iq = :q, #ik = :lk";
+pub(crate) const LEASE_TAKEOVER: &str = "SET #tk = :tk, #dl = :until, #at = #at + :one, \
+     #wt = :zero, #iq = :q, #ik = :lk, #to = if_not_exists(#to, :zero) + :one";
 
 /// An item made due again by a replay: waiting.
 pub(crate) const WAITING: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk";
@@ -75,14 +78,15 @@ pub(crate) const OLDEST_QUERY: &str = "#iq = :q";
 
 /// Every set of expressions one request carries: their attribute names are
 /// worked out once, when the store is built, not on every request.
-pub(crate) const REQUESTS: [&[&str]; 19] = [
+pub(crate) const REQUESTS: [&[&str]; 20] = [
     &[FRESH],
     &[TAKEOVER],
     &[COMPLETE, HELD],
     &[HELD],
     &[CLAIM_HELD],
     &[EXTEND, CLAIM_HELD],
-    &[DUE, LEASE],
+    &[DUE_WAITING, LEASE],
+    &[DUE_HELD, LEASE_TAKEOVER],
     &[GIVEN_BACK, ITEM_HELD],
     &[WAITING, REPLAYABLE],
     &[FAIL_RETRY, ITEM_HELD],

@@ -29,12 +29,13 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure, Select,
 };
 use dedupe_core::backend::{
-    self, check_ttl, duration_millis, from_millis, taken_item, to_millis, StoredRecord,
+    self, check_ttl, duration_millis, from_millis, taken_item, to_millis, StoredCounts,
+    StoredRecord,
 };
-use dedupe_core::backend::{check_payload, check_take, cut_error};
+use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error};
 use dedupe_core::{
-    Accepted, Error, Inbox, InboxCounts, ItemPage, ItemQuery, ItemStatus, Key, Lease, RecordState,
-    Result, Retry, Taken,
+    AcceptOptions, Accepted, Error, Inbox, InboxCounts, ItemPage, ItemQuery, ItemStatus, Key,
+    Lease, RecordState, Result, Retry, Taken,
 };
 use futures_util::StreamExt;
 
@@ -169,6 +170,10 @@ impl DynamoStore {
             i64::from(shown.attempts),
             Some(shown.payload),
             shown.last_error,
+            StoredCounts {
+                takeovers: i64::from(shown.takeovers),
+                max_attempts: shown.max_attempts.map(i64::from),
+            },
         )
     }
 
@@ -427,8 +432,14 @@ impl DynamoStore {
 /// clock, checked against DynamoDB's as claims are.
 #[async_trait]
 impl Inbox for DynamoStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        let (delay, max_attempts) = accept_columns(options);
         self.bounded(async {
             self.clock_guard(key, None).await?;
             let names = &self.inner.names;
@@ -442,11 +453,11 @@ impl Inbox for DynamoStore {
                     Some(old) => (i64::from(old.attempts), to_millis(old.first_seen)),
                     None => (0, now),
                 };
-                let item = Item::from([
+                let mut item = Item::from([
                     (names.partition_key.clone(), partition_key(key)),
                     (names.state.clone(), n(StoredRecord::IN_FLIGHT)),
                     (names.token.clone(), s(token.as_str())),
-                    (names.deadline.clone(), n(now)),
+                    (names.deadline.clone(), n(now.saturating_add(delay))),
                     (names.attempts.clone(), n(attempts)),
                     (names.first_seen.clone(), n(first_seen)),
                     (names.wait.clone(), n(1)),
@@ -454,7 +465,11 @@ impl Inbox for DynamoStore {
                     (names.queue.clone(), waiting(key.namespace())),
                     (names.list_namespace.clone(), s(key.namespace())),
                     (names.list_key.clone(), list_key(ItemStatus::Pending, key)),
+                    (names.takeovers.clone(), n(0)),
                 ]);
+                if let Some(limit) = max_attempts {
+                    item.insert(names.max_attempts.clone(), n(limit));
+                }
                 let (condition, vals) = match &replacing {
                     None => (
                         FRESH,
@@ -521,15 +536,21 @@ impl Inbox for DynamoStore {
                 self.due(waiting(namespace), now, max),
                 self.due(held(namespace), now, max)
             )?;
-            let mut candidates: Vec<(i64, Item)> = a.into_iter().chain(b).collect();
-            candidates.sort_by_key(|(dl, _)| *dl);
+            // Each candidate with whether the index showed it held past its
+            // lease: a takeover.
+            let mut candidates: Vec<(i64, Item, bool)> = a
+                .into_iter()
+                .map(|(dl, item)| (dl, item, false))
+                .chain(b.into_iter().map(|(dl, item)| (dl, item, true)))
+                .collect();
+            candidates.sort_by_key(|(dl, ..)| *dl);
             candidates.truncate(max);
             let keys = candidates
                 .iter()
-                .map(|(_, entry)| self.key_of(namespace, entry))
+                .map(|(_, entry, takeover)| Ok((self.key_of(namespace, entry)?, *takeover)))
                 .collect::<Result<Vec<_>>>()?;
             let leased: Vec<Result<Option<Taken>>> = futures_util::stream::iter(keys)
-                .map(|key| async move {
+                .map(|(key, takeover)| async move {
                     let now = self.now_ms();
                     let token = backend::new_token();
                     let vals = values([
@@ -541,7 +562,11 @@ impl Inbox for DynamoStore {
                         (":q", held(namespace)),
                         (":lk", list_key(ItemStatus::Running, &key)),
                     ]);
-                    match self.update(&key, LEASE, DUE, vals, true).await? {
+                    let (update, condition) = match takeover {
+                        true => (LEASE_TAKEOVER, DUE_HELD),
+                        false => (LEASE, DUE_WAITING),
+                    };
+                    match self.update(&key, update, condition, vals, true).await? {
                         Updated::Done(Some(item)) => self.taken(key, &item).map(Some),
                         Updated::Done(None) => Err(Error::retryable(
                             "the service did not return the item it leased",

@@ -14,7 +14,7 @@ impl Admin for MySqlStore {
     }
 
     /// Reads `information_schema` only: the table in the connection's
-    /// database and the newest migration's column (`due_at`, 0002_inbox).
+    /// database and the newest column of each migration (`sql::NEWEST_COLUMNS`).
     async fn check(&self) -> Result<()> {
         let table = self.table_name();
         let failed = |e| Error::retryable("reading the database's tables", Some(Box::new(e) as _));
@@ -34,10 +34,12 @@ impl Admin for MySqlStore {
                 "no table `{table}` in database `{database}`"
             )));
         };
-        if !columns.split(',').any(|c| c == "due_at") {
-            return Err(missing(format!(
-                "table `{table}` in `{database}` is from before migration 0002_inbox"
-            )));
+        for (column, migration) in crate::sql::NEWEST_COLUMNS {
+            if !columns.split(',').any(|c| c == column) {
+                return Err(missing(format!(
+                    "table `{table}` in `{database}` is from before migration {migration}"
+                )));
+            }
         }
         Ok(())
     }

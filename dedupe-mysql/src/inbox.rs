@@ -1,16 +1,17 @@
-//! The inbox (CONTRACT.md I1 to I9) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I11) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{
-    self, accepted_over, check_payload, check_take, check_ttl, cut_error, duration_millis,
-    new_tokens, one_row_changed, status_code, stored_counts, taken_item, StoredItem,
+    self, accept_columns, accepted_over, check_accept, check_take, check_ttl, cut_error,
+    duration_millis, new_tokens, one_row_changed, status_code, stored_counts, taken_item,
+    StoredCounts, StoredItem,
 };
 use dedupe_core::{
-    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease, Result, Retry,
-    Taken,
+    AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
+    Result, Retry, Taken,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
@@ -29,9 +30,14 @@ use crate::store::MySqlStore;
 /// completion.
 #[async_trait]
 impl Inbox for MySqlStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
-        self.call(async |ops, conn| ops.accept(conn, key, payload).await)
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        self.call(async |ops, conn| ops.accept(conn, key, payload, options).await)
             .await
     }
 
@@ -82,9 +88,13 @@ fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
             row.try_get::<i64, _>(at + 4)?,
             row.try_get::<Option<Vec<u8>>, _>(at + 5)?,
             row.try_get::<Option<Vec<u8>>, _>(at + 6)?,
+            StoredCounts {
+                takeovers: row.try_get::<i64, _>(at + 7)?,
+                max_attempts: row.try_get::<Option<i64>, _>(at + 8)?,
+            },
         ))
     };
-    let (id, wait, attempts, accepted_ms, due_ms, last_error, payload) =
+    let (id, wait, attempts, accepted_ms, due_ms, last_error, payload, counts) =
         read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
     StoredItem {
         id: utf8(id, "an inbox item's id")?,
@@ -96,6 +106,7 @@ fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
             .map(|e| utf8(e, "an inbox item's error"))
             .transpose()?,
         payload,
+        counts,
     }
     .decode(namespace)
 }
@@ -104,7 +115,7 @@ fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::fatal(format!("{what} is not UTF-8"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I9).
+/// The inbox's statements (CONTRACT.md I1 to I11).
 impl Ops<'_> {
     /// The upsert, then the row read back: its token says whether this
     /// accept wrote it.
@@ -113,8 +124,10 @@ impl Ops<'_> {
         conn: &mut MySqlConnection,
         key: &Key,
         payload: &[u8],
+        options: &AcceptOptions,
     ) -> Result<Accepted> {
         let token = backend::new_token();
+        let (delay, max_attempts) = accept_columns(options);
         let mut tries = 0;
         // A deadlock rolled the upsert back whole (a take's locks on the
         // `due` index meet the insert's): on the store's own connections it
@@ -123,7 +136,10 @@ impl Ops<'_> {
             .bind(key.namespace().as_bytes())
             .bind(key.id().as_bytes())
             .bind(token.as_str().as_bytes())
+            .bind(delay)
             .bind(payload)
+            .bind(delay)
+            .bind(max_attempts)
             .execute(&mut *conn)
             .await
         {
@@ -214,6 +230,12 @@ impl Ops<'_> {
                     row.try_get::<Option<Vec<u8>>, _>(2)?,
                     row.try_get::<Option<Vec<u8>>, _>(3)?,
                     row.try_get::<i64, _>(4)?,
+                    StoredCounts {
+                        // Counted by the lease below when it was held.
+                        takeovers: row.try_get::<i64, _>(6)?
+                            + i64::from(row.try_get::<i64, _>(5)? == 0),
+                        max_attempts: row.try_get::<Option<i64>, _>(7)?,
+                    },
                 ))
             };
             rows.push(
@@ -255,7 +277,7 @@ impl Ops<'_> {
         let taken: Result<Vec<Taken>> = rows
             .into_iter()
             .zip(tokens)
-            .map(|((id, attempts, payload, last_error, _), token)| {
+            .map(|((id, attempts, payload, last_error, _, counts), token)| {
                 let key = Key::new(namespace, utf8(id, "an inbox item's id")?)?;
                 let last_error = last_error
                     .map(|e| utf8(e, "an inbox item's error"))
@@ -267,6 +289,7 @@ impl Ops<'_> {
                     attempts.saturating_add(1),
                     payload,
                     last_error,
+                    counts,
                 )
             })
             .collect();

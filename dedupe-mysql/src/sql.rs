@@ -23,7 +23,8 @@ pub(crate) const COLUMNS: &str = "state, token, claim_id, fingerprint, expires_a
      outcome, IF(wait IS NULL, attempts, GREATEST(attempts, 1)), first_seen, wait IS NOT NULL";
 
 /// An inbox item's columns, in the order `inbox::decode_item` reads them.
-pub(crate) const ITEM: &str = "id, wait, attempts, first_seen, expires_at, last_error, payload";
+pub(crate) const ITEM: &str =
+    "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts";
 
 /// Rows deleted per `expire()` statement: each a short transaction of its
 /// own, so a purge never holds many row locks against claims.
@@ -34,11 +35,14 @@ pub(crate) const EXPIRE_BATCH: u64 = 500;
 pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
+    include_str!("../migrations/0003_item_counts.sql"),
 ];
 
-/// The column whose absence says migration 0002 has not run (MySQL's
-/// `ALTER TABLE` has no `IF NOT EXISTS`).
-pub(crate) const INBOX_COLUMN: &str = "due_at";
+/// The column whose absence says each migration after the first has not
+/// run (MySQL's `ALTER TABLE` has no `IF NOT EXISTS`), in the order of
+/// [`MIGRATIONS`] from the second on.
+pub(crate) const NEWEST_COLUMNS: [(&str, &str); 2] =
+    [("due_at", "0002_inbox"), ("takeovers", "0003_item_counts")];
 
 /// The statements for one table.
 #[derive(Debug)]
@@ -53,7 +57,7 @@ pub(crate) struct Statements {
     pub(crate) expire_batch: String,
     pub(crate) forget: String,
     pub(crate) forget_read: String,
-    pub(crate) has_inbox_columns: String,
+    pub(crate) has_column: String,
     pub(crate) accept: String,
     pub(crate) select_item: String,
     pub(crate) accepted: String,
@@ -137,37 +141,42 @@ impl Statements {
                 "SELECT token, expires_at > {now} OR wait IS NOT NULL FROM {t}
                  WHERE namespace = ? AND id = ?"
             ),
-            has_inbox_columns: format!(
+            has_column: format!(
                 "SELECT COUNT(*) FROM information_schema.COLUMNS
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'
-                   AND COLUMN_NAME = '{INBOX_COLUMN}'"
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND COLUMN_NAME = ?"
             ),
-            // A pending item, due now, for a key with nothing live; an
-            // expired claim taken over keeps its attempts and first sight.
-            // A live row is left as it is (the read-back's token says which
-            // happened). Assignments run left to right, each seeing the ones
-            // before it: `state`, `expires_at` and `wait`, which `gone`
-            // reads, come last, `wait` after `expires_at` (whose new value,
-            // the statement's `NOW`, still passes `gone`'s deadline test).
+            // A pending item, due after the delay bound twice (0, or until
+            // its `not_before`), with its own attempt limit, for a key with
+            // nothing live; an expired claim taken over keeps its attempts
+            // and first sight. A live row is left as it is (the read-back's
+            // token says which happened). Assignments run left to right, each
+            // seeing the ones before it: `token` is decided on `gone` first,
+            // and every assignment after it asks whether the token is this
+            // accept's (`ours`), which the columns `gone` reads changing
+            // cannot upset.
             accept: format!(
                 "INSERT INTO {t} (namespace, id, state, token, claim_id, fingerprint, expires_at,
                                   completed_at, outcome, attempts, first_seen, payload, wait,
-                                  last_error, due_at)
-                 VALUES (?, ?, 0, ?, NULL, NULL, {now}, NULL, NULL, 0, {now}, ?, 1, NULL, {now})
+                                  last_error, due_at, takeovers, max_attempts)
+                 VALUES (?, ?, 0, ?, NULL, NULL, {now} + ?, NULL, NULL, 0, {now}, ?, 1, NULL,
+                         {now} + ?, 0, ?)
                  ON DUPLICATE KEY UPDATE
                     attempts     = IF({gone}, IF(state = 0, attempts, 0), attempts),
                     first_seen   = IF({gone}, IF(state = 0, first_seen, VALUES(first_seen)), first_seen),
                     token        = IF({gone}, VALUES(token), token),
-                    claim_id     = IF({gone}, NULL, claim_id),
-                    fingerprint  = IF({gone}, NULL, fingerprint),
-                    completed_at = IF({gone}, NULL, completed_at),
-                    outcome      = IF({gone}, NULL, outcome),
-                    payload      = IF({gone}, VALUES(payload), payload),
-                    last_error   = IF({gone}, NULL, last_error),
-                    due_at       = IF({gone}, VALUES(due_at), due_at),
-                    state        = IF({gone}, 0, state),
-                    expires_at   = IF({gone}, VALUES(expires_at), expires_at),
-                    wait         = IF({gone}, 1, wait)"
+                    claim_id     = IF({ours}, NULL, claim_id),
+                    fingerprint  = IF({ours}, NULL, fingerprint),
+                    completed_at = IF({ours}, NULL, completed_at),
+                    outcome      = IF({ours}, NULL, outcome),
+                    payload      = IF({ours}, VALUES(payload), payload),
+                    last_error   = IF({ours}, NULL, last_error),
+                    due_at       = IF({ours}, VALUES(due_at), due_at),
+                    takeovers    = IF({ours}, 0, takeovers),
+                    max_attempts = IF({ours}, VALUES(max_attempts), max_attempts),
+                    state        = IF({ours}, 0, state),
+                    expires_at   = IF({ours}, VALUES(expires_at), expires_at),
+                    wait         = IF({ours}, 1, wait)",
+                ours = "token = VALUES(token)"
             ),
             select_item: format!(
                 "SELECT {ITEM} FROM {t} WHERE namespace = ? AND id = ? AND wait IS NOT NULL"
@@ -194,7 +203,8 @@ impl Statements {
             // taker, and takers never wait on each other. The caller leases
             // them in the same transaction.
             pick: format!(
-                "SELECT id, attempts, payload, last_error, {now} FROM {t} FORCE INDEX (due)
+                "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts
+                 FROM {t} FORCE INDEX (due)
                  WHERE namespace = ? AND due_at <= {now}
                  ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
             ),
@@ -255,12 +265,14 @@ impl Statements {
     }
 
     /// Leases `rows` items a take picked, in one statement: each its own
-    /// token (`CASE id WHEN ? THEN ? ...`), one more attempt and the
-    /// deadline; then the namespace and the `rows` ids.
+    /// token (`CASE id WHEN ? THEN ? ...`), one more attempt, one more
+    /// takeover when it was held (before `wait` changes: assignments run
+    /// left to right), and the deadline; then the namespace and the `rows`
+    /// ids.
     pub(crate) fn lease_taken(&self, rows: usize) -> String {
         let mut sql = format!(
-            "UPDATE `{}` SET wait = 0, attempts = attempts + 1, expires_at = ?, due_at = ?, \
-             token = CASE id",
+            "UPDATE `{}` SET takeovers = takeovers + (wait = 0), wait = 0, attempts = attempts + 1, \
+             expires_at = ?, due_at = ?, token = CASE id",
             self.table
         );
         for _ in 0..rows {

@@ -140,20 +140,24 @@ impl MySqlStore {
     pub async fn migrate(&self) -> Result<()> {
         let map = |e| crate::error::map(e, self.timeout);
         self.bounded(async {
-            let [records, inbox] = &self.sql.migrations[..] else {
-                return Err(Error::fatal("the store knows two migrations", None));
+            let Some((records, later)) = self.sql.migrations.split_first() else {
+                return Err(Error::fatal("the store knows no migration", None));
             };
             sqlx::query(sqlx::AssertSqlSafe(records.as_str()))
                 .execute(&self.pool)
                 .await
                 .map_err(map)?;
-            let has_inbox: i64 =
-                sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.has_inbox_columns.as_str()))
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(map)?;
-            if has_inbox == 0 {
-                match sqlx::query(sqlx::AssertSqlSafe(inbox.as_str()))
+            for (migration, (column, _)) in later.iter().zip(crate::sql::NEWEST_COLUMNS) {
+                let has: i64 =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.has_column.as_str()))
+                        .bind(column)
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(map)?;
+                if has > 0 {
+                    continue;
+                }
+                match sqlx::query(sqlx::AssertSqlSafe(migration.as_str()))
                     .execute(&self.pool)
                     .await
                 {

@@ -16,7 +16,7 @@ impl Admin for PgStore {
     }
 
     /// Reads `information_schema` only: the schema, the table and the
-    /// newest migration's column (`due_at`, 0002_inbox).
+    /// newest migration's column (`takeovers`, 0003_item_counts).
     async fn check(&self) -> Result<()> {
         let (schema, table) = (&self.sql.schema, &self.sql.table);
         let failed = |e| Error::retryable("reading the schema's tables", Some(Box::new(e) as _));
@@ -36,10 +36,12 @@ impl Admin for PgStore {
         if columns.is_empty() {
             return Err(missing(format!("no table \"{schema}\".\"{table}\"")));
         }
-        if !columns.iter().any(|c| c == "due_at") {
-            return Err(missing(format!(
-                "table \"{schema}\".\"{table}\" is from before migration 0002_inbox"
-            )));
+        for (column, migration) in [("due_at", "0002_inbox"), ("takeovers", "0003_item_counts")] {
+            if !columns.iter().any(|c| c == column) {
+                return Err(missing(format!(
+                    "table \"{schema}\".\"{table}\" is from before migration {migration}"
+                )));
+            }
         }
         Ok(())
     }

@@ -1,16 +1,16 @@
-//! The inbox (CONTRACT.md I1 to I9) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I11) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{
-    self, check_payload, check_take, check_ttl, cut_error, one_row_changed, status_code,
-    stored_counts, taken_item, StoredItem,
+    self, accept_columns, check_accept, check_take, check_ttl, cut_error, one_row_changed,
+    status_code, stored_counts, taken_item, StoredCounts, StoredItem,
 };
 use dedupe_core::{
-    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease, RecordState,
-    Result, Retry, Taken,
+    AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
+    RecordState, Result, Retry, Taken,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -30,9 +30,14 @@ use crate::store::PgStore;
 /// a completion.
 #[async_trait]
 impl Inbox for PgStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
-        self.call(async |ops, conn| ops.accept(conn, key, payload).await)
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        self.call(async |ops, conn| ops.accept(conn, key, payload, options).await)
             .await
     }
 
@@ -84,6 +89,7 @@ fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
                 due_ms: row.try_get("expires_ms")?,
                 last_error: row.try_get("last_error")?,
                 payload: row.try_get("payload")?,
+                counts: counts(row)?,
             },
         ))
     };
@@ -96,6 +102,16 @@ fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
     .decode(namespace)
 }
 
+/// An item row's takeovers and attempt limit.
+fn counts(row: &PgRow) -> std::result::Result<StoredCounts, sqlx::Error> {
+    Ok(StoredCounts {
+        takeovers: i64::from(row.try_get::<i32, _>("takeovers")?),
+        max_attempts: row
+            .try_get::<Option<i32>, _>("max_attempts")?
+            .map(i64::from),
+    })
+}
+
 /// The id of a `namespace:id` key column of `namespace`.
 fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
     joined
@@ -104,20 +120,24 @@ fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
         .ok_or_else(|| Error::fatal(format!("an inbox row of another namespace: {joined}"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I9), one statement each.
+/// The inbox's statements (CONTRACT.md I1 to I11), one statement each.
 impl Ops<'_> {
     pub(crate) async fn accept(
         &self,
         conn: &mut PgConnection,
         key: &Key,
         payload: &[u8],
+        options: &AcceptOptions,
     ) -> Result<Accepted> {
         let token = backend::new_token();
+        let (delay, max_attempts) = accept_columns(options);
         let stored: Option<String> = sqlx::query_scalar(text(&self.sql.accept))
             .bind(key.namespace())
             .bind(key.id())
             .bind(token.as_str())
             .bind(payload)
+            .bind(delay)
+            .bind(max_attempts.map(|m| i32::try_from(m).unwrap_or(i32::MAX)))
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;
@@ -173,9 +193,10 @@ impl Ops<'_> {
                         row.try_get::<i32, _>("attempts")?,
                         row.try_get::<Option<Vec<u8>>, _>("payload")?,
                         row.try_get::<Option<String>, _>("last_error")?,
+                        counts(row)?,
                     ))
                 };
-                let (joined, token, deadline, attempts, payload, last_error) = read()
+                let (joined, token, deadline, attempts, payload, last_error, counts) = read()
                     .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
                 let key = Key::new(namespace, id_in(namespace, &joined)?)?;
                 taken_item(
@@ -185,6 +206,7 @@ impl Ops<'_> {
                     i64::from(attempts),
                     payload,
                     last_error,
+                    counts,
                 )
             })
             .collect()

@@ -79,6 +79,7 @@ const ALIASES: &str =
 pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
+    include_str!("../migrations/0003_item_counts.sql"),
 ];
 
 /// Rows deleted per `expire()` statement, at most.
@@ -146,7 +147,8 @@ impl Statements {
         let input = INPUT;
         let live_row = live("");
         let item = format!(
-            "key, wait, attempts, {first} AS first_seen_ms, {expires} AS expires_ms, last_error, payload",
+            "key, wait, attempts, {first} AS first_seen_ms, {expires} AS expires_ms, last_error, payload,
+             takeovers, max_attempts",
             first = ms("first_seen"),
             expires = ms("expires_at")
         );
@@ -341,8 +343,9 @@ impl Statements {
             )
             .into(),
             forget: format!("DELETE FROM {t} WHERE {is_bound} RETURNING {live_row}").into(),
-            // A pending item, due now, for a key with nothing live (a claim
-            // whose lease passed keeps its attempts and first sight). Like the
+            // A pending item, due after $5 ms (0, or until its `not_before`),
+            // with its own attempt limit $6, for a key with nothing live (a
+            // claim whose lease passed keeps its attempts and first sight). Like the
             // claim, a live record (read first, or committed since the
             // snapshot) is left as it is, and answered.
             accept: format!(
@@ -351,16 +354,18 @@ impl Statements {
                  )
                  INSERT INTO {t} AS r ({kcols}, state, token, claim_id, fingerprint, expires_at,
                                        completed_at, outcome, attempts, first_seen, payload, wait,
-                                       last_error, due_at)
-                 SELECT {bound}, 0, $3::text, NULL, NULL, now(), NULL, NULL, 0, now(), $4::bytea,
-                        1, NULL, now()
+                                       last_error, due_at, takeovers, max_attempts)
+                 SELECT {bound}, 0, $3::text, NULL, NULL, now() + $5::int8 * interval '1 ms', NULL,
+                        NULL, 0, now(), $4::bytea, 1, NULL, now() + $5::int8 * interval '1 ms', 0,
+                        $6::int4
                  WHERE NOT EXISTS (SELECT 1 FROM live)
                  ON CONFLICT ({kcols}) DO UPDATE SET
                     state = 0, token = excluded.token, claim_id = NULL, fingerprint = NULL,
                     expires_at = excluded.expires_at, completed_at = NULL, outcome = NULL,
                     attempts = CASE WHEN r.state = 0 THEN r.attempts ELSE 0 END,
                     first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END,
-                    payload = excluded.payload, wait = 1, last_error = NULL, due_at = excluded.due_at
+                    payload = excluded.payload, wait = 1, last_error = NULL, due_at = excluded.due_at,
+                    takeovers = 0, max_attempts = excluded.max_attempts
                  WHERE r.expires_at <= now() AND r.wait IS NULL
                  RETURNING token"
             )
@@ -382,12 +387,14 @@ impl Statements {
                     UPDATE {t} t SET wait = 0,
                            token = md5(random()::text || clock_timestamp()::text || t.key),
                            expires_at = now() + $3::interval, due_at = now() + $3::interval,
-                           attempts = t.attempts + 1
+                           attempts = t.attempts + 1,
+                           takeovers = t.takeovers + (t.wait = 0)::int4
                     FROM picked WHERE t.key = picked.key
                     RETURNING t.key, t.token, {expires} AS expires_ms, t.attempts, t.payload,
-                              t.last_error, picked.due_at AS was_due
+                              t.last_error, t.takeovers, t.max_attempts, picked.due_at AS was_due
                  )
-                 SELECT key, token, expires_ms, attempts, payload, last_error FROM taken
+                 SELECT key, token, expires_ms, attempts, payload, last_error, takeovers, max_attempts
+                 FROM taken
                  ORDER BY was_due, key",
                 expires = ms("t.expires_at")
             )

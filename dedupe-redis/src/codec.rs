@@ -1,8 +1,8 @@
-//! The stored form of a record: compact, versioned (`d1`; `i1` for an inbox
-//! item), binary-safe, and decoded strictly: anything else at a record's key
+//! The stored form of a record: compact, versioned (`d1`; `i2` for an inbox
+//! item, `i1` for one written before takeovers were counted), binary-safe, and decoded strictly: anything else at a record's key
 //! is a corrupt record, never a fresh claim.
 
-use dedupe_core::backend::{StoredItem, StoredRecord};
+use dedupe_core::backend::{StoredCounts, StoredItem, StoredRecord};
 use dedupe_core::{Error, Item, Key, Record, Result};
 
 fn corrupt(key: &Key, value: &[u8]) -> Error {
@@ -20,7 +20,7 @@ fn corrupt(key: &Key, value: &[u8]) -> Error {
 /// record in flight until its due time (its lease's deadline while a worker
 /// holds it), at attempt 1 or more, as on every store.
 pub(crate) fn decode(key: &Key, value: &[u8]) -> Result<Record> {
-    if value.starts_with(ITEM) {
+    if is_item(value) {
         let item = parse_item(key, value).ok_or_else(|| corrupt(key, value))?;
         return StoredRecord {
             state: StoredRecord::IN_FLIGHT,
@@ -38,7 +38,7 @@ pub(crate) fn decode(key: &Key, value: &[u8]) -> Result<Record> {
 /// Decodes the value at `key`'s record as an inbox item: `None` for a
 /// record that is not one (a claim, a done record).
 pub(crate) fn decode_item(key: &Key, value: &[u8]) -> Result<Option<Item>> {
-    if !value.starts_with(ITEM) {
+    if !is_item(value) {
         decode(key, value)?;
         return Ok(None);
     }
@@ -46,7 +46,15 @@ pub(crate) fn decode_item(key: &Key, value: &[u8]) -> Result<Option<Item>> {
     item.stored.decode(key.namespace()).map(Some)
 }
 
-const ITEM: &[u8] = b"i1:";
+/// An item as written today: `i2:` then the fields of `i1:`, the takeovers
+/// and the item's own attempt limit (`-`: none) after `has error`.
+const ITEM: &[u8] = b"i2:";
+/// An item written before takeovers were counted: none, and no limit.
+const ITEM_V1: &[u8] = b"i1:";
+
+fn is_item(value: &[u8]) -> bool {
+    value.starts_with(ITEM) || value.starts_with(ITEM_V1)
+}
 
 /// An item's fields, and its token (which [`StoredItem`] does not carry).
 struct ParsedItem {
@@ -55,7 +63,10 @@ struct ParsedItem {
 }
 
 fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
-    let mut rest = value.strip_prefix(ITEM)?;
+    let (mut rest, counted) = match value.strip_prefix(ITEM) {
+        Some(rest) => (rest, true),
+        None => (value.strip_prefix(ITEM_V1)?, false),
+    };
     let wait = match next(&mut rest)? {
         b"0" => 0,
         b"1" => 1,
@@ -69,6 +80,16 @@ fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
         b"0" => false,
         b"1" => true,
         _ => return None,
+    };
+    let counts = match counted {
+        true => StoredCounts {
+            takeovers: number(next(&mut rest)?)?,
+            max_attempts: match next(&mut rest)? {
+                b"-" => None,
+                text => Some(number(text)?),
+            },
+        },
+        false => StoredCounts::default(),
     };
     let token = String::from_utf8(field(&mut rest)?.to_vec()).ok()?;
     let error = field(&mut rest)?;
@@ -90,6 +111,7 @@ fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
             due_ms,
             last_error,
             payload: Some(payload),
+            counts,
         },
         token,
     })
@@ -273,6 +295,41 @@ mod tests {
         }
         let claim = b"d1:0:1:-:1:1:3:abc0:0:0:";
         assert_eq!(decode_item(&key(), claim).expect("a record"), None);
+    }
+
+    /// `i2` items carry their takeovers and attempt limit (`-`: none); an
+    /// `i1` item written before reads as none of either.
+    #[test]
+    fn items_carry_their_takeovers_and_limit() {
+        let counted = decode_item(
+            &key(),
+            b"i2:0:1700000000000:4:1600000000000:0:2:5:5:tok-10:1:x",
+        )
+        .expect("decodes")
+        .expect("an item");
+        assert_eq!((counted.takeovers, counted.max_attempts), (2, Some(5)));
+        let unlimited = decode_item(
+            &key(),
+            b"i2:1:1700000000000:0:1600000000000:0:0:-:5:tok-10:1:x",
+        )
+        .expect("decodes")
+        .expect("an item");
+        assert_eq!((unlimited.takeovers, unlimited.max_attempts), (0, None));
+        let old = decode_item(&key(), b"i1:1:1700000000000:0:1600000000000:0:5:tok-10:1:x")
+            .expect("decodes")
+            .expect("an item");
+        assert_eq!((old.takeovers, old.max_attempts), (0, None));
+        for bad in [
+            &b"i2:1:1:0:1:0:x:-:5:tok-10:1:x"[..],
+            b"i2:1:1:0:1:0:0:0:5:tok-10:1:x",
+            b"i2:1:1:0:1:0:0:5:tok-10:1:x",
+        ] {
+            assert!(
+                matches!(decode_item(&key(), bad), Err(Error::CorruptRecord { .. })),
+                "accepted {:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     proptest::proptest! {

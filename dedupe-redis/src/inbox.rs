@@ -1,4 +1,4 @@
-//! The inbox on Redis: an item is its key's record (`i1:`, no TTL), and each
+//! The inbox on Redis: an item is its key's record (`i2:`, no TTL), and each
 //! namespace keeps three index keys beside the records, written by the same
 //! script that writes the item, in the same atomic step:
 //!
@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, taken_item};
-use dedupe_core::backend::{check_payload, check_take, cut_error};
+use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error, StoredCounts};
 use dedupe_core::{
-    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key, Lease, Result,
-    Retry, Taken,
+    AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key,
+    Lease, Result, Retry, Taken,
 };
 use redis::Value;
 
@@ -96,11 +96,21 @@ fn text(value: &Value) -> Option<String> {
 /// ([`wait_for_replicas`](crate::RedisBuilder::wait_for_replicas)).
 #[async_trait]
 impl Inbox for RedisStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        let (delay, max_attempts) = accept_columns(options);
         let token = new_tokens(1).remove(0);
         let mut invocation = self.item_invocation(&SCRIPTS.accept, key)?;
-        invocation.arg(payload).arg(token.as_str());
+        invocation
+            .arg(payload)
+            .arg(token.as_str())
+            .arg(delay)
+            .arg(max_attempts.map_or_else(|| "-".to_string(), |m| m.to_string()));
         let (answer, acked) = self.write(invocation, key).await?;
         match parts(answer) {
             Some((1, None)) => {
@@ -149,7 +159,7 @@ impl Inbox for RedisStore {
             }
             _ => return Err(Self::unexpected(&probe, "take")),
         };
-        if values.len() < 1 + corrupt || (values.len() - 1 - corrupt) % 6 != 0 {
+        if values.len() < 1 + corrupt || (values.len() - 1 - corrupt) % 8 != 0 {
             return Err(Self::unexpected(&probe, "take"));
         }
         for id in &values[1..1 + corrupt] {
@@ -163,7 +173,7 @@ impl Inbox for RedisStore {
         }
         let values = &values[1 + corrupt..];
         let taken = values
-            .chunks_exact(6)
+            .chunks_exact(8)
             .map(|v| {
                 let bad = || Self::unexpected(&probe, "take");
                 let key = Key::new(namespace, text(&v[0]).ok_or_else(bad)?)
@@ -180,7 +190,16 @@ impl Inbox for RedisStore {
                     Value::Nil => None,
                     other => Some(text(other).ok_or_else(bad)?),
                 };
-                taken_item(key, token, deadline, attempt, payload, last_error)
+                let counts = StoredCounts {
+                    takeovers: text(&v[6])
+                        .and_then(|t| t.parse::<i64>().ok())
+                        .ok_or_else(bad)?,
+                    max_attempts: match text(&v[7]).ok_or_else(bad)?.as_str() {
+                        "-" => None,
+                        limit => Some(limit.parse::<i64>().map_err(|_| bad())?),
+                    },
+                };
+                taken_item(key, token, deadline, attempt, payload, last_error, counts)
             })
             .collect::<Result<Vec<_>>>()?;
         if !taken.is_empty() {

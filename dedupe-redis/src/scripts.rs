@@ -9,9 +9,10 @@
 //! whole records; a value they cannot parse is answered as corrupt (`-1`), never
 //! as absent.
 //!
-//! An inbox item is the same key holding `i1:<wait>:<due ms>:<attempts>:<accepted
-//! ms>:<has error>:` and three length-prefixed fields: token, last error,
-//! payload (`wait` 0 held by a worker, 1 due, 2 dead), with no TTL (items never
+//! An inbox item is the same key holding `i2:<wait>:<due ms>:<attempts>:<accepted
+//! ms>:<has error>:<takeovers>:<attempt limit or ->:` and three length-prefixed
+//! fields: token, last error, payload (an `i1:` item, written before takeovers
+//! were counted, has neither count and reads as 0 and `-`) (`wait` 0 held by a worker, 1 due, 2 dead), with no TTL (items never
 //! expire). Beside the records, each namespace has three index keys, kept by
 //! the same scripts in the same atomic step (see `inbox.rs`): `<base>|wait`
 //! (pending and failed items scored by due time), `<base>|held` (running items
@@ -53,10 +54,20 @@ end
 /// Shared by every script: inbox items, their decoder, encoder and index.
 /// `ks` are the namespace's index keys `{waiting, held, ids}`.
 const ITEM: &str = r#"
-local function is_item(v) return string.sub(v, 1, 3) == 'i1:' end
+local function is_item(v)
+  local p = string.sub(v, 1, 3)
+  return p == 'i2:' or p == 'i1:'
+end
 local function idecode(v)
-  local w, du, at, ac, he, pos = string.match(v, '^i1:([012]):(%d+):(%d+):(%d+):([01]):()')
-  if not w then return nil end
+  local w, du, at, ac, he, to, ma, pos =
+    string.match(v, '^i2:([012]):(%d+):(%d+):(%d+):([01]):(%d+):([%d%-]+):()')
+  if w then
+    if ma == '-' then ma = false else ma = tonumber(ma); if not ma or ma < 1 then return nil end end
+  else
+    w, du, at, ac, he, pos = string.match(v, '^i1:([012]):(%d+):(%d+):(%d+):([01]):()')
+    if not w then return nil end
+    to, ma = '0', false
+  end
   local f = {}
   for i = 1, 3 do
     local len, p = string.match(v, '^(%d+):()', pos)
@@ -70,17 +81,20 @@ local function idecode(v)
   local err = false
   if he == '1' then err = f[2] elseif f[2] ~= '' then return nil end
   return { wait = tonumber(w), due = tonumber(du), attempts = tonumber(at), accepted = tonumber(ac),
-           token = f[1], err = err, payload = f[3] }
+           token = f[1], err = err, payload = f[3], takeovers = tonumber(to), max = ma }
 end
 local function iencode(r)
   local he = '0'
   if r.err then he = '1' end
-  return 'i1:' .. r.wait .. ':' .. num(r.due) .. ':' .. num(r.attempts) .. ':' .. num(r.accepted)
-    .. ':' .. he .. ':' .. field(r.token) .. field(r.err or '') .. field(r.payload)
+  local ma = '-'
+  if r.max then ma = num(r.max) end
+  return 'i2:' .. r.wait .. ':' .. num(r.due) .. ':' .. num(r.attempts) .. ':' .. num(r.accepted)
+    .. ':' .. he .. ':' .. num(r.takeovers) .. ':' .. ma .. ':'
+    .. field(r.token) .. field(r.err or '') .. field(r.payload)
 end
 local function icopy(r)
   return { wait = r.wait, due = r.due, attempts = r.attempts, accepted = r.accepted,
-           token = r.token, err = r.err, payload = r.payload }
+           token = r.token, err = r.err, payload = r.payload, takeovers = r.takeovers, max = r.max }
 end
 local function istatus(r)
   if not r then return nil end
@@ -367,7 +381,8 @@ return 1
 "#;
 
 /// KEYS record, then the index keys {waiting, held, ids}; ARGV id, payload,
-/// token. `{1}` stored, due now (or this very accept's item, sent again by
+/// token, delay ms (0: due now; else its `not_before`), the item's attempt
+/// limit (`-`: none). `{1}` stored, due after the delay (or this very accept's item, sent again by
 /// the driver: the item still holds its token); `{2, value}` an item holds
 /// the key; `{3, value}` a live record (done, or a claim in flight); `{-1,
 /// value}` corrupt. An expired claim's attempts and first sight are kept, as
@@ -387,8 +402,10 @@ if old then
   if r.expires > now then return {3, old} end
   if r.state == '0' then attempts, first = r.attempts, r.first end
 end
-iput(ARGV[1], nil, { wait = 1, due = now, attempts = attempts, accepted = first,
-                     token = ARGV[3], err = false, payload = ARGV[2] })
+local max = false
+if ARGV[5] ~= '-' then max = tonumber(ARGV[5]) end
+iput(ARGV[1], nil, { wait = 1, due = now + tonumber(ARGV[4]), attempts = attempts, accepted = first,
+                     token = ARGV[3], err = false, payload = ARGV[2], takeovers = 0, max = max })
 return {1}
 "#;
 
@@ -399,9 +416,10 @@ return {1}
 /// now and of the held set past their deadline, merged by score. An item
 /// that does not decode is left in place and named in the answer; an index
 /// entry whose key holds no item (written around the scripts) is dropped.
-/// Answers the count of items that did not decode and their ids, then six
-/// values per item taken: id, token, deadline, attempt, payload, last error
-/// (nil when none).
+/// A held item (its worker's lease passed) is a takeover, counted. Answers
+/// the count of items that did not decode and their ids, then eight values
+/// per item taken: id, token, deadline, attempt, payload, last error (nil
+/// when none), takeovers, attempt limit (`-` when none).
 const TAKE: &str = r#"
 local ks = {KEYS[1], KEYS[2], KEYS[3]}
 local max, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -434,11 +452,16 @@ for i, pick in ipairs(picked) do
   local id, r = pick[1], pick[2]
   local new = icopy(r)
   new.wait, new.due, new.attempts, new.token = 0, now + lease, r.attempts + 1, ARGV[3 + i]
+  if r.wait == 0 then new.takeovers = r.takeovers + 1 end
   redis.call('SET', ARGV[1] .. id, iencode(new))
   reindex(ks, id, r, new)
-  for _, x in ipairs({id, new.token, num(new.due), new.attempts, new.payload, r.err}) do
-    out[#out + 1] = x
-  end
+  local max = '-'
+  if new.max then max = num(new.max) end
+  -- Six values then two, by index: a nil error would end an ipairs walk.
+  local vals = {id, new.token, num(new.due), new.attempts, new.payload, r.err}
+  for j = 1, 6 do out[#out + 1] = vals[j] end
+  out[#out + 1] = num(new.takeovers)
+  out[#out + 1] = max
 end
 return out
 "#;

@@ -116,13 +116,15 @@ pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
             path.display()
         )));
     }
-    // `wait` is the newest column (0002_inbox; 0003 adds indexes only,
-    // which reads do not need).
-    if !columns.iter().any(|c| c == "wait") {
-        return Err(missing(format!(
-            "table \"{table}\" in {} is from before migration 0002_inbox",
-            path.display()
-        )));
+    // The newest column of each migration that adds some (0003 adds
+    // indexes only, which reads do not need).
+    for (column, migration) in [("wait", "0002_inbox"), ("takeovers", "0004_item_counts")] {
+        if !columns.iter().any(|c| c == column) {
+            return Err(missing(format!(
+                "table \"{table}\" in {} is from before migration {migration}",
+                path.display()
+            )));
+        }
     }
     Ok(())
 }

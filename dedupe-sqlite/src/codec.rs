@@ -1,7 +1,7 @@
 //! A row as the store keeps it, read into the fields `dedupe_core::backend`
 //! decodes (every field checked there: `CorruptRecord`, never a guess).
 
-use dedupe_core::backend::{StoredItem, StoredRecord};
+use dedupe_core::backend::{StoredCounts, StoredItem, StoredRecord};
 use rusqlite::Row;
 
 /// Reads a row of [`COLUMNS`](crate::sql::COLUMNS); [`StoredRecord::decode`] then refuses anything
@@ -30,5 +30,9 @@ pub(crate) fn read_item(row: &Row<'_>) -> rusqlite::Result<StoredItem> {
         due_ms: row.get(4)?,
         last_error: row.get(5)?,
         payload: row.get(6)?,
+        counts: StoredCounts {
+            takeovers: row.get(7)?,
+            max_attempts: row.get(8)?,
+        },
     })
 }

@@ -1,16 +1,16 @@
-//! The inbox (CONTRACT.md I1 to I9) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I11) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{
-    self, check_payload, check_take, check_ttl, cut_error, one_row_changed, status_code,
-    stored_counts, taken_item,
+    self, accept_columns, check_accept, check_take, check_ttl, cut_error, one_row_changed,
+    status_code, stored_counts, taken_item, StoredCounts,
 };
 use dedupe_core::{
-    Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease, Result, Retry,
-    Taken,
+    AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
+    Result, Retry, Taken,
 };
 use rusqlite::{named_params, Connection, OptionalExtension};
 
@@ -28,12 +28,19 @@ use crate::store::SqliteStore;
 /// is: committed before it answers.
 #[async_trait]
 impl Inbox for SqliteStore {
-    async fn accept(&self, key: &Key, payload: &[u8]) -> Result<Accepted> {
-        check_payload(payload)?;
-        let (key, payload) = (key.clone(), payload.to_vec());
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        let (key, payload, options) = (key.clone(), payload.to_vec(), *options);
         let accepted = self
             .conns()
-            .write(1, move |ops, conn| ops.accept(conn, &key, &payload))
+            .write(1, move |ops, conn| {
+                ops.accept(conn, &key, &payload, &options)
+            })
             .await?;
         if matches!(accepted, Accepted::New) {
             self.accepted().notify_waiters();
@@ -93,11 +100,18 @@ impl Inbox for SqliteStore {
     }
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I9), each one statement on the
+/// The inbox's statements (CONTRACT.md I1 to I11), each one statement on the
 /// caller's connection (writes in the writer's transaction).
 impl Ops<'_> {
-    pub(crate) fn accept(&self, conn: &Connection, key: &Key, payload: &[u8]) -> Result<Accepted> {
+    pub(crate) fn accept(
+        &self,
+        conn: &Connection,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
         let now = backend::now_millis();
+        let (delay, max_attempts) = accept_columns(options);
         let token = backend::new_token();
         let stored: Option<String> = conn
             .prepare_cached(&self.sql.accept)
@@ -108,7 +122,9 @@ impl Ops<'_> {
                         ":id": key.id(),
                         ":token": token.as_str(),
                         ":now": now,
+                        ":due": now.saturating_add(delay),
                         ":payload": payload,
+                        ":max_attempts": max_attempts,
                     },
                     |row| row.get(0),
                 )
@@ -170,7 +186,14 @@ impl Ops<'_> {
         for id in ids {
             let key = Key::new(namespace, &id)?;
             let token = backend::new_token();
-            type Leased = (String, i64, i64, Option<Vec<u8>>, Option<String>);
+            type Leased = (
+                String,
+                i64,
+                i64,
+                Option<Vec<u8>>,
+                Option<String>,
+                StoredCounts,
+            );
             let row: Option<Leased> = conn
                 .prepare_cached(&self.sql.take_one)
                 .and_then(|mut stmt| {
@@ -189,6 +212,10 @@ impl Ops<'_> {
                                 row.get(2)?,
                                 row.get(3)?,
                                 row.get(4)?,
+                                StoredCounts {
+                                    takeovers: row.get(5)?,
+                                    max_attempts: row.get(6)?,
+                                },
                             ))
                         },
                     )
@@ -196,11 +223,11 @@ impl Ops<'_> {
                 })
                 .map_err(|e| self.err(e))?;
             // Picked and leased in one write transaction: it is there.
-            let Some((stored, deadline, attempts, payload, last_error)) = row else {
+            let Some((stored, deadline, attempts, payload, last_error, counts)) = row else {
                 continue;
             };
             taken.push(taken_item(
-                key, stored, deadline, attempts, payload, last_error,
+                key, stored, deadline, attempts, payload, last_error, counts,
             )?);
         }
         Ok(taken)

@@ -22,6 +22,8 @@ pub(crate) struct Statements {
     pub(crate) columns: String,
     /// `migrations/0002_inbox.sql`, for a table without the inbox's columns.
     pub(crate) inbox_columns: String,
+    /// `migrations/0004_item_counts.sql`, for a table without `takeovers`.
+    pub(crate) item_counts: String,
     pub(crate) release_item: String,
     pub(crate) accept: String,
     pub(crate) select_item: String,
@@ -35,15 +37,16 @@ pub(crate) struct Statements {
 
 /// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
 /// order by `migrate()`; `{table}` is the store's table.
-pub(crate) const MIGRATIONS: [&str; 3] = [
+pub(crate) const MIGRATIONS: [&str; 4] = [
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_indexes.sql"),
+    include_str!("../migrations/0004_item_counts.sql"),
 ];
 
 /// The item columns an inbox read returns, in the order `read_item` expects.
 pub(crate) const ITEM_COLUMNS: &str =
-    "id, wait, attempts, first_seen, expires_at, last_error, payload";
+    "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts";
 
 /// Rows deleted per `expire()` batch (one write of the writer thread, committed
 /// with the claims queued beside it), so a large purge never holds the write
@@ -65,6 +68,7 @@ impl Statements {
             records: MIGRATIONS[0].replace("{table}", table),
             inbox_columns: MIGRATIONS[1].replace("{table}", table),
             indexes: MIGRATIONS[2].replace("{table}", table),
+            item_counts: MIGRATIONS[3].replace("{table}", table),
             columns: format!("SELECT name FROM pragma_table_info('{table}')"),
             // Inserts a fresh record, or takes over one whose deadline has passed, in one
             // statement. A live record is left alone and no row comes back.
@@ -136,18 +140,22 @@ impl Statements {
                 "DELETE FROM {t} WHERE namespace = :ns AND id = :id
                  RETURNING expires_at > :now OR wait IS NOT NULL"
             ),
-            // A pending item, due now, for a key with nothing live (a claim
-            // whose lease passed keeps its attempts and first sight).
+            // A pending item, due at :due (now, or its `not_before`), for a
+            // key with nothing live (a claim whose lease passed keeps its
+            // attempts and first sight).
             accept: format!(
                 "INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint, expires_at,
-                                       completed_at, outcome, attempts, first_seen, payload, wait, last_error)
-                 VALUES (:ns, :id, 0, :token, NULL, NULL, :now, NULL, NULL, 0, :now, :payload, 1, NULL)
+                                       completed_at, outcome, attempts, first_seen, payload, wait, last_error,
+                                       takeovers, max_attempts)
+                 VALUES (:ns, :id, 0, :token, NULL, NULL, :due, NULL, NULL, 0, :now, :payload, 1, NULL,
+                         0, :max_attempts)
                  ON CONFLICT (namespace, id) DO UPDATE SET
                     state = 0, token = excluded.token, claim_id = NULL, fingerprint = NULL,
                     expires_at = excluded.expires_at, completed_at = NULL, outcome = NULL,
                     attempts = CASE WHEN r.state = 0 THEN r.attempts ELSE 0 END,
                     first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END,
-                    payload = excluded.payload, wait = 1, last_error = NULL
+                    payload = excluded.payload, wait = 1, last_error = NULL,
+                    takeovers = 0, max_attempts = excluded.max_attempts
                  WHERE r.expires_at <= :now AND r.wait IS NULL
                  RETURNING token"
             ),
@@ -161,10 +169,12 @@ impl Statements {
                  WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
                  ORDER BY expires_at, id LIMIT :max"
             ),
+            // A takeover (held, its lease passed) is counted (I10).
             take_one: format!(
-                "UPDATE {t} SET wait = 0, token = :token, expires_at = :until, attempts = attempts + 1
+                "UPDATE {t} SET wait = 0, token = :token, expires_at = :until, attempts = attempts + 1,
+                        takeovers = takeovers + (wait = 0)
                  WHERE namespace = :ns AND id = :id AND wait IN (0, 1) AND expires_at <= :now
-                 RETURNING token, expires_at, attempts, payload, last_error"
+                 RETURNING token, expires_at, attempts, payload, last_error, takeovers, max_attempts"
             ),
             // An item failed so under this token already (the same fail sent
             // again) matches too, and is left as it is.
@@ -229,6 +239,7 @@ mod tests {
         conn.execute_batch(&s.records).expect("0001");
         conn.execute_batch(&s.inbox_columns).expect("0002");
         conn.execute_batch(&s.indexes).expect("0003");
+        conn.execute_batch(&s.item_counts).expect("0004");
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");

@@ -154,8 +154,9 @@ impl SqliteStore {
 
     /// Creates the table and its indexes if they are missing, and adds the
     /// inbox's columns to a table made before them (the numbered files of
-    /// `migrations/`, in order) (`payload`, `wait`,
-    /// `last_error`, all nullable: existing rows are records, not items).
+    /// `migrations/`, in order: `payload`, `wait`, `last_error`, nullable,
+    /// as existing rows are records, not items; then `takeovers` and
+    /// `max_attempts`).
     /// `open` calls it; it is safe to call again, from any number of
     /// processes (one `BEGIN IMMEDIATE` transaction).
     pub async fn migrate(&self) -> Result<()> {
@@ -167,19 +168,20 @@ impl SqliteStore {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(map)?;
                 tx.execute_batch(&ops.sql.records).map_err(map)?;
-                let has_inbox = tx
+                let columns = tx
                     .prepare(&ops.sql.columns)
                     .and_then(|mut stmt| {
                         stmt.query_map([], |row| row.get::<_, String>(0))?
                             .collect::<rusqlite::Result<Vec<String>>>()
                     })
-                    .map_err(map)?
-                    .iter()
-                    .any(|c| c == "wait");
-                if !has_inbox {
+                    .map_err(map)?;
+                if !columns.iter().any(|c| c == "wait") {
                     tx.execute_batch(&ops.sql.inbox_columns).map_err(map)?;
                 }
                 tx.execute_batch(&ops.sql.indexes).map_err(map)?;
+                if !columns.iter().any(|c| c == "takeovers") {
+                    tx.execute_batch(&ops.sql.item_counts).map_err(map)?;
+                }
                 tx.commit().map_err(map)
             })
             .await

@@ -190,6 +190,15 @@ impl Webhook {
         hook
     }
 
+    /// In inbox mode, the attempts each accepted event gets before it is dead
+    /// (at least 1), stored with the item (CONTRACT.md I11): every worker
+    /// that takes it applies this limit, whatever its own `max_attempts`.
+    /// Unset, the taking worker's limit applies.
+    pub fn with_item_attempts(mut self, attempts: u32) -> Self {
+        self.accept_options = self.accept_options.max_attempts(attempts.max(1));
+        self
+    }
+
     /// Whether this receiver is in inbox mode.
     pub fn is_inbox(&self) -> bool {
         self.inbox.is_some()
@@ -200,10 +209,11 @@ impl Webhook {
         inbox: &dyn Inbox,
         delivery: AcceptedDelivery,
         headers: &HeaderMap,
+        options: &dedupe_core::AcceptOptions,
     ) -> Response {
         let key = delivery.derived.key.clone();
         let stored = encode(&delivery, headers);
-        match inbox.accept(&key, &stored).await {
+        match inbox.accept_with(&key, &stored, options).await {
             Ok(Accepted::New) => answer(StatusCode::ACCEPTED, Answer::Queued, &key, None),
             Ok(Accepted::Item(item)) => answer(
                 StatusCode::OK,

@@ -205,6 +205,8 @@ pub struct Webhook {
     engine: (Idempotency, IdempotencyLayer),
     /// Inbox mode ([`Webhook::inbox`]): deliveries are accepted into it.
     pub(crate) inbox: Option<Arc<dyn dedupe_core::Inbox>>,
+    /// What each accepted item carries ([`Webhook::with_item_attempts`]).
+    pub(crate) accept_options: dedupe_core::AcceptOptions,
 }
 
 /// A bound on the deliveries processed at once, which several receivers may
@@ -324,6 +326,7 @@ impl Webhook {
             slots: None,
             engine: (engine.clone(), engine.layer()),
             inbox: None,
+            accept_options: dedupe_core::AcceptOptions::default(),
         };
         hook.set_engine_body_limit();
         hook
@@ -473,7 +476,15 @@ impl Webhook {
         if let Some(inbox) = &self.inbox {
             // Inbox mode: one accept, answered at once; the handler runs on
             // a worker.
-            return refused(Self::enqueue(inbox.as_ref(), accepted, &parts.headers).await);
+            return refused(
+                Self::enqueue(
+                    inbox.as_ref(),
+                    accepted,
+                    &parts.headers,
+                    &self.accept_options,
+                )
+                .await,
+            );
         }
         // From here the engine's: the claim, the handler in a task of its
         // own (dropping this request does not stop it or free its claim),

@@ -1,7 +1,7 @@
-//! The inbox rules (CONTRACT.md, I1 to I9), for a store whose fixture offers
+//! The inbox rules (CONTRACT.md, I1 to I11), for a store whose fixture offers
 //! an [`Inbox`](dedupe_core::Inbox); skipped for one that does not.
 
-use dedupe_core::{Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
+use dedupe_core::{AcceptOptions, Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
 
 use std::time::Instant;
 
@@ -960,6 +960,163 @@ pub async fn inbox_hand_back_is_free(factory: &dyn StoreFactory) -> CheckResult 
         item.attempts == 2,
         "a hand-back after a takeover left {} attempts, expected 2",
         item.attempts
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I10: a take of an item whose worker's lease passed counts a takeover, on
+/// the taken item and on the item as listed; a take of a waiting item (new,
+/// given back, or failed and due) counts none; nothing resets the count.
+pub async fn inbox_takeovers_are_counted(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let k = item_key("taken-over")?;
+    inbox.accept(&k, b"work").await?;
+    let first = take_n(&*inbox, 1, SHORT_TTL).await?;
+    let first = first
+        .first()
+        .ok_or_else(|| Failure::new("a due item was not taken"))?;
+    ensure!(
+        first.takeovers == 0,
+        "a first take counted {} takeovers",
+        first.takeovers
+    );
+    let mut deadline = first.lease.deadline;
+    for expected in 1..=2u32 {
+        // The worker dies: its lease passes, and the next take is a takeover.
+        wait_past(deadline).await?;
+        let taken = take_n(&*inbox, 1, SHORT_TTL).await?;
+        let taken = taken
+            .first()
+            .ok_or_else(|| Failure::new("an item whose lease passed was not taken over"))?;
+        let shown = inbox
+            .item(&k)
+            .await?
+            .ok_or_else(|| Failure::new("an item taken over vanished"))?;
+        ensure!(
+            taken.takeovers == expected && shown.takeovers == expected,
+            "takeover {expected} was counted as {} on the taken item and {} on the item",
+            taken.takeovers,
+            shown.takeovers
+        );
+        deadline = taken.lease.deadline;
+    }
+    // Given back and failed: the takes that follow are no takeovers, and the
+    // count stays.
+    wait_past(deadline).await?;
+    let taken = take_n(&*inbox, 1, LONG_TTL).await?;
+    let held = taken
+        .first()
+        .ok_or_else(|| Failure::new("an item whose lease passed was not taken over"))?;
+    store.release(&held.lease).await?;
+    let again = take_n(&*inbox, 1, LONG_TTL).await?;
+    let again = again
+        .first()
+        .ok_or_else(|| Failure::new("an item given back was not taken"))?;
+    ensure!(
+        again.takeovers == 3,
+        "a take after a hand-back counted {} takeovers, expected the 3 before it",
+        again.takeovers
+    );
+    inbox
+        .fail(&again.lease, "once", Retry::After(dedupe_core::MIN_TTL))
+        .await?;
+    let failed = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("a failed item vanished"))?;
+    wait_past(failed.due_at).await?;
+    let retried = take_n(&*inbox, 1, LONG_TTL).await?;
+    let retried = retried
+        .first()
+        .ok_or_else(|| Failure::new("a failed item was not taken once due"))?;
+    ensure!(
+        retried.takeovers == 3,
+        "a take of a failed item counted {} takeovers, expected the 3 before it",
+        retried.takeovers
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I11: `accept_with` keeps the item's own attempt limit (shown by `item`
+/// and handed to the taker) and its `not_before` (no take hands it out
+/// before then; it is due then); a plain accept has no limit of its own; a
+/// limit of 0 is refused and writes nothing.
+pub async fn inbox_accept_options(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let later = item_key("later")?;
+    let delay = Duration::from_millis(600);
+    let not_before = SystemTime::now() + delay;
+    let options = AcceptOptions::new().not_before(not_before).max_attempts(3);
+    ensure!(
+        inbox.accept_with(&later, b"work", &options).await?.is_new(),
+        "an accept with options of a new key was not stored"
+    );
+    let shown = inbox
+        .item(&later)
+        .await?
+        .ok_or_else(|| Failure::new("an item accepted with options vanished"))?;
+    ensure!(
+        shown.max_attempts == Some(3) && shown.status == ItemStatus::Pending,
+        "an item accepted with max_attempts 3 shows {:?}, {:?}",
+        shown.status,
+        shown.max_attempts
+    );
+    let early = inbox.take("inbox", 10, LONG_TTL).await?;
+    ensure!(
+        early.is_empty(),
+        "an item accepted not before {delay:?} from now was taken at once"
+    );
+    let started = Instant::now();
+    let taken = loop {
+        let taken = inbox.take("inbox", 10, LONG_TTL).await?;
+        if let Some(first) = taken.into_iter().next() {
+            break first;
+        }
+        ensure!(
+            started.elapsed() < delay + Duration::from_secs(1),
+            "an item accepted not before {delay:?} from now was still not taken {:?} later",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let taken_at = SystemTime::now();
+    ensure!(
+        taken_at + Duration::from_millis(50) >= not_before,
+        "an item was taken {:?} before its not_before",
+        not_before.duration_since(taken_at).unwrap_or_default()
+    );
+    ensure!(
+        taken.max_attempts == Some(3) && taken.lease.key == later,
+        "the taker was handed {:?} with limit {:?}, expected the item with limit 3",
+        taken.lease.key,
+        taken.max_attempts
+    );
+    let plain = item_key("plain")?;
+    inbox.accept(&plain, b"work").await?;
+    let shown = inbox
+        .item(&plain)
+        .await?
+        .ok_or_else(|| Failure::new("an accepted item vanished"))?;
+    ensure!(
+        shown.max_attempts.is_none(),
+        "a plain accept gave the item a limit of {:?}",
+        shown.max_attempts
+    );
+    let refused = item_key("no-attempts")?;
+    let zero = AcceptOptions::new().max_attempts(0);
+    ensure!(
+        matches!(
+            inbox.accept_with(&refused, b"work", &zero).await,
+            Err(Error::InvalidConfig { .. })
+        ),
+        "an accept with max_attempts 0 was not refused as a bad configuration"
+    );
+    ensure!(
+        inbox.item(&refused).await?.is_none(),
+        "a refused accept wrote an item"
     );
     Ok(Verdict::Passed)
 }

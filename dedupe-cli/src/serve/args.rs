@@ -40,7 +40,8 @@ pub struct ServeArgs {
     /// `lease=`, else 60 s).
     #[arg(long, value_name = "MS")]
     pub(super) lease_ms: Option<u64>,
-    /// Inbox mode: attempts before an item is dead.
+    /// Inbox mode: attempts before an item is dead, stored with each item it
+    /// accepts (a server started with another value agrees on that item).
     #[arg(long, value_name = "N", default_value_t = 8, requires = "inbox")]
     pub(super) max_attempts: u32,
     /// Inbox mode: the delay after an item's first failure, in milliseconds;

@@ -133,7 +133,10 @@ pub(super) fn receivers(
     let mut receivers = HashMap::new();
     for (name, provider) in &routes {
         let mut hook = if let Some(inbox) = inbox {
+            // Each item carries the limit, so that servers started with other
+            // settings agree on when it is dead.
             Webhook::inbox(Arc::clone(inbox), provider.rule(name))
+                .with_item_attempts(args.max_attempts)
         } else {
             Webhook::new(deduper.clone(), provider.rule(name))
         };

@@ -8,7 +8,8 @@ use super::time::from_millis;
 use crate::claim::Lease;
 use crate::error::{Error, Result};
 use crate::inbox::{
-    Accepted, InboxCounts, Item, ItemStatus, Taken, MAX_ERROR_BYTES, MAX_PAYLOAD_BYTES, MAX_TAKE,
+    AcceptOptions, Accepted, InboxCounts, Item, ItemStatus, Taken, MAX_ERROR_BYTES,
+    MAX_PAYLOAD_BYTES, MAX_TAKE,
 };
 use crate::key::{Key, LeaseToken};
 use crate::record::{Record, RecordState};
@@ -30,6 +31,33 @@ pub struct StoredItem {
     pub last_error: Option<String>,
     /// The delivery.
     pub payload: Option<Vec<u8>>,
+    /// Its takeovers and its own attempt limit.
+    pub counts: StoredCounts,
+}
+
+/// An item's counters as stored (a row from before they existed reads as
+/// the default: no takeovers, the worker's limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoredCounts {
+    /// Takeovers of workers that died holding it.
+    pub takeovers: i64,
+    /// Its own attempt limit, set at accept.
+    pub max_attempts: Option<i64>,
+}
+
+impl StoredCounts {
+    fn decode(self, key: &Key) -> Result<(u32, Option<u32>)> {
+        let takeovers = u32::try_from(self.takeovers)
+            .map_err(|_| Error::corrupt(key, format!("takeover count {}", self.takeovers)))?;
+        let max_attempts = self
+            .max_attempts
+            .map(|m| match u32::try_from(m) {
+                Ok(m) if m > 0 => Ok(m),
+                _ => Err(Error::corrupt(key, format!("attempt limit {m}"))),
+            })
+            .transpose()?;
+        Ok((takeovers, max_attempts))
+    }
 }
 
 impl StoredItem {
@@ -45,6 +73,7 @@ impl StoredItem {
         };
         let attempts = attempts(&key, self.attempts)?;
         let payload = payload(&key, self.payload)?;
+        let (takeovers, max_attempts) = self.counts.decode(&key)?;
         Ok(Item::new(
             key,
             status,
@@ -53,7 +82,8 @@ impl StoredItem {
             from_millis(self.due_ms),
             self.last_error,
             payload,
-        ))
+        )
+        .with_counts(takeovers, max_attempts))
     }
 }
 
@@ -73,9 +103,11 @@ pub fn taken_item(
     attempt: i64,
     payload_bytes: Option<Vec<u8>>,
     last_error: Option<String>,
+    counts: StoredCounts,
 ) -> Result<Taken> {
     let attempt = attempts(&key, attempt)?;
     let payload = payload(&key, payload_bytes)?;
+    let (takeovers, max_attempts) = counts.decode(&key)?;
     Ok(Taken::new(
         Lease {
             key,
@@ -86,7 +118,8 @@ pub fn taken_item(
         },
         payload,
         last_error,
-    ))
+    )
+    .with_counts(takeovers, max_attempts))
 }
 
 /// A status filter as a number for SQL: -1 every status, 0 pending, 1
@@ -136,6 +169,22 @@ pub fn accepted_over(record: Record) -> Accepted {
             attempt: record.attempts,
         },
     }
+}
+
+/// An accept's checks: the payload against [`MAX_PAYLOAD_BYTES`], and the
+/// options.
+pub fn check_accept(payload: &[u8], options: &AcceptOptions) -> Result<()> {
+    check_payload(payload)?;
+    options.validate()
+}
+
+/// An accept's due time and attempt limit as a store keeps them: ms from
+/// now until it is due (0: now), and the limit (`None`: the worker's).
+pub fn accept_columns(options: &AcceptOptions) -> (i64, Option<i64>) {
+    (
+        super::duration_millis(options.delay()),
+        options.max_attempts.map(i64::from),
+    )
 }
 
 /// Checks a payload against [`MAX_PAYLOAD_BYTES`].
