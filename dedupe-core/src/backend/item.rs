@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::time::from_millis;
+use super::time::{duration_millis, from_millis};
 use crate::claim::Lease;
 use crate::error::{Error, Result};
 use crate::inbox::{
@@ -182,7 +182,7 @@ pub fn check_accept(payload: &[u8], options: &AcceptOptions) -> Result<()> {
 /// now until it is due (0: now), and the limit (`None`: the worker's).
 pub fn accept_columns(options: &AcceptOptions) -> (i64, Option<i64>) {
     (
-        super::duration_millis(options.delay()),
+        duration_millis(options.delay()),
         options.max_attempts.map(i64::from),
     )
 }
