@@ -33,6 +33,8 @@ pub mod crashes;
 pub mod deploys;
 mod harness;
 pub mod history;
+#[cfg(unix)]
+pub mod poison;
 pub mod processes;
 mod report;
 

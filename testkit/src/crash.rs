@@ -37,7 +37,10 @@
 /// items accepted by every worker, taken three at a time), and
 /// `inbox_deploys_spend_no_attempts` with its child `inbox_deploy_worker`
 /// (worker processes stopped with SIGTERM and replaced twenty times under
-/// load: every item done at attempt 1).
+/// load: every item done at attempt 1), and
+/// `an_item_that_kills_its_workers_is_quarantined` with its child
+/// `inbox_poison_worker` (an item that aborts its worker every time is dead
+/// after three takeovers).
 #[macro_export]
 macro_rules! crash_tests {
     (setup: $setup:expr, worker: $worker:expr, inbox_worker: $inbox:expr $(,)?) => {
@@ -84,6 +87,28 @@ macro_rules! crash_tests {
         async fn inbox_deploy_worker() {
             let inbox = ($inbox)().await;
             $crate::__conformance::deploys::run_deploy_worker(inbox).await;
+        }
+
+        /// An item that aborts its worker process every time it runs is
+        /// quarantined after three takeovers, and the other items are done
+        /// (see `dedupe_conformance::poison`).
+        #[test]
+        fn an_item_that_kills_its_workers_is_quarantined() {
+            let (_guard, env) = ($setup)();
+            let report = $crate::__conformance::poison::poison_workers(
+                "inbox_poison_worker",
+                &$crate::__conformance::poison::PoisonPlan::default(),
+                &env,
+            )
+            .unwrap_or_else(|failure| panic!("{failure}"));
+            eprintln!("{report}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "run by an_item_that_kills_its_workers_is_quarantined in a child process"]
+        async fn inbox_poison_worker() {
+            let inbox = ($inbox)().await;
+            $crate::__conformance::poison::run_poison_worker(inbox).await;
         }
     };
     (setup: $setup:expr, worker: $worker:expr $(,)?) => {

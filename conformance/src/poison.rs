@@ -1,0 +1,375 @@
+//! A poison item: one that kills the worker process running it, every time
+//! (a panic across FFI, an OOM kill, a segfault in a native library). The
+//! store's own tests run it, like [`crashes`](crate::crashes).
+//!
+//! The parent test calls [`poison_workers`]: it starts copies of the test
+//! binary, each running one ignored child test that opens the store's inbox
+//! and calls [`run_poison_worker`]. The first worker accepts a set of good
+//! items and one poison item; every worker runs an [`InboxWorker`] (one item
+//! at a time, default `max_takeovers`, 3) whose handler aborts its own process on the poison
+//! item and completes the others. The parent replaces each worker that
+//! dies. The judge then requires:
+//!
+//! - the poison item ran exactly `max_takeovers` times, each run killed its
+//!   process, and it ends dead as quarantined, with its takeovers counted
+//!   (CONTRACT.md I10), instead of taking down worker after worker;
+//! - every good item done.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dedupe_core::{DedupeStore, Deduper, Inbox, InboxWorker, ItemStatus, Key, RecordState};
+
+use crate::harness::Failure;
+
+const DIR_VAR: &str = "DEDUPE_POISON_DIR";
+const INDEX_VAR: &str = "DEDUPE_POISON_INDEX";
+const ITEMS_VAR: &str = "DEDUPE_POISON_ITEMS";
+const LEASE_VAR: &str = "DEDUPE_POISON_LEASE_MS";
+const NAMESPACE: &str = "poison";
+const POISON: &str = "poison";
+
+/// How a poison run goes.
+#[derive(Debug, Clone)]
+pub struct PoisonPlan {
+    /// Good items beside the poison one.
+    pub items: usize,
+    /// Worker processes alive at once.
+    pub workers: usize,
+    /// The workers' lease: how long a dead worker's item waits for its
+    /// takeover.
+    pub lease: Duration,
+    /// How long the whole run may take before it fails.
+    pub deadline: Duration,
+}
+
+impl Default for PoisonPlan {
+    /// 20 good items, 2 workers, 400 ms leases.
+    fn default() -> Self {
+        Self {
+            items: 20,
+            workers: 2,
+            lease: Duration::from_millis(400),
+            deadline: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What a poison run showed.
+#[derive(Debug, Clone, Default)]
+pub struct PoisonReport {
+    /// Worker processes the poison item killed.
+    pub killed: usize,
+    /// The poison item's takeovers when it was quarantined.
+    pub takeovers: u32,
+    /// Good items, every one done.
+    pub items: usize,
+}
+
+impl fmt::Display for PoisonReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the poison item killed {} workers and was quarantined after {} takeovers; {} good \
+             items done",
+            self.killed, self.takeovers, self.items
+        )
+    }
+}
+
+/// The parent's side: runs `plan` with workers that are copies of the
+/// current test binary running the ignored test `child_test` with `env` set
+/// (where the shared store is, which must be empty of `poison:` keys),
+/// replaces each one the poison item kills, and judges every worker's log
+/// (see the module docs).
+pub fn poison_workers(
+    child_test: &str,
+    plan: &PoisonPlan,
+    env: &[(&str, String)],
+) -> Result<PoisonReport, Failure> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("dedupe-poison-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(format!("poison dir: {e}")))?;
+    let mut live: Vec<(usize, Child)> = Vec::new();
+    let result =
+        run(&dir, child_test, plan, env, &mut live).and_then(|killed| judge(&dir, plan, killed));
+    for (_, child) in &mut live {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Runs the workers, replacing each killed one; answers how many were.
+fn run(
+    dir: &Path,
+    child_test: &str,
+    plan: &PoisonPlan,
+    env: &[(&str, String)],
+    live: &mut Vec<(usize, Child)>,
+) -> Result<usize, Failure> {
+    let exe = std::env::current_exe().map_err(|e| Failure::new(format!("test binary: {e}")))?;
+    let mut next = 0;
+    let mut spawn = |live: &mut Vec<(usize, Child)>| -> Result<(), Failure> {
+        let index = next;
+        next += 1;
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "--ignored",
+            "--exact",
+            child_test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DIR_VAR, dir)
+        .env(INDEX_VAR, index.to_string())
+        .env(ITEMS_VAR, plan.items.to_string())
+        .env(LEASE_VAR, plan.lease.as_millis().to_string())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::File::create(dir.join(format!("stderr-{index}")))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        );
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| Failure::new(format!("spawn worker {index}: {e}")))?;
+        live.push((index, child));
+        Ok(())
+    };
+    for _ in 0..plan.workers {
+        spawn(live)?;
+    }
+    let started = Instant::now();
+    let mut killed = 0;
+    while !live.is_empty() {
+        if started.elapsed() > plan.deadline {
+            return Err(Failure::new(format!(
+                "the poison run passed its deadline of {:?} ({killed} workers killed)",
+                plan.deadline
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let mut still = Vec::with_capacity(live.len());
+        let mut replace = 0;
+        for (index, mut child) in std::mem::take(live) {
+            match child.try_wait() {
+                Ok(None) => still.push((index, child)),
+                Ok(Some(status)) if status.success() => {}
+                // What the poison item does to its worker.
+                Ok(Some(status)) if status.signal() == Some(6) => {
+                    killed += 1;
+                    replace += 1;
+                }
+                Ok(Some(status)) => {
+                    *live = still;
+                    let stderr = std::fs::read_to_string(dir.join(format!("stderr-{index}")))
+                        .unwrap_or_default();
+                    return Err(Failure::new(format!(
+                        "worker {index} failed ({status}):\n{stderr}"
+                    )));
+                }
+                Err(e) => {
+                    *live = still;
+                    return Err(Failure::new(format!("worker {index}: {e}")));
+                }
+            }
+        }
+        *live = still;
+        if killed > 10 {
+            return Err(Failure::new(format!(
+                "the poison item killed {killed} workers: it was never quarantined"
+            )));
+        }
+        for _ in 0..replace {
+            spawn(live)?;
+        }
+    }
+    Ok(killed)
+}
+
+fn log_path(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("worker-{index}.log"))
+}
+
+/// One worker's log, each line one `write` (so an abort loses no line
+/// before it).
+#[derive(Clone)]
+struct Log(Arc<std::sync::Mutex<std::fs::File>>);
+
+impl Log {
+    fn line(&self, line: String) {
+        let mut file = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = file.write_all(format!("{line}\n").as_bytes());
+    }
+}
+
+fn key(id: &str) -> Key {
+    Key::new(NAMESPACE, id).expect("a plain key")
+}
+
+/// The worker's side, called by the ignored child test with the store's
+/// inbox open: the first worker accepts the items; every worker runs an
+/// [`InboxWorker`] whose handler aborts the process on the poison item,
+/// until no item is pending, running or failed; then it logs how each item
+/// ended. Panics (failing the worker) only when it is not run by
+/// [`poison_workers`].
+pub async fn run_poison_worker(inbox: Arc<dyn Inbox>) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
+    };
+    let dir = PathBuf::from(var(DIR_VAR));
+    let index: usize = var(INDEX_VAR).parse().expect("index");
+    let items: usize = var(ITEMS_VAR).parse().expect("items");
+    let lease = Duration::from_millis(var(LEASE_VAR).parse().expect("lease"));
+    let log = Log(Arc::new(std::sync::Mutex::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path(&dir, index))
+            .expect("worker log"),
+    )));
+    if index == 0 {
+        let ids = std::iter::once(POISON.to_string()).chain((0..items).map(|i| format!("i{i}")));
+        for id in ids {
+            while inbox.accept(&key(&id), b"work").await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    let deduper = Deduper::new(Arc::clone(&inbox)).with_lease_ttl(lease);
+    // One item at a time: the poison item's abort takes down only itself
+    // (a neighbour in the same process would die with it, and be quarantined
+    // beside it, as a real crash would do).
+    let worker = InboxWorker::new(&deduper, Arc::clone(&inbox), NAMESPACE)
+        .with_concurrency(1)
+        .with_poll_interval(Duration::from_millis(20));
+    let running = tokio::spawn({
+        let (worker, log) = (worker.clone(), log.clone());
+        async move {
+            worker
+                .run(move |taken| {
+                    let log = log.clone();
+                    async move {
+                        let id = taken.lease.key.id().to_string();
+                        log.line(format!("RAN {id} {}", taken.takeovers));
+                        if id == POISON {
+                            std::process::abort();
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, String>(b"done".to_vec())
+                    }
+                })
+                .await
+        }
+    });
+    let started = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match inbox.counts(NAMESPACE).await {
+            // Accepted (the first worker may still be accepting) and settled.
+            Ok(c) if c.pending + c.running + c.failed == 0 && c.dead > 0 => break,
+            _ => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(100),
+            "the items did not settle"
+        );
+    }
+    worker.shutdown(Duration::from_secs(5)).await;
+    running
+        .await
+        .expect("the worker's task")
+        .expect("the worker ran");
+    match inbox.item(&key(POISON)).await {
+        Ok(Some(item)) if item.status == ItemStatus::Dead => log.line(format!(
+            "POISON {} {}",
+            item.takeovers,
+            item.last_error.unwrap_or_default()
+        )),
+        other => log.line(format!("POISON - {other:?}")),
+    }
+    for i in 0..items {
+        let line = match inbox.get(&key(&format!("i{i}"))).await {
+            Ok(Some(record)) if matches!(record.state, RecordState::Done { .. }) => {
+                format!("FINAL {i} done")
+            }
+            other => format!("FINAL {i} {other:?}"),
+        };
+        log.line(line);
+    }
+    log.line("EXIT".to_string());
+}
+
+/// Judges every worker log in `dir` (see the module docs).
+fn judge(dir: &Path, plan: &PoisonPlan, killed: usize) -> Result<PoisonReport, Failure> {
+    let max_takeovers = InboxWorker::DEFAULT_MAX_TAKEOVERS;
+    let mut poison_runs: Vec<String> = Vec::new();
+    let mut poison: Vec<String> = Vec::new();
+    let mut finals: HashMap<usize, Vec<String>> = HashMap::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| Failure::new(format!("poison dir: {e}")))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("worker-") {
+            continue;
+        }
+        let log = std::fs::read_to_string(entry.path())
+            .map_err(|e| Failure::new(format!("log {name}: {e}")))?;
+        for line in log.lines() {
+            let parts: Vec<&str> = line.splitn(3, ' ').collect();
+            match parts.as_slice() {
+                ["RAN", id, takeovers] if *id == POISON => poison_runs.push(takeovers.to_string()),
+                ["POISON", takeovers, error] => poison.push(format!("{takeovers} {error}")),
+                ["FINAL", item, how] => {
+                    if let Ok(item) = item.parse::<usize>() {
+                        finals.entry(item).or_default().push(how.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    poison_runs.sort();
+    let expected_runs: Vec<String> = (0..max_takeovers).map(|t| t.to_string()).collect();
+    if poison_runs != expected_runs || killed != max_takeovers as usize {
+        return Err(Failure::new(format!(
+            "the poison item ran with takeovers {poison_runs:?} and killed {killed} workers, \
+             expected one run at each of {expected_runs:?}, each killing its worker"
+        )));
+    }
+    let quarantined = format!(
+        "{max_takeovers} quarantined: its workers died holding it {max_takeovers} times \
+         (max_takeovers {max_takeovers})"
+    );
+    if poison.is_empty() || poison.iter().any(|p| *p != quarantined) {
+        return Err(Failure::new(format!(
+            "the poison item ended as {poison:?}, expected dead as {quarantined:?}"
+        )));
+    }
+    for item in 0..plan.items {
+        let seen = finals.remove(&item).unwrap_or_default();
+        if seen.is_empty() || seen.iter().any(|f| f != "done") {
+            return Err(Failure::new(format!(
+                "good item {item} ended as {seen:?}, expected done"
+            )));
+        }
+    }
+    Ok(PoisonReport {
+        killed,
+        takeovers: max_takeovers,
+        items: plan.items,
+    })
+}
