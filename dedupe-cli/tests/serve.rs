@@ -1162,6 +1162,13 @@ async fn inbox_path(url: &str) {
         (&"dead".into(), &3.into()),
         "{item}"
     );
+    // The server's --max-attempts is stored with the item (CONTRACT.md I11),
+    // and no worker died holding it.
+    assert_eq!(
+        (&item["max_attempts"], &item["takeovers"]),
+        (&3.into(), &0.into()),
+        "{item}"
+    );
     assert!(
         item["last_error"]
             .as_str()
