@@ -49,9 +49,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -59,11 +56,10 @@ use dedupe_core::{
     Accepted, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, Key, RecordState,
 };
 
+use crate::children::{self, Children, Log};
 use crate::harness::Failure;
 use futures_util::StreamExt;
 
-const DIR_VAR: &str = "DEDUPE_CRASH_DIR";
-const INDEX_VAR: &str = "DEDUPE_CRASH_INDEX";
 const EVENTS_VAR: &str = "DEDUPE_CRASH_EVENTS";
 const LEASE_VAR: &str = "DEDUPE_CRASH_LEASE_MS";
 const WORK_VAR: &str = "DEDUPE_CRASH_WORK_MS";
@@ -185,52 +181,26 @@ pub fn crash_workers(
     plan: &CrashPlan,
     env: &[(&str, String)],
 ) -> Result<CrashReport, Failure> {
-    let nanos = SystemTime::now()
+    let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
+        .map(|d| d.as_nanos() as u64)
         .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("dedupe-crash-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(format!("crash dir: {e}")))?;
-    let result = Pool::new(&dir, child_test, plan, env, nanos as u64).and_then(|mut pool| {
-        let killed = pool.run()?;
-        judge(&dir, plan, &killed)
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let mut pool = Pool {
+        children: Children::new("crash", child_test, env)?,
+        plan,
+        seed: seed | 1,
+    };
+    let killed = pool.run()?;
+    judge(&pool.children, plan, &killed)
 }
 
 struct Pool<'a> {
-    dir: &'a Path,
-    child_test: &'a str,
+    children: Children,
     plan: &'a CrashPlan,
-    env: &'a [(&'a str, String)],
-    exe: PathBuf,
-    next_index: usize,
-    live: Vec<(usize, Child)>,
     seed: u64,
 }
 
-impl<'a> Pool<'a> {
-    fn new(
-        dir: &'a Path,
-        child_test: &'a str,
-        plan: &'a CrashPlan,
-        env: &'a [(&'a str, String)],
-        seed: u64,
-    ) -> Result<Self, Failure> {
-        let exe = std::env::current_exe().map_err(|e| Failure::new(format!("test binary: {e}")))?;
-        Ok(Self {
-            dir,
-            child_test,
-            plan,
-            env,
-            exe,
-            next_index: 0,
-            live: Vec::new(),
-            seed: seed | 1,
-        })
-    }
-
+impl Pool<'_> {
     fn random(&mut self) -> u64 {
         self.seed ^= self.seed << 13;
         self.seed ^= self.seed >> 7;
@@ -239,44 +209,22 @@ impl<'a> Pool<'a> {
     }
 
     fn spawn(&mut self) -> Result<(), Failure> {
-        let index = self.next_index;
-        self.next_index += 1;
-        let mut cmd = Command::new(&self.exe);
-        cmd.args([
-            "--ignored",
-            "--exact",
-            self.child_test,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR_VAR, self.dir)
-        .env(INDEX_VAR, index.to_string())
-        .env(EVENTS_VAR, self.plan.events.to_string())
-        .env(LEASE_VAR, self.plan.lease.as_millis().to_string())
-        .env(WORK_VAR, self.plan.work.as_millis().to_string())
-        .env(STALL_VAR, self.plan.stall_every.to_string())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::File::create(self.dir.join(format!("stderr-{index}")))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        );
-        for (k, v) in self.env {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| Failure::new(format!("spawn worker {index}: {e}")))?;
-        self.live.push((index, child));
+        self.children.spawn(&[
+            (EVENTS_VAR, self.plan.events.to_string()),
+            (LEASE_VAR, self.plan.lease.as_millis().to_string()),
+            (WORK_VAR, self.plan.work.as_millis().to_string()),
+            (STALL_VAR, self.plan.stall_every.to_string()),
+        ])?;
         Ok(())
     }
 
     /// Whether worker `index` holds a claim it has not yet asked to complete.
     fn holding(&self, index: usize) -> bool {
-        std::fs::read_to_string(log_path(self.dir, index))
-            .ok()
-            .and_then(|log| log.lines().last().map(|l| l.starts_with("CLAIMED ")))
-            .unwrap_or(false)
+        self.children
+            .log(index)
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("CLAIMED "))
     }
 
     /// Runs the plan; answers the indexes of the workers it killed.
@@ -296,93 +244,44 @@ impl<'a> Pool<'a> {
             // does within the plan's wait, else any.
             let pause = 100 + self.random() % 300;
             std::thread::sleep(Duration::from_millis(pause));
-            self.reap()?;
+            self.children.reap()?;
             let look_until = Instant::now() + self.plan.holder_wait;
             let victim = loop {
-                let holder = self.live.iter().position(|(i, _)| self.holding(*i));
+                let holder = self
+                    .children
+                    .live
+                    .iter()
+                    .position(|(i, _)| self.holding(*i));
                 if holder.is_some() || Instant::now() > look_until {
                     break holder;
                 }
                 std::thread::sleep(Duration::from_millis(5));
             };
-            let Some(at) = victim.or_else(|| {
-                (!self.live.is_empty()).then(|| (self.random() as usize) % self.live.len())
-            }) else {
+            let live = self.children.live.len();
+            let Some(at) = victim.or_else(|| (live > 0).then(|| (self.random() as usize) % live))
+            else {
                 break; // every worker finished before the kills ran out
             };
-            let (index, mut child) = self.live.swap_remove(at);
-            let _ = child.kill(); // SIGKILL
-            let _ = child.wait();
-            killed.insert(index);
+            killed.insert(self.children.kill(at));
             self.spawn()?;
         }
         // Let the survivors finish.
-        while !self.live.is_empty() {
+        while !self.children.live.is_empty() {
             if started.elapsed() > self.plan.deadline {
-                for (_, child) in &mut self.live {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
                 return Err(Failure::new(format!(
                     "workers did not finish within {:?}",
                     self.plan.deadline
                 )));
             }
             std::thread::sleep(Duration::from_millis(20));
-            self.reap()?;
+            self.children.reap()?;
         }
         Ok(killed)
     }
-
-    /// Collects workers that exited; a worker that failed fails the run.
-    fn reap(&mut self) -> Result<(), Failure> {
-        let mut still = Vec::with_capacity(self.live.len());
-        for (index, mut child) in self.live.drain(..) {
-            match child.try_wait() {
-                Ok(None) => still.push((index, child)),
-                Ok(Some(status)) if status.success() => {}
-                Ok(Some(status)) => {
-                    let stderr = std::fs::read_to_string(self.dir.join(format!("stderr-{index}")))
-                        .unwrap_or_default();
-                    return Err(Failure::new(format!(
-                        "worker {index} failed ({status}):\n{stderr}"
-                    )));
-                }
-                Err(e) => return Err(Failure::new(format!("worker {index}: {e}"))),
-            }
-        }
-        self.live = still;
-        Ok(())
-    }
-}
-
-impl Drop for Pool<'_> {
-    /// A run that ends early (a deadline, a failed worker) leaves no worker
-    /// behind.
-    fn drop(&mut self) {
-        for (_, child) in &mut self.live {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn log_path(dir: &Path, index: usize) -> PathBuf {
-    dir.join(format!("worker-{index}.log"))
 }
 
 fn event_key(event: usize) -> Key {
     Key::new(NAMESPACE, format!("e{event}")).expect("a plain key")
-}
-
-/// One worker's log: each line written with one `write` call straight to the
-/// file, so a kill loses at most the line being written, never an earlier one.
-struct Log(std::fs::File);
-
-impl Log {
-    fn line(&mut self, line: String) {
-        let _ = self.0.write_all(format!("{line}\n").as_bytes());
-    }
 }
 
 /// The worker's side, called by the ignored child test with its store open:
@@ -390,21 +289,13 @@ impl Log {
 /// step, then logs each record as it stands and returns. Panics (failing the
 /// worker) only when it is not run by [`crash_workers`].
 pub async fn run_crash_worker(store: Arc<dyn DedupeStore>) {
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
-    };
-    let dir = PathBuf::from(var(DIR_VAR));
-    let index: usize = var(INDEX_VAR).parse().expect("index");
-    let events: usize = var(EVENTS_VAR).parse().expect("events");
-    let lease = Duration::from_millis(var(LEASE_VAR).parse().expect("lease"));
-    let work = Duration::from_millis(var(WORK_VAR).parse().expect("work"));
-    let stall_every: usize = var(STALL_VAR).parse().expect("stall");
+    let index = children::index();
+    let events = children::number(EVENTS_VAR);
+    let lease = children::millis(LEASE_VAR);
+    let work = children::millis(WORK_VAR);
+    let stall_every = children::number(STALL_VAR);
     let mut claims = 0usize;
-    let mut log = Log(std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_path(&dir, index))
-        .expect("worker log"));
+    let log = Log::open();
     let opts = ClaimOptions::new(lease);
     loop {
         let mut all_done = true;
@@ -460,7 +351,7 @@ pub async fn run_crash_worker(store: Arc<dyn DedupeStore>) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    log_finals(store.as_ref(), events, &mut log).await;
+    log_finals(store.as_ref(), events, &log).await;
 }
 
 /// Most items an inbox worker takes at once.
@@ -475,20 +366,12 @@ const TAKE: usize = 3;
 /// item is pending, running or failed; then logs each record as it stands.
 /// A killed worker's items are taken over once their leases pass.
 pub async fn run_inbox_crash_worker(inbox: Arc<dyn Inbox>) {
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
-    };
-    let dir = PathBuf::from(var(DIR_VAR));
-    let index: usize = var(INDEX_VAR).parse().expect("index");
-    let events: usize = var(EVENTS_VAR).parse().expect("events");
-    let lease = Duration::from_millis(var(LEASE_VAR).parse().expect("lease"));
-    let work = Duration::from_millis(var(WORK_VAR).parse().expect("work"));
-    let stall_every: usize = var(STALL_VAR).parse().expect("stall");
-    let mut log = Log(std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_path(&dir, index))
-        .expect("worker log"));
+    let index = children::index();
+    let events = children::number(EVENTS_VAR);
+    let lease = children::millis(LEASE_VAR);
+    let work = children::millis(WORK_VAR);
+    let stall_every = children::number(STALL_VAR);
+    let log = Log::open();
     let payload = |event: usize| format!("item {event}").into_bytes();
     // Sixteen accepts at a time, so a worker starts taking soon after it
     // starts (the parent kills workers from the first moments on).
@@ -589,7 +472,7 @@ pub async fn run_inbox_crash_worker(inbox: Arc<dyn Inbox>) {
             }
         }
     }
-    log_finals(inbox.as_ref(), events, &mut log).await;
+    log_finals(inbox.as_ref(), events, &log).await;
 }
 
 /// How long a lease taken now runs (its deadline from now, at least the
@@ -602,7 +485,7 @@ fn lease_ttl_of(lease: &dedupe_core::Lease) -> Duration {
 }
 
 /// Logs each record as it stands, then `EXIT`.
-async fn log_finals(store: &dyn DedupeStore, events: usize, log: &mut Log) {
+async fn log_finals(store: &dyn DedupeStore, events: usize, log: &Log) {
     for event in 0..events {
         match store.get(&event_key(event)).await {
             Ok(Some(record)) => match &record.state {
@@ -637,8 +520,12 @@ struct Event {
     bad_finals: Vec<String>,
 }
 
-/// Judges every worker log in `dir` (see the module docs).
-fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashReport, Failure> {
+/// Judges every worker log of the run (see the module docs).
+fn judge(
+    children: &Children,
+    plan: &CrashPlan,
+    killed: &HashSet<usize>,
+) -> Result<CrashReport, Failure> {
     let mut events: HashMap<usize, Event> = HashMap::new();
     let mut report = CrashReport {
         events: plan.events,
@@ -646,18 +533,7 @@ fn judge(dir: &Path, plan: &CrashPlan, killed: &HashSet<usize>) -> Result<CrashR
         ..CrashReport::default()
     };
     let mut exited = 0;
-    let entries = std::fs::read_dir(dir).map_err(|e| Failure::new(format!("crash dir: {e}")))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(index) = name
-            .strip_prefix("worker-")
-            .and_then(|n| n.strip_suffix(".log"))
-            .and_then(|n| n.parse::<usize>().ok())
-        else {
-            continue;
-        };
-        let log = std::fs::read_to_string(entry.path())
-            .map_err(|e| Failure::new(format!("log {name}: {e}")))?;
+    for (index, log) in children.logs()? {
         let lines: Vec<&str> = log.lines().collect();
         // A killed worker may have been cut off mid-line.
         for (n, line) in lines.iter().enumerate() {

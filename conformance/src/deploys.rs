@@ -21,19 +21,16 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use dedupe_core::{DedupeStore, Deduper, Inbox, InboxWorker, Key, RecordState};
 use futures_util::StreamExt;
 
+use crate::children::{self, Children, Log};
 use crate::harness::Failure;
 
-const DIR_VAR: &str = "DEDUPE_DEPLOY_DIR";
-const INDEX_VAR: &str = "DEDUPE_DEPLOY_INDEX";
 const ITEMS_VAR: &str = "DEDUPE_DEPLOY_ITEMS";
 const WORK_VAR: &str = "DEDUPE_DEPLOY_WORK_MS";
 const FIRST_VAR: &str = "DEDUPE_DEPLOY_FIRST_WORKERS";
@@ -105,90 +102,36 @@ pub fn deploy_workers(
     plan: &DeployPlan,
     env: &[(&str, String)],
 ) -> Result<DeployReport, Failure> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("dedupe-deploy-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(format!("deploy dir: {e}")))?;
-    let result = Pool::new(&dir, child_test, plan, env).and_then(|mut pool| {
-        pool.run()?;
-        judge(&dir, plan)
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let mut pool = Pool {
+        children: Children::new("deploy", child_test, env)?,
+        plan,
+    };
+    pool.run()?;
+    judge(&pool.children, plan)
 }
 
 struct Pool<'a> {
-    dir: &'a Path,
-    child_test: &'a str,
+    children: Children,
     plan: &'a DeployPlan,
-    env: &'a [(&'a str, String)],
-    exe: PathBuf,
-    next_index: usize,
-    live: Vec<(usize, Child)>,
 }
 
-impl<'a> Pool<'a> {
-    fn new(
-        dir: &'a Path,
-        child_test: &'a str,
-        plan: &'a DeployPlan,
-        env: &'a [(&'a str, String)],
-    ) -> Result<Self, Failure> {
-        let exe = std::env::current_exe().map_err(|e| Failure::new(format!("test binary: {e}")))?;
-        Ok(Self {
-            dir,
-            child_test,
-            plan,
-            env,
-            exe,
-            next_index: 0,
-            live: Vec::new(),
-        })
-    }
-
+impl Pool<'_> {
     fn spawn(&mut self) -> Result<(), Failure> {
-        let index = self.next_index;
-        self.next_index += 1;
-        let mut cmd = Command::new(&self.exe);
-        cmd.args([
-            "--ignored",
-            "--exact",
-            self.child_test,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR_VAR, self.dir)
-        .env(INDEX_VAR, index.to_string())
-        .env(ITEMS_VAR, self.plan.items.to_string())
-        .env(WORK_VAR, self.plan.work.as_millis().to_string())
-        .env(FIRST_VAR, self.plan.workers.to_string())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::File::create(self.dir.join(format!("stderr-{index}")))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        );
-        for (k, v) in self.env {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| Failure::new(format!("spawn worker {index}: {e}")))?;
-        self.live.push((index, child));
+        self.children.spawn(&[
+            (ITEMS_VAR, self.plan.items.to_string()),
+            (WORK_VAR, self.plan.work.as_millis().to_string()),
+            (FIRST_VAR, self.plan.workers.to_string()),
+        ])?;
         Ok(())
     }
 
     /// Whether worker `index` has begun running items (its stop handler is
     /// in place, and a stop now cuts work off).
     fn running(&self, index: usize) -> bool {
-        std::fs::read_to_string(log_path(self.dir, index))
-            .is_ok_and(|log| log.lines().any(|l| l.starts_with("RAN ")))
-    }
-
-    fn stderr(&self, index: usize) -> String {
-        std::fs::read_to_string(self.dir.join(format!("stderr-{index}"))).unwrap_or_default()
+        self.children
+            .log(index)
+            .lines()
+            .any(|l| l.starts_with("RAN "))
     }
 
     fn run(&mut self) -> Result<(), Failure> {
@@ -205,21 +148,21 @@ impl<'a> Pool<'a> {
         for _ in 0..self.plan.deploys {
             std::thread::sleep(self.plan.every);
             // The oldest worker goes, once it runs items.
-            let index = self.live[0].0;
+            let index = self.children.live[0].0;
             while !self.running(index) {
                 if started.elapsed() > self.plan.deadline {
                     return Err(late("waiting for a worker to start"));
                 }
-                if let Ok(Some(status)) = self.live[0].1.try_wait() {
+                if let Ok(Some(status)) = self.children.live[0].1.try_wait() {
                     return Err(Failure::new(format!(
                         "worker {index} exited ({status}) before a deploy could stop it: the \
                          items ran out before the deploys did\n{}",
-                        self.stderr(index)
+                        self.children.stderr(index)
                     )));
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
-            let (index, mut child) = self.live.remove(0);
+            let (index, mut child) = self.children.live.remove(0);
             let pid = child.id().to_string();
             let sent = Command::new("sh")
                 .args(["-c", &format!("kill -TERM {pid}")])
@@ -237,6 +180,7 @@ impl<'a> Pool<'a> {
                     }
                     Ok(None) => {
                         let _ = child.kill();
+                        let _ = child.wait();
                         return Err(Failure::new(format!(
                             "worker {index} was still running 10 s after SIGTERM"
                         )));
@@ -247,64 +191,25 @@ impl<'a> Pool<'a> {
             if !status.success() {
                 return Err(Failure::new(format!(
                     "worker {index} failed on SIGTERM ({status}):\n{}",
-                    self.stderr(index)
+                    self.children.stderr(index)
                 )));
             }
             self.spawn()?;
         }
         // The last workers finish the items.
-        while !self.live.is_empty() {
+        while !self.children.live.is_empty() {
             if started.elapsed() > self.plan.deadline {
                 return Err(late("waiting for the last workers"));
             }
             std::thread::sleep(Duration::from_millis(20));
-            let mut still = Vec::with_capacity(self.live.len());
-            let mut failed = None;
-            for (index, mut child) in std::mem::take(&mut self.live) {
-                match child.try_wait() {
-                    Ok(None) => still.push((index, child)),
-                    Ok(Some(status)) if status.success() => {}
-                    Ok(Some(status)) => failed = Some(format!("worker {index} failed ({status})")),
-                    Err(e) => failed = Some(format!("worker {index}: {e}")),
-                }
-                if let Some(failed) = failed.take() {
-                    self.live = still;
-                    return Err(Failure::new(format!("{failed}:\n{}", self.stderr(index))));
-                }
-            }
-            self.live = still;
+            self.children.reap()?;
         }
         Ok(())
     }
 }
 
-impl Drop for Pool<'_> {
-    /// A run that ends early leaves no worker behind.
-    fn drop(&mut self) {
-        for (_, child) in &mut self.live {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn log_path(dir: &Path, index: usize) -> PathBuf {
-    dir.join(format!("worker-{index}.log"))
-}
-
 fn item_key(item: usize) -> Key {
     Key::new(NAMESPACE, format!("i{item}")).expect("a plain key")
-}
-
-/// One worker's log, each line one `write` (shared by the handler's tasks).
-#[derive(Clone)]
-struct Log(Arc<std::sync::Mutex<std::fs::File>>);
-
-impl Log {
-    fn line(&self, line: String) {
-        let mut file = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = file.write_all(format!("{line}\n").as_bytes());
-    }
 }
 
 /// The worker's side, called by the ignored child test with the store's
@@ -316,26 +221,16 @@ impl Log {
 /// as it stands. Panics (failing the worker) only when it is not run by
 /// [`deploy_workers`].
 pub async fn run_deploy_worker(inbox: Arc<dyn Inbox>) {
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
-    };
-    let dir = PathBuf::from(var(DIR_VAR));
-    let index: usize = var(INDEX_VAR).parse().expect("index");
-    let items: usize = var(ITEMS_VAR).parse().expect("items");
-    let work = Duration::from_millis(var(WORK_VAR).parse().expect("work"));
-    let log = Log(Arc::new(std::sync::Mutex::new(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log_path(&dir, index))
-            .expect("worker log"),
-    )));
+    let index = children::index();
+    let items = children::number(ITEMS_VAR);
+    let work = children::millis(WORK_VAR);
+    let log = Log::open();
     // In place before anything runs: a stop never meets the default action.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("a SIGTERM handler");
     // The first workers accept the items between them; the ones that
     // replace them only work.
-    let first: usize = var(FIRST_VAR).parse().expect("first workers");
+    let first = children::number(FIRST_VAR);
     let mine = (0..items).filter(|item| index < first && item % first == index);
     futures_util::stream::iter(mine)
         .for_each_concurrent(16, |item| {
@@ -409,8 +304,8 @@ pub async fn run_deploy_worker(inbox: Arc<dyn Inbox>) {
     log.line("EXIT".to_string());
 }
 
-/// Judges every worker log in `dir` (see the module docs).
-fn judge(dir: &Path, plan: &DeployPlan) -> Result<DeployReport, Failure> {
+/// Judges every worker log of the run (see the module docs).
+fn judge(children: &Children, plan: &DeployPlan) -> Result<DeployReport, Failure> {
     let mut report = DeployReport {
         items: plan.items,
         deploys: plan.deploys,
@@ -418,14 +313,7 @@ fn judge(dir: &Path, plan: &DeployPlan) -> Result<DeployReport, Failure> {
     };
     let mut finals: HashMap<usize, Vec<String>> = HashMap::new();
     let mut exited = 0;
-    let entries = std::fs::read_dir(dir).map_err(|e| Failure::new(format!("deploy dir: {e}")))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("worker-") {
-            continue;
-        }
-        let log = std::fs::read_to_string(entry.path())
-            .map_err(|e| Failure::new(format!("log {name}: {e}")))?;
+    for (index, log) in children.logs()? {
         for line in log.lines() {
             let parts: Vec<&str> = line.split(' ').collect();
             match parts.as_slice() {
@@ -433,7 +321,7 @@ fn judge(dir: &Path, plan: &DeployPlan) -> Result<DeployReport, Failure> {
                     report.runs += 1;
                     if *attempt != "1" {
                         return Err(Failure::new(format!(
-                            "{name}: item {id} was run as attempt {attempt}: a deploy spent an \
+                            "worker {index}: item {id} was run as attempt {attempt}: a deploy spent an \
                              attempt (a hand-back must take back its take's)"
                         )));
                     }

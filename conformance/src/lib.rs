@@ -28,6 +28,7 @@
 //! ```
 
 pub mod checks;
+mod children;
 pub mod crashes;
 #[cfg(unix)]
 pub mod deploys;

@@ -17,19 +17,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::Write;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use dedupe_core::{DedupeStore, Deduper, Inbox, InboxWorker, ItemStatus, Key, RecordState};
 
+use crate::children::{self, Children, Log};
 use crate::harness::Failure;
 
-const DIR_VAR: &str = "DEDUPE_POISON_DIR";
-const INDEX_VAR: &str = "DEDUPE_POISON_INDEX";
 const ITEMS_VAR: &str = "DEDUPE_POISON_ITEMS";
 const LEASE_VAR: &str = "DEDUPE_POISON_LEASE_MS";
 const NAMESPACE: &str = "poison";
@@ -93,69 +89,23 @@ pub fn poison_workers(
     plan: &PoisonPlan,
     env: &[(&str, String)],
 ) -> Result<PoisonReport, Failure> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("dedupe-poison-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(format!("poison dir: {e}")))?;
-    let mut live: Vec<(usize, Child)> = Vec::new();
-    let result =
-        run(&dir, child_test, plan, env, &mut live).and_then(|killed| judge(&dir, plan, killed));
-    for (_, child) in &mut live {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let mut children = Children::new("poison", child_test, env)?;
+    let killed = run(&mut children, plan)?;
+    judge(&children, plan, killed)
 }
 
 /// Runs the workers, replacing each killed one; answers how many were.
-fn run(
-    dir: &Path,
-    child_test: &str,
-    plan: &PoisonPlan,
-    env: &[(&str, String)],
-    live: &mut Vec<(usize, Child)>,
-) -> Result<usize, Failure> {
-    let exe = std::env::current_exe().map_err(|e| Failure::new(format!("test binary: {e}")))?;
-    let mut next = 0;
-    let mut spawn = |live: &mut Vec<(usize, Child)>| -> Result<(), Failure> {
-        let index = next;
-        next += 1;
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "--ignored",
-            "--exact",
-            child_test,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR_VAR, dir)
-        .env(INDEX_VAR, index.to_string())
-        .env(ITEMS_VAR, plan.items.to_string())
-        .env(LEASE_VAR, plan.lease.as_millis().to_string())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::File::create(dir.join(format!("stderr-{index}")))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        );
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| Failure::new(format!("spawn worker {index}: {e}")))?;
-        live.push((index, child));
-        Ok(())
-    };
+fn run(children: &mut Children, plan: &PoisonPlan) -> Result<usize, Failure> {
+    let vars = [
+        (ITEMS_VAR, plan.items.to_string()),
+        (LEASE_VAR, plan.lease.as_millis().to_string()),
+    ];
     for _ in 0..plan.workers {
-        spawn(live)?;
+        children.spawn(&vars)?;
     }
     let started = Instant::now();
     let mut killed = 0;
-    while !live.is_empty() {
+    while !children.live.is_empty() {
         if started.elapsed() > plan.deadline {
             return Err(Failure::new(format!(
                 "the poison run passed its deadline of {:?} ({killed} workers killed)",
@@ -163,58 +113,25 @@ fn run(
             )));
         }
         std::thread::sleep(Duration::from_millis(20));
-        let mut still = Vec::with_capacity(live.len());
-        let mut replace = 0;
-        for (index, mut child) in std::mem::take(live) {
-            match child.try_wait() {
-                Ok(None) => still.push((index, child)),
-                Ok(Some(status)) if status.success() => {}
-                // What the poison item does to its worker.
-                Ok(Some(status)) if status.signal() == Some(6) => {
-                    killed += 1;
-                    replace += 1;
-                }
-                Ok(Some(status)) => {
-                    *live = still;
-                    let stderr = std::fs::read_to_string(dir.join(format!("stderr-{index}")))
-                        .unwrap_or_default();
-                    return Err(Failure::new(format!(
-                        "worker {index} failed ({status}):\n{stderr}"
-                    )));
-                }
-                Err(e) => {
-                    *live = still;
-                    return Err(Failure::new(format!("worker {index}: {e}")));
-                }
+        for (index, status) in children.exited()? {
+            // What the poison item does to its worker: replaced.
+            if status.signal() == Some(6) {
+                killed += 1;
+                children.spawn(&vars)?;
+            } else if !status.success() {
+                return Err(Failure::new(format!(
+                    "worker {index} failed ({status}):\n{}",
+                    children.stderr(index)
+                )));
             }
         }
-        *live = still;
         if killed > 10 {
             return Err(Failure::new(format!(
                 "the poison item killed {killed} workers: it was never quarantined"
             )));
         }
-        for _ in 0..replace {
-            spawn(live)?;
-        }
     }
     Ok(killed)
-}
-
-fn log_path(dir: &Path, index: usize) -> PathBuf {
-    dir.join(format!("worker-{index}.log"))
-}
-
-/// One worker's log, each line one `write` (so an abort loses no line
-/// before it).
-#[derive(Clone)]
-struct Log(Arc<std::sync::Mutex<std::fs::File>>);
-
-impl Log {
-    fn line(&self, line: String) {
-        let mut file = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = file.write_all(format!("{line}\n").as_bytes());
-    }
 }
 
 fn key(id: &str) -> Key {
@@ -228,20 +145,10 @@ fn key(id: &str) -> Key {
 /// ended. Panics (failing the worker) only when it is not run by
 /// [`poison_workers`].
 pub async fn run_poison_worker(inbox: Arc<dyn Inbox>) {
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
-    };
-    let dir = PathBuf::from(var(DIR_VAR));
-    let index: usize = var(INDEX_VAR).parse().expect("index");
-    let items: usize = var(ITEMS_VAR).parse().expect("items");
-    let lease = Duration::from_millis(var(LEASE_VAR).parse().expect("lease"));
-    let log = Log(Arc::new(std::sync::Mutex::new(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log_path(&dir, index))
-            .expect("worker log"),
-    )));
+    let index = children::index();
+    let items = children::number(ITEMS_VAR);
+    let lease = children::millis(LEASE_VAR);
+    let log = Log::open();
     if index == 0 {
         let ids = std::iter::once(POISON.to_string()).chain((0..items).map(|i| format!("i{i}")));
         for id in ids {
@@ -314,20 +221,13 @@ pub async fn run_poison_worker(inbox: Arc<dyn Inbox>) {
     log.line("EXIT".to_string());
 }
 
-/// Judges every worker log in `dir` (see the module docs).
-fn judge(dir: &Path, plan: &PoisonPlan, killed: usize) -> Result<PoisonReport, Failure> {
+/// Judges every worker log of the run (see the module docs).
+fn judge(children: &Children, plan: &PoisonPlan, killed: usize) -> Result<PoisonReport, Failure> {
     let max_takeovers = InboxWorker::DEFAULT_MAX_TAKEOVERS;
     let mut poison_runs: Vec<String> = Vec::new();
     let mut poison: Vec<String> = Vec::new();
     let mut finals: HashMap<usize, Vec<String>> = HashMap::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| Failure::new(format!("poison dir: {e}")))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("worker-") {
-            continue;
-        }
-        let log = std::fs::read_to_string(entry.path())
-            .map_err(|e| Failure::new(format!("log {name}: {e}")))?;
+    for (_, log) in children.logs()? {
         for line in log.lines() {
             let parts: Vec<&str> = line.splitn(3, ' ').collect();
             match parts.as_slice() {

@@ -27,25 +27,23 @@
 //! # fn main() {}
 //! ```
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Key};
 use tokio::sync::Barrier;
 
+use crate::children::{self, Children};
 use crate::harness::Failure;
 
 const PREFIX: &str = "ANSWER ";
-/// The folder the parent and its children meet in (ready and go files).
-const DIR_VAR: &str = "DEDUPE_RACE_DIR";
-/// The child's number.
-const INDEX_VAR: &str = "DEDUPE_RACE_INDEX";
 /// Rounds to race.
 const ROUNDS_VAR: &str = "DEDUPE_RACE_ROUNDS";
 /// How long either side waits for the other before it fails.
 const MEET_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the children may race once started.
+const RACE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The parent's side: starts `processes` copies of the current test binary, each
 /// running the ignored test `child_test` with `env` set (where the shared store
@@ -59,69 +57,27 @@ pub fn race_across_processes(
     rounds: usize,
     env: &[(&str, String)],
 ) -> Result<(), Failure> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("dedupe-race-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| Failure::new(format!("race dir: {e}")))?;
-    let result = race_in(&dir, child_test, processes, racers_per_process, rounds, env);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-fn race_in(
-    dir: &Path,
-    child_test: &str,
-    processes: usize,
-    racers_per_process: usize,
-    rounds: usize,
-    env: &[(&str, String)],
-) -> Result<(), Failure> {
-    let exe = std::env::current_exe().map_err(|e| Failure::new(format!("test binary: {e}")))?;
-    let mut children = Vec::with_capacity(processes);
-    for index in 0..processes {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "--ignored",
-            "--exact",
-            child_test,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(DIR_VAR, dir)
-        .env(INDEX_VAR, index.to_string())
-        .env(ROUNDS_VAR, rounds.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        children.push(
-            cmd.spawn()
-                .map_err(|e| Failure::new(format!("spawn child {index}: {e}")))?,
-        );
+    let mut children = Children::new("race", child_test, env)?;
+    for _ in 0..processes {
+        children.spawn(&[(ROUNDS_VAR, rounds.to_string())])?;
     }
+    let dir = children.dir().to_path_buf();
     for index in 0..processes {
         wait_for_file(&dir.join(format!("ready-{index}")))
             .map_err(|()| Failure::new(format!("child {index} never opened its handles")))?;
     }
     std::fs::write(dir.join("go"), b"go").map_err(|e| Failure::new(format!("go file: {e}")))?;
-    let mut outputs = Vec::with_capacity(processes);
-    for (index, child) in children.into_iter().enumerate() {
-        let out = child
-            .wait_with_output()
-            .map_err(|e| Failure::new(format!("child {index}: {e}")))?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !out.status.success() {
+    let started = Instant::now();
+    while !children.live.is_empty() {
+        if started.elapsed() > RACE_TIMEOUT {
             return Err(Failure::new(format!(
-                "child {index} failed ({}):\n{stdout}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
+                "the racing children did not finish within {RACE_TIMEOUT:?}"
             )));
         }
-        outputs.push(stdout);
+        std::thread::sleep(Duration::from_millis(5));
+        children.reap()?;
     }
+    let outputs: Vec<String> = (0..processes).map(|i| children.stdout(i)).collect();
     judge_answers(&outputs, rounds, processes * racers_per_process)
 }
 
@@ -141,12 +97,9 @@ fn wait_for_file(path: &Path) -> Result<(), ()> {
 /// start, races every handle on the same keys round by round, and prints the
 /// answers for the parent to judge. Panics (failing the child) on any error.
 pub async fn run_race_child(handles: Vec<Arc<dyn DedupeStore>>) {
-    let var = |name: &str| {
-        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run by the parent test"))
-    };
-    let dir = PathBuf::from(var(DIR_VAR));
-    let index = var(INDEX_VAR);
-    let rounds: usize = var(ROUNDS_VAR).parse().expect("rounds");
+    let dir = children::dir();
+    let index = children::index();
+    let rounds = children::number(ROUNDS_VAR);
     std::fs::write(dir.join(format!("ready-{index}")), b"ready").expect("ready file");
     let go = dir.join("go");
     let started = Instant::now();

@@ -403,6 +403,56 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::SystemTime;
 
+    /// A worker running on a task of its own.
+    struct Running {
+        worker: InboxWorker,
+        task: tokio::task::JoinHandle<Result<()>>,
+    }
+
+    impl Running {
+        fn start<H, Fut, E>(worker: &InboxWorker, handler: H) -> Self
+        where
+            H: Fn(Taken) -> Fut + Send + Sync + 'static,
+            Fut: Future<Output = std::result::Result<Vec<u8>, E>> + Send + 'static,
+            E: Into<WorkFailure> + Send + 'static,
+        {
+            let worker = worker.clone();
+            let task = tokio::spawn({
+                let worker = worker.clone();
+                async move { worker.run(handler).await }
+            });
+            Self { worker, task }
+        }
+
+        /// Shuts the worker down with `grace`; its run must end Ok.
+        async fn stop(self, grace: Duration) -> Drained {
+            let drained = self.worker.shutdown(grace).await;
+            self.task
+                .await
+                .expect("the worker's task")
+                .expect("the worker's run");
+            drained
+        }
+    }
+
+    /// The item under `key` once `until` holds for it; panics with the item
+    /// after 10 s.
+    async fn item_when(
+        inbox: &MemoryStore,
+        key: &Key,
+        until: impl Fn(&crate::Item) -> bool,
+    ) -> crate::Item {
+        let started = std::time::Instant::now();
+        loop {
+            let item = inbox.item(key).await.expect("in the test");
+            match item {
+                Some(item) if until(&item) => return item,
+                item => assert!(started.elapsed() < Duration::from_secs(10), "{item:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// 20 items, four at a time: the good ones run once each and are done
     /// records; the poison ones fail three times (a backoff between) and are
     /// dead with their last error; nothing runs after shutdown.
@@ -429,23 +479,19 @@ mod tests {
                 max: Duration::from_millis(40),
             })
             .with_poll_interval(Duration::from_millis(5));
-        let running = tokio::spawn({
-            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
-            async move {
-                worker
-                    .run(move |taken| {
-                        let runs = Arc::clone(&runs);
-                        async move {
-                            let i: usize = taken.lease.key.id()[4..].parse().expect("in the test");
-                            runs[i].fetch_add(1, Ordering::SeqCst);
-                            if taken.payload == b"poison" {
-                                Err(format!("poisoned at attempt {}", taken.lease.attempt))
-                            } else {
-                                Ok(format!("done {i}").into_bytes())
-                            }
-                        }
-                    })
-                    .await
+        let running = Running::start(&worker, {
+            let runs = Arc::clone(&runs);
+            move |taken| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    let i: usize = taken.lease.key.id()[4..].parse().expect("in the test");
+                    runs[i].fetch_add(1, Ordering::SeqCst);
+                    if taken.payload == b"poison" {
+                        Err(format!("poisoned at attempt {}", taken.lease.attempt))
+                    } else {
+                        Ok(format!("done {i}").into_bytes())
+                    }
+                }
             }
         });
         let started = std::time::Instant::now();
@@ -458,9 +504,8 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(10), "{c:?}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let drained = worker.shutdown(Duration::from_secs(1)).await;
+        let drained = running.stop(Duration::from_secs(1)).await;
         assert_eq!(drained.aborted, 0);
-        running.await.expect("in the test").expect("in the test");
         for i in 0..20 {
             let key = Key::new("w", format!("evt_{i:02}")).expect("in the test");
             let ran = runs[i].load(Ordering::SeqCst);
@@ -505,18 +550,14 @@ mod tests {
                 max: Duration::from_millis(5),
             })
             .with_poll_interval(Duration::from_millis(5));
-        let running = tokio::spawn({
-            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
-            async move {
-                worker
-                    .run(move |_| {
-                        let runs = Arc::clone(&runs);
-                        async move {
-                            runs.fetch_add(1, Ordering::SeqCst);
-                            Err::<Vec<u8>, _>("still broken")
-                        }
-                    })
-                    .await
+        let running = Running::start(&worker, {
+            let runs = Arc::clone(&runs);
+            move |_| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Err::<Vec<u8>, _>("still broken")
+                }
             }
         });
         let dead = || async {
@@ -534,8 +575,7 @@ mod tests {
         while runs.load(Ordering::SeqCst) < 3 || !dead().await {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        worker.shutdown(Duration::from_secs(1)).await;
-        running.await.expect("in the test").expect("in the test");
+        running.stop(Duration::from_secs(1)).await;
         let item = inbox.item(&key).await.expect("in the test").expect("dead");
         assert_eq!(
             (item.status, item.attempts, runs.load(Ordering::SeqCst)),
@@ -553,23 +593,15 @@ mod tests {
         inbox.accept(&key, b"x").await.expect("in the test");
         let stuck = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
             .with_poll_interval(Duration::from_millis(5));
-        let running = tokio::spawn({
-            let stuck = stuck.clone();
-            async move {
-                stuck
-                    .run(|_| async {
-                        std::future::pending::<()>().await;
-                        Ok::<Vec<u8>, String>(Vec::new())
-                    })
-                    .await
-            }
+        let running = Running::start(&stuck, |_| async {
+            std::future::pending::<()>().await;
+            Ok::<Vec<u8>, String>(Vec::new())
         });
         while inbox.counts("w").await.expect("in the test").running == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let drained = stuck.shutdown(Duration::from_millis(50)).await;
+        let drained = running.stop(Duration::from_millis(50)).await;
         assert_eq!(drained.aborted, 1);
-        running.await.expect("in the test").expect("in the test");
         let item = inbox
             .item(&key)
             .await
@@ -580,19 +612,11 @@ mod tests {
 
         let second = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
             .with_poll_interval(Duration::from_millis(5));
-        let finishing = tokio::spawn({
-            let second = second.clone();
-            async move {
-                second
-                    .run(|_| async { Ok::<_, String>(b"ok".to_vec()) })
-                    .await
-            }
-        });
+        let finishing = Running::start(&second, |_| async { Ok::<_, String>(b"ok".to_vec()) });
         while inbox.item(&key).await.expect("in the test").is_some() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        second.shutdown(Duration::from_secs(1)).await;
-        finishing.await.expect("in the test").expect("in the test");
+        finishing.stop(Duration::from_secs(1)).await;
         assert!(matches!(
             inbox
                 .claim(&key, &ClaimOptions::default())
@@ -622,37 +646,21 @@ mod tests {
         let runs = Arc::new(AtomicUsize::new(0));
         let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
             .with_poll_interval(Duration::from_millis(5));
-        let running = tokio::spawn({
-            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
-            async move {
-                worker
-                    .run(move |_| {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        async { Ok::<_, String>(b"ran".to_vec()) }
-                    })
-                    .await
+        let running = Running::start(&worker, {
+            let runs = Arc::clone(&runs);
+            move |_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, String>(b"ran".to_vec()) }
             }
         });
-        let started = std::time::Instant::now();
-        let dead = loop {
-            let item = inbox.item(&key).await.expect("in the test");
-            if let Some(item) = item.filter(|i| i.status == ItemStatus::Dead) {
-                break item;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "not quarantined"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let dead = item_when(&inbox, &key, |i| i.status == ItemStatus::Dead).await;
         assert_eq!(runs.load(Ordering::SeqCst), 0, "a quarantined item ran");
         assert_eq!((dead.takeovers, dead.attempts), (3, 4));
         assert_eq!(
             dead.last_error.as_deref(),
             Some("quarantined: its workers died holding it 3 times (max_takeovers 3)")
         );
-        worker.shutdown(Duration::from_secs(1)).await;
-        running.await.expect("in the test").expect("in the test");
+        running.stop(Duration::from_secs(1)).await;
     }
 
     /// An item's own attempt limit, set at accept, wins over the worker's: a
@@ -669,26 +677,15 @@ mod tests {
         let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
             .with_max_attempts(8)
             .with_poll_interval(Duration::from_millis(5));
-        let running = tokio::spawn({
-            let worker = worker.clone();
-            async move {
-                worker
-                    .run(|_| async { Err::<Vec<u8>, _>("refused".to_string()) })
-                    .await
-            }
+        let running = Running::start(&worker, |_| async {
+            Err::<Vec<u8>, _>("refused".to_string())
         });
-        let started = std::time::Instant::now();
-        let item = loop {
-            let item = inbox.item(&key).await.expect("in the test").expect("kept");
-            if item.status != ItemStatus::Pending && item.status != ItemStatus::Running {
-                break item;
-            }
-            assert!(started.elapsed() < Duration::from_secs(10), "{item:?}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let item = item_when(&inbox, &key, |i| {
+            i.status != ItemStatus::Pending && i.status != ItemStatus::Running
+        })
+        .await;
         assert_eq!((item.status, item.attempts), (ItemStatus::Dead, 1));
-        worker.shutdown(Duration::from_secs(1)).await;
-        running.await.expect("in the test").expect("in the test");
+        running.stop(Duration::from_secs(1)).await;
     }
 
     /// A handler that panics fails its attempt with the panic's message: with
@@ -703,31 +700,19 @@ mod tests {
         let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w")
             .with_max_attempts(1)
             .with_poll_interval(Duration::from_millis(5));
-        let running = tokio::spawn({
-            let (worker, runs) = (worker.clone(), Arc::clone(&runs));
-            async move {
-                worker
-                    .run(move |_| {
-                        let ran = runs.fetch_add(1, Ordering::SeqCst);
-                        async move {
-                            if ran < usize::MAX {
-                                panic!("boom in the handler");
-                            }
-                            Ok::<Vec<u8>, String>(Vec::new())
-                        }
-                    })
-                    .await
+        let running = Running::start(&worker, {
+            let runs = Arc::clone(&runs);
+            move |_| {
+                let ran = runs.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if ran < usize::MAX {
+                        panic!("boom in the handler");
+                    }
+                    Ok::<Vec<u8>, String>(Vec::new())
+                }
             }
         });
-        let started = std::time::Instant::now();
-        let dead = loop {
-            let item = inbox.item(&key).await.expect("in the test").expect("kept");
-            if item.status == ItemStatus::Dead {
-                break item;
-            }
-            assert!(started.elapsed() < Duration::from_secs(10), "{item:?}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let dead = item_when(&inbox, &key, |i| i.status == ItemStatus::Dead).await;
         assert_eq!(dead.attempts, 1);
         assert_eq!(
             dead.last_error.as_deref(),
@@ -735,8 +720,7 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(runs.load(Ordering::SeqCst), 1, "a dead item ran again");
-        worker.shutdown(Duration::from_secs(1)).await;
-        running.await.expect("in the test").expect("in the test");
+        running.stop(Duration::from_secs(1)).await;
     }
 
     /// A handler hung on its first attempt, with the default settings: the
@@ -750,18 +734,11 @@ mod tests {
         let key = Key::new("w", "hung").expect("in the test");
         inbox.accept(&key, b"x").await.expect("in the test");
         let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "w");
-        let running = tokio::spawn({
-            let worker = worker.clone();
-            async move {
-                worker
-                    .run(|taken| async move {
-                        if taken.lease.attempt == 1 {
-                            std::future::pending::<()>().await;
-                        }
-                        Ok::<_, String>(b"second".to_vec())
-                    })
-                    .await
+        let running = Running::start(&worker, |taken| async move {
+            if taken.lease.attempt == 1 {
+                std::future::pending::<()>().await;
             }
+            Ok::<_, String>(b"second".to_vec())
         });
         tokio::time::sleep(Duration::from_secs(9 * 60)).await;
         let item = inbox.item(&key).await.expect("in the test").expect("held");
@@ -799,8 +776,7 @@ mod tests {
             failed.last_error.as_deref(),
             Some("the work ran past its time bound of 600s")
         );
-        worker.shutdown(Duration::from_secs(1)).await;
-        running.await.expect("in the test").expect("in the test");
+        running.stop(Duration::from_secs(1)).await;
     }
 
     /// A worker polling every 30 s takes an item accepted while it waits at
@@ -811,14 +787,7 @@ mod tests {
         let deduper = Deduper::new(inbox.clone());
         let worker = InboxWorker::new(&deduper, inbox.clone(), "wake")
             .with_poll_interval(Duration::from_secs(30));
-        let running = tokio::spawn({
-            let worker = worker.clone();
-            async move {
-                worker
-                    .run(|_| async { Ok::<_, String>(b"done".to_vec()) })
-                    .await
-            }
-        });
+        let running = Running::start(&worker, |_| async { Ok::<_, String>(b"done".to_vec()) });
         // The worker found nothing and waits out its poll.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let key = Key::new("wake", "evt_1").expect("in the test");
@@ -831,8 +800,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        worker.shutdown(Duration::from_secs(1)).await;
-        running.await.expect("in the test").expect("in the test");
+        running.stop(Duration::from_secs(1)).await;
     }
 
     /// A handler's failure says what comes next: `permanent` is dead after
@@ -857,21 +825,14 @@ mod tests {
             })
             .with_poll_interval(Duration::from_millis(5));
         let started = SystemTime::now();
-        let running = tokio::spawn({
-            let worker = worker.clone();
-            async move {
-                worker
-                    .run(|taken| async move {
-                        match &taken.payload[..] {
-                            b"gone" => Err(WorkFailure::permanent("404: the customer is gone")),
-                            b"later" => Err(WorkFailure::retry_after(
-                                Duration::from_secs(3600),
-                                "429: come back in an hour",
-                            )),
-                            _ => Err(WorkFailure::from("500: try again")),
-                        }
-                    })
-                    .await
+        let running = Running::start(&worker, |taken| async move {
+            match &taken.payload[..] {
+                b"gone" => Err(WorkFailure::permanent("404: the customer is gone")),
+                b"later" => Err(WorkFailure::retry_after(
+                    Duration::from_secs(3600),
+                    "429: come back in an hour",
+                )),
+                _ => Err(WorkFailure::from("500: try again")),
             }
         });
         let item = |id: &'static str| {
@@ -892,8 +853,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        worker.shutdown(Duration::from_secs(1)).await;
-        running.await.expect("in the test").expect("in the test");
+        running.stop(Duration::from_secs(1)).await;
         let gone = item("gone").await;
         assert_eq!((gone.status, gone.attempts), (ItemStatus::Dead, 1));
         assert_eq!(

@@ -10,7 +10,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    RecordState, Result, Retry, Taken,
+    Result, Retry, Taken,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -148,20 +148,7 @@ impl Ops<'_> {
             return Ok(Accepted::Item(item));
         }
         match self.get(conn, key).await? {
-            Some(record) => Ok(match record.state {
-                RecordState::Done {
-                    outcome,
-                    completed_at,
-                    ..
-                } => Accepted::Done {
-                    outcome,
-                    completed_at,
-                },
-                RecordState::InFlight { lease_deadline } => Accepted::InFlight {
-                    deadline: lease_deadline,
-                    attempt: record.attempts,
-                },
-            }),
+            Some(record) => Ok(backend::accepted_over(record)),
             None => Err(Error::retryable(
                 "accept left a record in place but found none live; retry",
                 None,

@@ -47,6 +47,15 @@ async fn take_n(inbox: &dyn Inbox, want: usize, lease: Duration) -> Result<Vec<T
     Ok(taken)
 }
 
+/// Takes one item, or fails with `missing` when none comes within a second.
+async fn take_one(inbox: &dyn Inbox, lease: Duration, missing: &str) -> Result<Taken, Failure> {
+    take_n(inbox, 1, lease)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new(missing))
+}
+
 /// Rounding of a store's times (milliseconds) and of the arithmetic here.
 const TIME_SLACK: Duration = Duration::from_millis(5);
 
@@ -317,11 +326,7 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
     let store = fixture.store();
     let k = item_key("fenced")?;
     inbox.accept(&k, b"work").await?;
-    let stale = take_n(&*inbox, 1, SHORT_TTL).await?;
-    let stale = stale
-        .into_iter()
-        .next()
-        .ok_or_else(|| Failure::new("a due item was not taken"))?;
+    let stale = take_one(&*inbox, SHORT_TTL, "a due item was not taken").await?;
     ensure!(
         inbox.take("inbox", 10, LONG_TTL).await?.is_empty(),
         "an item held by a worker inside its lease was taken again"
@@ -340,11 +345,12 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
         "an extend after the worker's lease passed",
         store.extend(&stale.lease, LONG_TTL).await.map(|_| ()),
     )?;
-    let fresh = take_n(&*inbox, 1, LONG_TTL).await?;
-    let fresh = fresh
-        .into_iter()
-        .next()
-        .ok_or_else(|| Failure::new("an item whose worker's lease passed was not taken again"))?;
+    let fresh = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item whose worker's lease passed was not taken again",
+    )
+    .await?;
     ensure!(
         fresh.lease.attempt == 2 && fresh.lease.token != stale.lease.token,
         "the takeover of a passed lease is attempt {} (expected 2) with token {:?}",
@@ -425,11 +431,7 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         "a replay of a pending item answered true"
     );
     let started = Instant::now();
-    let first = take_n(&*inbox, 1, LONG_TTL).await?;
-    let first = first
-        .into_iter()
-        .next()
-        .ok_or_else(|| Failure::new("a due item was not taken"))?;
+    let first = take_one(&*inbox, LONG_TTL, "a due item was not taken").await?;
     // Three-byte characters: 1024 is no boundary, so a cut past the limit to
     // the next one shows.
     let long_error = "€".repeat(dedupe_core::MAX_ERROR_BYTES);
@@ -469,11 +471,7 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
     );
     wait_past(failed.due_at).await?;
     let started = Instant::now();
-    let second = take_n(&*inbox, 1, LONG_TTL).await?;
-    let second = second
-        .into_iter()
-        .next()
-        .ok_or_else(|| Failure::new("a failed item was not taken once due"))?;
+    let second = take_one(&*inbox, LONG_TTL, "a failed item was not taken once due").await?;
     ensure!(
         second.lease.attempt == 2 && second.last_error.as_deref() == Some(kept.as_str()),
         "the retry was attempt {} with last error {:?}",
@@ -498,11 +496,12 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         started.elapsed(),
     )?;
     let started = Instant::now();
-    let third = take_n(&*inbox, 1, LONG_TTL).await?;
-    let third = third
-        .into_iter()
-        .next()
-        .ok_or_else(|| Failure::new("a released item was not due again at once"))?;
+    let third = take_one(
+        &*inbox,
+        LONG_TTL,
+        "a released item was not due again at once",
+    )
+    .await?;
     inbox.fail(&third.lease, "for good", Retry::Dead).await?;
     let dead = inbox
         .item(&k)
@@ -896,11 +895,12 @@ pub async fn inbox_hand_back_is_free(factory: &dyn StoreFactory) -> CheckResult 
     let k = item_key("handed-back")?;
     inbox.accept(&k, b"work").await?;
     for round in 1..=3 {
-        let taken = take_n(&*inbox, 1, LONG_TTL).await?;
-        let taken = taken
-            .into_iter()
-            .next()
-            .ok_or_else(|| Failure::new("an item given back was not due again at once"))?;
+        let taken = take_one(
+            &*inbox,
+            LONG_TTL,
+            "an item given back was not due again at once",
+        )
+        .await?;
         ensure!(
             taken.lease.attempt == 1,
             "after {} hand-backs the item was taken as attempt {}, expected 1",
@@ -922,11 +922,9 @@ pub async fn inbox_hand_back_is_free(factory: &dyn StoreFactory) -> CheckResult 
     }
     // A failure spends its attempt: a hand-back after it takes back only
     // its own take's.
-    let taken = take_n(&*inbox, 1, LONG_TTL).await?;
-    let lease = taken
-        .first()
-        .map(|t| t.lease.clone())
-        .ok_or_else(|| Failure::new("an item given back was not taken"))?;
+    let lease = take_one(&*inbox, LONG_TTL, "an item given back was not taken")
+        .await?
+        .lease;
     inbox
         .fail(&lease, "counted", Retry::After(dedupe_core::MIN_TTL))
         .await?;
@@ -935,10 +933,7 @@ pub async fn inbox_hand_back_is_free(factory: &dyn StoreFactory) -> CheckResult 
         .await?
         .ok_or_else(|| Failure::new("a failed item vanished"))?;
     wait_past(failed.due_at).await?;
-    let taken = take_n(&*inbox, 1, SHORT_TTL).await?;
-    let second = taken
-        .first()
-        .ok_or_else(|| Failure::new("a failed item was not taken once due"))?;
+    let second = take_one(&*inbox, SHORT_TTL, "a failed item was not taken once due").await?;
     ensure!(
         second.lease.attempt == 2,
         "after a failure the item was taken as attempt {}, expected 2",
@@ -946,10 +941,12 @@ pub async fn inbox_hand_back_is_free(factory: &dyn StoreFactory) -> CheckResult 
     );
     // Its worker dies: the takeover counts the attempt the dead worker spent.
     wait_past(second.lease.deadline).await?;
-    let taken = take_n(&*inbox, 1, LONG_TTL).await?;
-    let third = taken
-        .first()
-        .ok_or_else(|| Failure::new("an item whose lease passed was not taken over"))?;
+    let third = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item whose lease passed was not taken over",
+    )
+    .await?;
     ensure!(
         third.lease.attempt == 3,
         "a takeover took the item as attempt {}, expected 3",
@@ -977,10 +974,7 @@ pub async fn inbox_takeovers_are_counted(factory: &dyn StoreFactory) -> CheckRes
     let store = fixture.store();
     let k = item_key("taken-over")?;
     inbox.accept(&k, b"work").await?;
-    let first = take_n(&*inbox, 1, SHORT_TTL).await?;
-    let first = first
-        .first()
-        .ok_or_else(|| Failure::new("a due item was not taken"))?;
+    let first = take_one(&*inbox, SHORT_TTL, "a due item was not taken").await?;
     ensure!(
         first.takeovers == 0,
         "a first take counted {} takeovers",
@@ -990,10 +984,12 @@ pub async fn inbox_takeovers_are_counted(factory: &dyn StoreFactory) -> CheckRes
     for expected in 1..=2u32 {
         // The worker dies: its lease passes, and the next take is a takeover.
         wait_past(deadline).await?;
-        let taken = take_n(&*inbox, 1, SHORT_TTL).await?;
-        let taken = taken
-            .first()
-            .ok_or_else(|| Failure::new("an item whose lease passed was not taken over"))?;
+        let taken = take_one(
+            &*inbox,
+            SHORT_TTL,
+            "an item whose lease passed was not taken over",
+        )
+        .await?;
         let shown = inbox
             .item(&k)
             .await?
@@ -1009,15 +1005,14 @@ pub async fn inbox_takeovers_are_counted(factory: &dyn StoreFactory) -> CheckRes
     // Given back and failed: the takes that follow are no takeovers, and the
     // count stays.
     wait_past(deadline).await?;
-    let taken = take_n(&*inbox, 1, LONG_TTL).await?;
-    let held = taken
-        .first()
-        .ok_or_else(|| Failure::new("an item whose lease passed was not taken over"))?;
+    let held = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item whose lease passed was not taken over",
+    )
+    .await?;
     store.release(&held.lease).await?;
-    let again = take_n(&*inbox, 1, LONG_TTL).await?;
-    let again = again
-        .first()
-        .ok_or_else(|| Failure::new("an item given back was not taken"))?;
+    let again = take_one(&*inbox, LONG_TTL, "an item given back was not taken").await?;
     ensure!(
         again.takeovers == 3,
         "a take after a hand-back counted {} takeovers, expected the 3 before it",
@@ -1031,10 +1026,7 @@ pub async fn inbox_takeovers_are_counted(factory: &dyn StoreFactory) -> CheckRes
         .await?
         .ok_or_else(|| Failure::new("a failed item vanished"))?;
     wait_past(failed.due_at).await?;
-    let retried = take_n(&*inbox, 1, LONG_TTL).await?;
-    let retried = retried
-        .first()
-        .ok_or_else(|| Failure::new("a failed item was not taken once due"))?;
+    let retried = take_one(&*inbox, LONG_TTL, "a failed item was not taken once due").await?;
     ensure!(
         retried.takeovers == 3,
         "a take of a failed item counted {} takeovers, expected the 3 before it",
@@ -1133,23 +1125,15 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
     let fixture = factory.create().await?;
     let inbox = inbox_or_skip!(fixture);
     let store = fixture.store();
-    let take_one = |what: &'static str| {
-        let inbox = Arc::clone(&inbox);
-        async move {
-            take_n(&*inbox, 1, LONG_TTL)
-                .await?
-                .into_iter()
-                .next()
-                .ok_or_else(|| Failure::new(format!("{what} was not taken")))
-        }
-    };
     let shown = |item: Option<dedupe_core::Item>| {
         item.map(|i| (i.status, i.attempts, i.due_at, i.last_error))
     };
 
     let failing = item_key("failed-twice")?;
     inbox.accept(&failing, b"work").await?;
-    let lease = take_one("a due item").await?.lease;
+    let lease = take_one(&*inbox, LONG_TTL, "a due item was not taken")
+        .await?
+        .lease;
     inbox.fail(&lease, "boom", Retry::After(LONG_TTL)).await?;
     let before = shown(inbox.item(&failing).await?);
     if let Err(e) = inbox.fail(&lease, "boom", Retry::After(LONG_TTL)).await {
@@ -1173,7 +1157,9 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
 
     let dying = item_key("dead-twice")?;
     inbox.accept(&dying, b"work").await?;
-    let lease = take_one("a due item").await?.lease;
+    let lease = take_one(&*inbox, LONG_TTL, "a due item was not taken")
+        .await?
+        .lease;
     inbox.fail(&lease, "gone", Retry::Dead).await?;
     if let Err(e) = inbox.fail(&lease, "gone", Retry::Dead).await {
         return Err(Failure::new(format!(
@@ -1191,7 +1177,9 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
 
     let given = item_key("released-twice")?;
     inbox.accept(&given, b"work").await?;
-    let old = take_one("a due item").await?.lease;
+    let old = take_one(&*inbox, LONG_TTL, "a due item was not taken")
+        .await?
+        .lease;
     store.release(&old).await?;
     let before = shown(inbox.item(&given).await?);
     if let Err(e) = store.release(&old).await {
@@ -1204,7 +1192,9 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
         after == before,
         "a release sent again changed the item from {before:?} to {after:?}"
     );
-    let new = take_one("a released item").await?.lease;
+    let new = take_one(&*inbox, LONG_TTL, "a released item was not taken")
+        .await?
+        .lease;
     ensure!(
         new.attempt == 1,
         "the item given back twice was taken as attempt {}, expected 1 (a release \
