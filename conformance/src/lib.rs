@@ -115,6 +115,7 @@ macro_rules! __with_check_names {
             inbox_hand_back_is_free,
             inbox_takeovers_are_counted,
             inbox_accept_options,
+            inbox_snooze,
         }
     };
 }

@@ -138,6 +138,12 @@ enum Flaw {
     ItemLimitDropped,
     /// A completed item is still listed, as it was before the completion.
     CompletedStillListed,
+    /// A snooze is a failure retried after the delay: it spends the attempt.
+    SnoozeSpendsAttempt,
+    /// A snooze is a release: the item is due again at once.
+    SnoozeIgnoresDelay,
+    /// A take hands out the time of the take as the item's accept time.
+    AcceptedAtIsTakeTime,
 }
 
 impl Flaw {
@@ -168,6 +174,9 @@ impl Flaw {
                 | Flaw::NotBeforeIgnored
                 | Flaw::ItemLimitDropped
                 | Flaw::CompletedStillListed
+                | Flaw::SnoozeSpendsAttempt
+                | Flaw::SnoozeIgnoresDelay
+                | Flaw::AcceptedAtIsTakeTime
         )
     }
 }
@@ -615,6 +624,14 @@ impl Inbox for Broken {
                 Ok(taken)
             }
             Flaw::TakeNewestFirst => Ok(taken.into_iter().rev().collect()),
+            Flaw::AcceptedAtIsTakeTime => Ok(taken
+                .into_iter()
+                .map(|t| {
+                    let (takeovers, limit) = (t.takeovers, t.max_attempts);
+                    Taken::new(t.lease, t.payload, t.last_error, SystemTime::now())
+                        .with_counts(takeovers, limit)
+                })
+                .collect()),
             Flaw::TakeoverNotCounted => Ok(taken
                 .into_iter()
                 .map(|t| {
@@ -629,7 +646,12 @@ impl Inbox for Broken {
                     .map(|t| {
                         let mut lease = t.lease.clone();
                         lease.attempt += spent.get(&lease.key).copied().unwrap_or(0);
-                        Taken::new(lease, t.payload.clone(), t.last_error.clone())
+                        Taken::new(
+                            lease,
+                            t.payload.clone(),
+                            t.last_error.clone(),
+                            t.accepted_at,
+                        )
                     })
                     .collect())
             }
@@ -638,10 +660,29 @@ impl Inbox for Broken {
                 .map(|t| {
                     let mut lease = t.lease.clone();
                     lease.attempt = 1;
-                    Taken::new(lease, t.payload.clone(), t.last_error.clone())
+                    Taken::new(
+                        lease,
+                        t.payload.clone(),
+                        t.last_error.clone(),
+                        t.accepted_at,
+                    )
                 })
                 .collect()),
             _ => Ok(taken),
+        }
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        match self.flaw {
+            Flaw::SnoozeSpendsAttempt => {
+                dedupe_core::backend::check_ttl("snooze delay", delay)?;
+                self.inner.fail(lease, "snoozed", Retry::After(delay)).await
+            }
+            Flaw::SnoozeIgnoresDelay => {
+                dedupe_core::backend::check_ttl("snooze delay", delay)?;
+                self.inner.release(lease).await
+            }
+            _ => self.inner.snooze(lease, delay).await,
         }
     }
 
@@ -899,6 +940,9 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::NotBeforeIgnored, &["inbox_accept_options"]),
     (Flaw::ItemLimitDropped, &["inbox_accept_options"]),
     (Flaw::CompletedStillListed, &["inbox_list_and_counts"]),
+    (Flaw::SnoozeSpendsAttempt, &["inbox_snooze"]),
+    (Flaw::SnoozeIgnoresDelay, &["inbox_snooze"]),
+    (Flaw::AcceptedAtIsTakeTime, &["inbox_snooze"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -981,6 +1025,9 @@ broken_store_tests!(
     rejects_accept_of_a_lapsed_claim_answering_in_flight => AcceptLapsedClaimInFlight,
     rejects_filtered_list_ignoring_the_cursor => FilteredListIgnoresCursor,
     rejects_completed_items_still_listed => CompletedStillListed,
+    rejects_snooze_spending_an_attempt => SnoozeSpendsAttempt,
+    rejects_snooze_ignoring_its_delay => SnoozeIgnoresDelay,
+    rejects_take_time_as_accept_time => AcceptedAtIsTakeTime,
     rejects_a_hand_back_spending_an_attempt => HandBackSpendsAttempt,
     rejects_takeovers_not_counted => TakeoverNotCounted,
     rejects_not_before_ignored => NotBeforeIgnored,

@@ -1233,7 +1233,9 @@ async fn serve_inbox_on_redis() {
 /// `dedupe serve --inbox` over HTTP: a delivery whose business step answers
 /// "permanent" is dead after one attempt (of five), and one that answers
 /// "retry after 2 s" runs again no sooner than 2 s later (the backoff is
-/// 20 ms), on SQLite.
+/// 20 ms), and one that answers "snooze 1 s" waits a second without
+/// spending an attempt until `--max-snooze-secs` (2) from its accept has
+/// passed, then spends one, on SQLite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_inbox_takes_the_business_steps_failure_answer() {
     let dir = tempfile::tempdir().expect("dir");
@@ -1251,6 +1253,8 @@ async fn serve_inbox_takes_the_business_steps_failure_answer() {
             "5",
             "--retry-backoff-ms",
             "20",
+            "--max-snooze-secs",
+            "2",
             "--effect-log",
             &log_arg,
         ],
@@ -1258,7 +1262,7 @@ async fn serve_inbox_takes_the_business_steps_failure_answer() {
     );
     let http = client();
     let hooks = format!("{}/hooks", serve.base);
-    let (gone, later) = (unique("gone"), unique("later"));
+    let (gone, later, sleepy) = (unique("gone"), unique("later"), unique("sleepy"));
     let failing = |value: &str| [("x-test-fail", value.to_string())];
     let body = |id: &str| format!(r#"{{"id":"{id}","type":"x"}}"#);
     let (status, _, text) = deliver(&http, &hooks, &body(&gone), "d1", &failing("permanent")).await;
@@ -1307,4 +1311,37 @@ async fn serve_inbox_takes_the_business_steps_failure_answer() {
         sent.elapsed()
     );
     assert_eq!(effects(&log, &format!("hooks:{gone}")), 1);
+
+    let sleepy_key = format!("hooks:{sleepy}");
+    let sent = std::time::Instant::now();
+    let (status, _, text) =
+        deliver(&http, &hooks, &body(&sleepy), "d3", &failing("snooze=1")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let shown = |url: &str| {
+        listed(url, "hooks", None)
+            .into_iter()
+            .find(|item| item["id"] == sleepy.as_str())
+    };
+    eventually("the snoozed item never waited", async || {
+        effects(&log, &sleepy_key) == 1
+            && shown(&url).is_some_and(|i| i["state"] == "pending" && i["attempts"] == 0)
+    })
+    .await;
+    eventually("the item never snoozed past its window", async || {
+        shown(&url).is_some_and(|i| i["attempts"] == 1)
+    })
+    .await;
+    let item = shown(&url).expect("listed");
+    assert!(
+        item["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("snoozed past its window")),
+        "{item}"
+    );
+    let runs = effects(&log, &sleepy_key);
+    assert!(
+        runs >= 2 && sent.elapsed() >= Duration::from_secs(1),
+        "{runs} runs in {:?}: the snooze did not wait its second",
+        sent.elapsed()
+    );
 }

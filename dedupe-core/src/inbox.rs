@@ -246,15 +246,24 @@ pub struct Taken {
     pub takeovers: u32,
     /// The item's own attempt limit, set when it was accepted.
     pub max_attempts: Option<u32>,
+    /// When the item was accepted (the start of its snooze window, and of
+    /// its accept-to-start latency).
+    pub accepted_at: SystemTime,
 }
 
 impl Taken {
     /// Assembles a taken item (for store authors).
-    pub fn new(lease: Lease, payload: Vec<u8>, last_error: Option<String>) -> Self {
+    pub fn new(
+        lease: Lease,
+        payload: Vec<u8>,
+        last_error: Option<String>,
+        accepted_at: SystemTime,
+    ) -> Self {
         Self {
             lease,
             payload,
             last_error,
+            accepted_at,
             takeovers: 0,
             max_attempts: None,
         }
@@ -439,6 +448,16 @@ pub trait Inbox: DedupeStore {
     /// attempt, and one more takeover when its worker's lease had passed.
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>>;
 
+    /// Gives a taken item back due `delay` from now without spending an
+    /// attempt (a snooze: the work could not start yet, nothing failed):
+    /// the attempt its take counted is taken back, as a
+    /// [`release`](crate::DedupeStore::release) does, and its last error is
+    /// kept. A `delay` of zero or past [`MAX_TTL`](crate::MAX_TTL) is
+    /// `InvalidConfig`. Sent again under the same lease, it finds the item
+    /// waiting under its token and answers Ok, changing nothing; any other
+    /// call from a lease that no longer holds the item is `LeaseLost`.
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()>;
+
     /// The work of a taken item failed: keeps `error` (cut to
     /// [`MAX_ERROR_BYTES`]) and the attempts, and makes the item due again
     /// after the delay, or dead. Sent again under the same lease with the
@@ -487,6 +506,9 @@ macro_rules! forward_inbox {
             }
             async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
                 (**self).take(namespace, max, lease).await
+            }
+            async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+                (**self).snooze(lease, delay).await
             }
             async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
                 (**self).fail(lease, error, retry).await

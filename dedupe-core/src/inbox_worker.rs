@@ -76,7 +76,10 @@ impl Backoff {
 /// panic's message or the bound is the error); a worker that dies mid-item
 /// leaves it to be taken over at its lease's end (the attempt counted), and
 /// an item taken over [`max_takeovers`](Self::with_max_takeovers) times is
-/// quarantined: dead, with an error saying so, without another run. An
+/// quarantined: dead, with an error saying so, without another run. A
+/// handler may also snooze its item ([`WorkFailure::snooze`]): due again
+/// after a delay, no attempt spent, within the item's
+/// [`max_snooze`](Self::with_max_snooze) window from its accept. An
 /// item's own attempt limit, set when it was accepted, wins over the
 /// worker's `max_attempts`. An
 /// item given back at shutdown spends no attempt (CONTRACT.md I9): deploys
@@ -117,6 +120,7 @@ pub struct InboxWorker {
     namespace: String,
     max_attempts: u32,
     max_takeovers: u32,
+    max_snooze: Duration,
     backoff: Backoff,
     concurrency: usize,
     poll: Duration,
@@ -129,6 +133,9 @@ impl InboxWorker {
     /// Default takeovers (workers that died holding an item) before the item
     /// is quarantined: dead without another run.
     pub const DEFAULT_MAX_TAKEOVERS: u32 = 3;
+    /// Default window, from an item's accept, within which a snooze spends
+    /// no attempt: a day.
+    pub const DEFAULT_MAX_SNOOZE: Duration = Duration::from_secs(24 * 3600);
     /// Default items run at once by one worker.
     pub const DEFAULT_CONCURRENCY: usize = 8;
 
@@ -148,6 +155,7 @@ impl InboxWorker {
             namespace: namespace.into(),
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
             max_takeovers: Self::DEFAULT_MAX_TAKEOVERS,
+            max_snooze: Self::DEFAULT_MAX_SNOOZE,
             backoff: Backoff::default(),
             concurrency: Self::DEFAULT_CONCURRENCY,
             poll: Duration::from_millis(250),
@@ -171,6 +179,17 @@ impl InboxWorker {
     /// worker.
     pub fn with_max_takeovers(mut self, takeovers: u32) -> Self {
         self.max_takeovers = takeovers.max(1);
+        self
+    }
+
+    /// How long after its accept an item may still be snoozed (default a
+    /// day): a [`WorkFailure::snooze`] whose delay ends within the window
+    /// gives the item back for that long without spending an attempt; one
+    /// that would end past it is a failure instead (the attempt spent, the
+    /// item due after the delay, or dead at its last attempt), so a handler
+    /// that snoozes forever still ends in the dead letters.
+    pub fn with_max_snooze(mut self, window: Duration) -> Self {
+        self.max_snooze = window;
         self
     }
 
@@ -302,6 +321,7 @@ impl InboxWorker {
     {
         let lease = item.lease.clone();
         let attempt = lease.attempt;
+        let snooze_until = item.accepted_at + self.max_snooze;
         let max_attempts = item.max_attempts.unwrap_or(self.max_attempts);
         if item.takeovers >= self.max_takeovers {
             let error = format!(
@@ -331,7 +351,20 @@ impl InboxWorker {
             match handler(item).await {
                 Ok(outcome) => ((), Settle::Complete { outcome, retention }),
                 Err(e) => {
-                    let failure: WorkFailure = e.into();
+                    let mut failure: WorkFailure = e.into();
+                    if let Then::Snooze(delay) = failure.then {
+                        if std::time::SystemTime::now() + delay <= snooze_until {
+                            self.snooze(&lease, delay, &failure.error).await;
+                            return ((), Settle::Settled);
+                        }
+                        failure = WorkFailure::retry_after(
+                            delay,
+                            format!(
+                                "snoozed past its window (max_snooze {:?} from its accept): {}",
+                                self.max_snooze, failure.error
+                            ),
+                        );
+                    }
                     let retry = self.retry(attempt, max_attempts, failure.then);
                     self.fail(&lease, &failure.error, retry).await;
                     ((), Settle::Settled)
@@ -352,7 +385,7 @@ impl InboxWorker {
             Then::Dead => Retry::Dead,
             _ if attempt >= max_attempts => Retry::Dead,
             Then::Backoff => Retry::After(self.backoff.delay(attempt)),
-            Then::After(delay) => Retry::After(delay),
+            Then::After(delay) | Then::Snooze(delay) => Retry::After(delay),
         }
     }
 
@@ -372,6 +405,17 @@ impl InboxWorker {
             Ok(()) => self.log_failure(lease, error, retry),
             Err(e) => {
                 tracing::error!(key = %lease.key, error = %e, "could not record an item's failure; it is due again when its lease passes")
+            }
+        }
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration, why: &str) {
+        match self.inbox.snooze(lease, delay).await {
+            Ok(()) => {
+                tracing::info!(key = %lease.key, attempt = lease.attempt, why, ?delay, "item snoozed")
+            }
+            Err(e) => {
+                tracing::error!(key = %lease.key, error = %e, "could not snooze an item; it is due again when its lease passes")
             }
         }
     }
@@ -872,6 +916,70 @@ mod tests {
         assert_eq!(plain.last_error.as_deref(), Some("500: try again"));
     }
 
+    /// A snooze spends no attempt: an item allowed two attempts snoozes five
+    /// times and then completes. An item that snoozes on and on runs out of
+    /// its window (`max_snooze` from its accept): its snoozes then count as
+    /// failures and it ends dead, saying why.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snooze_spends_no_attempt_within_its_window() {
+        let inbox = MemoryStore::new();
+        let patient = Key::new("s", "patient").expect("in the test");
+        let restless = Key::new("s", "restless").expect("in the test");
+        for key in [&patient, &restless] {
+            inbox
+                .accept(key, key.id().as_bytes())
+                .await
+                .expect("in the test");
+        }
+        let worker = InboxWorker::new(&Deduper::new(inbox.clone()), inbox.clone(), "s")
+            .with_max_attempts(2)
+            .with_max_snooze(Duration::from_millis(400))
+            .with_backoff(Backoff {
+                first: Duration::from_millis(5),
+                max: Duration::from_millis(5),
+            })
+            .with_poll_interval(Duration::from_millis(5));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let running = Running::start(&worker, {
+            let runs = runs.clone();
+            move |taken| {
+                let runs = runs.clone();
+                async move {
+                    let patient = &taken.payload[..] == b"patient";
+                    if patient && runs.fetch_add(1, Ordering::SeqCst) >= 5 {
+                        return Ok(b"done".to_vec());
+                    }
+                    Err(WorkFailure::snooze(
+                        Duration::from_millis(20),
+                        "the order it follows is not in yet",
+                    ))
+                }
+            }
+        });
+        let dead = item_when(&inbox, &restless, |i| i.status == ItemStatus::Dead).await;
+        assert_eq!(dead.attempts, 2);
+        let error = dead.last_error.expect("an error");
+        assert!(
+            error.starts_with("snoozed past its window") && error.contains("not in yet"),
+            "{error}"
+        );
+        let started = std::time::Instant::now();
+        while inbox.item(&patient).await.expect("in the test").is_some() {
+            assert!(started.elapsed() < Duration::from_secs(10), "never done");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 6);
+        let record = inbox.get(&patient).await.expect("in the test");
+        assert!(
+            matches!(
+                record.map(|r| r.state),
+                Some(crate::RecordState::Done { .. })
+            ),
+            "the patient item is not done"
+        );
+        running.stop(Duration::from_secs(1)).await;
+    }
+
     #[test]
     fn backoff_doubles_within_its_bounds_with_jitter() {
         let b = Backoff {
@@ -933,6 +1041,7 @@ pub struct WorkFailure {
 enum Then {
     Backoff,
     After(Duration),
+    Snooze(Duration),
     Dead,
 }
 
@@ -951,6 +1060,20 @@ impl WorkFailure {
         Self {
             error: error.to_string(),
             then: Then::After(delay.clamp(Duration::from_millis(1), crate::MAX_TTL)),
+        }
+    }
+
+    /// Given back for `delay` (cut to 1 ms to [`MAX_TTL`](crate::MAX_TTL))
+    /// without spending an attempt: the work could not start yet and no
+    /// failure happened (the resource it waits for is not there yet, a
+    /// quota window is full). `why` is logged. Bounded: a snooze that would
+    /// end past the worker's
+    /// [`max_snooze`](InboxWorker::with_max_snooze) window from the item's
+    /// accept is a failure after `delay` instead, the attempt spent.
+    pub fn snooze(delay: Duration, why: impl Display) -> Self {
+        Self {
+            error: why.to_string(),
+            then: Then::Snooze(delay.clamp(Duration::from_millis(1), crate::MAX_TTL)),
         }
     }
 

@@ -521,17 +521,46 @@ impl Inbox for MemoryStore {
                 item.wait = Wait::Held;
                 let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
                 let counts = (item.takeovers, item.max_attempts);
+                let accepted_at = entry.first_seen;
                 entry.token = LeaseToken::generate();
                 entry.expires_at = now + lease;
                 entry.attempts = entry.attempts.saturating_add(1);
                 Some(
-                    Taken::new(entry.lease(&key), payload, last_error)
+                    Taken::new(entry.lease(&key), payload, last_error, accepted_at)
                         .with_counts(counts.0, counts.1),
                 )
             });
             taken.extend(leased.flatten());
         }
         Ok(taken)
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        check_ttl("snooze delay", delay)?;
+        let now = SystemTime::now();
+        let mut map = self.lock();
+        match map.map.get(&lease.key) {
+            Some(entry) if entry.holds(lease, now) && entry.item.is_some() => {
+                // Due after the delay, the attempt its take counted taken
+                // back (I12).
+                map.change(&lease.key, |entry| {
+                    if let Some(item) = entry.item.as_mut() {
+                        item.wait = Wait::Due;
+                    }
+                    entry.expires_at = now + delay;
+                    entry.attempts = entry.attempts.saturating_sub(1);
+                });
+                Ok(())
+            }
+            // Snoozed by this very call, sent again.
+            Some(entry)
+                if entry.token == lease.token
+                    && entry.item.as_ref().is_some_and(|i| i.wait == Wait::Due) =>
+            {
+                Ok(())
+            }
+            _ => Err(Error::lease_lost(&lease.key)),
+        }
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {

@@ -275,6 +275,18 @@ impl<S: Inbox> Inbox for TracedStore<S> {
         finish(&span, result, |taken| format!("{} taken", taken.len()))
     }
 
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        let started = Instant::now();
+        let span = span!("dedupe.snooze", key = lease.key);
+        let result = self
+            .inner
+            .snooze(lease, delay)
+            .instrument(span.clone())
+            .await;
+        measure("snooze", started, &result, |_, count| count("ok"));
+        finish(&span, result, |()| format!("due in {delay:?}"))
+    }
+
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
         let started = Instant::now();
         let span = span!("dedupe.fail", key = lease.key);

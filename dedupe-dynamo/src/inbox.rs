@@ -29,8 +29,8 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure, Select,
 };
 use dedupe_core::backend::{
-    self, check_ttl, duration_millis, from_millis, taken_item, to_millis, StoredCounts,
-    StoredRecord,
+    self, check_ttl, duration_millis, from_millis, to_millis, StoredCounts, StoredRecord,
+    StoredTaken,
 };
 use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error};
 use dedupe_core::{
@@ -163,33 +163,38 @@ impl DynamoStore {
         let record = decode(&self.inner.names, &key, item)?;
         let shown = decode_item(&self.inner.names, &key, item)?
             .ok_or_else(|| Error::corrupt(&key, "a taken item is not an inbox item"))?;
-        taken_item(
-            key,
-            record.token.as_str().to_string(),
-            to_millis(deadline_of(&record)),
-            i64::from(shown.attempts),
-            Some(shown.payload),
-            shown.last_error,
-            StoredCounts {
+        StoredTaken {
+            token: record.token.as_str().to_string(),
+            deadline_ms: to_millis(deadline_of(&record)),
+            attempt: i64::from(shown.attempts),
+            accepted_ms: to_millis(shown.accepted_at),
+            last_error: shown.last_error,
+            payload: Some(shown.payload),
+            counts: StoredCounts {
                 takeovers: i64::from(shown.takeovers),
                 max_attempts: shown.max_attempts.map(i64::from),
             },
-        )
+        }
+        .decode(key)
     }
 
-    /// `release` of an inbox item held by `lease` (read as `item`): due now,
-    /// the attempt its take counted taken back (I9). Given back already by
-    /// this lease (the same release sent again): Ok, nothing changed.
-    pub(crate) async fn release_item(&self, lease: &Lease, item: &Item) -> Result<()> {
+    /// `release` (`delay` zero) or `snooze` of an inbox item held by
+    /// `lease` (read as `item`): due `delay` from now, the attempt its take
+    /// counted taken back (I9, I12). Waiting under this lease's token already
+    /// (the same call sent again): Ok, nothing changed.
+    pub(crate) async fn give_back(
+        &self,
+        lease: &Lease,
+        item: &Item,
+        delay: Duration,
+    ) -> Result<()> {
         let names = &self.inner.names;
         let given_back = |item: &Item| -> Result<bool> {
             let record = decode(names, &lease.key, item)?;
             let shown = decode_item(names, &lease.key, item)?;
             Ok(record.token == lease.token
-                && shown.is_some_and(|i| {
-                    matches!(i.status, ItemStatus::Pending | ItemStatus::Failed)
-                        && i.due_at <= from_millis(self.now_ms())
-                }))
+                && shown
+                    .is_some_and(|i| matches!(i.status, ItemStatus::Pending | ItemStatus::Failed)))
         };
         if given_back(item)? {
             return Ok(());
@@ -204,7 +209,7 @@ impl DynamoStore {
             (":zero", n(0)),
             (":one", n(1)),
             (":now", n(now)),
-            (":due", n(now)),
+            (":due", n(now.saturating_add(duration_millis(delay)))),
             (":q", waiting(lease.key.namespace())),
             (":lk", list_key(status, &lease.key)),
         ]);
@@ -604,6 +609,21 @@ impl Inbox for DynamoStore {
                 Some(e) if taken.is_empty() => Err(e),
                 _ => Ok(taken),
             }
+        })
+        .await
+    }
+
+    /// A read, then the give-back a release makes, due `delay` from now.
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        check_ttl("snooze delay", delay)?;
+        self.bounded(async {
+            let Some(item) = self.read(&lease.key).await? else {
+                return Err(Error::lease_lost(&lease.key));
+            };
+            if is_inbox_item(&self.inner.names, &item) {
+                return self.give_back(lease, &item, delay).await;
+            }
+            Err(Error::lease_lost(&lease.key))
         })
         .await
     }

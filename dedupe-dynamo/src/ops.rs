@@ -489,7 +489,7 @@ impl DynamoStore {
             return Ok(());
         };
         if is_inbox_item(&self.inner.names, &item) {
-            return self.release_item(lease, &item).await;
+            return self.give_back(lease, &item, Duration::ZERO).await;
         }
         let record = decode(&self.inner.names, &lease.key, &item)?;
         if deadline_of(&record) > from_millis(self.now_ms()) {

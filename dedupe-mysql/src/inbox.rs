@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I11) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I12) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedupe_core::backend::{
     self, accept_columns, accepted_over, check_accept, check_take, check_ttl, cut_error,
-    duration_millis, new_tokens, one_row_changed, status_code, stored_counts, taken_item,
-    StoredCounts, StoredItem,
+    duration_millis, new_tokens, one_row_changed, status_code, stored_counts, StoredCounts,
+    StoredItem, StoredTaken,
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
@@ -44,6 +44,12 @@ impl Inbox for MySqlStore {
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
         check_take(max, lease)?;
         self.call(async |ops, conn| ops.take(conn, namespace, max, lease).await)
+            .await
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        check_ttl("snooze delay", delay)?;
+        self.call(async |ops, conn| ops.snooze(conn, lease, delay).await)
             .await
     }
 
@@ -115,7 +121,7 @@ fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::fatal(format!("{what} is not UTF-8"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I11).
+/// The inbox's statements (CONTRACT.md I1 to I12).
 impl Ops<'_> {
     /// The upsert, then the row read back: its token says whether this
     /// accept wrote it.
@@ -236,6 +242,7 @@ impl Ops<'_> {
                             + i64::from(row.try_get::<i64, _>(5)? == 0),
                         max_attempts: row.try_get::<Option<i64>, _>(7)?,
                     },
+                    row.try_get::<i64, _>(8)?,
                 ))
             };
             rows.push(
@@ -277,23 +284,40 @@ impl Ops<'_> {
         let taken: Result<Vec<Taken>> = rows
             .into_iter()
             .zip(tokens)
-            .map(|((id, attempts, payload, last_error, _, counts), token)| {
-                let key = Key::new(namespace, utf8(id, "an inbox item's id")?)?;
-                let last_error = last_error
-                    .map(|e| utf8(e, "an inbox item's error"))
-                    .transpose()?;
-                taken_item(
-                    key,
-                    token.to_string(),
-                    deadline,
-                    attempts.saturating_add(1),
-                    payload,
-                    last_error,
-                    counts,
-                )
-            })
+            .map(
+                |((id, attempts, payload, last_error, _, counts, accepted), token)| {
+                    let key = Key::new(namespace, utf8(id, "an inbox item's id")?)?;
+                    let last_error = last_error
+                        .map(|e| utf8(e, "an inbox item's error"))
+                        .transpose()?;
+                    StoredTaken {
+                        token: token.to_string(),
+                        deadline_ms: deadline,
+                        attempt: attempts.saturating_add(1),
+                        accepted_ms: accepted,
+                        last_error,
+                        payload,
+                        counts,
+                    }
+                    .decode(key)
+                },
+            )
             .collect();
         Ok(taken?)
+    }
+
+    pub(crate) async fn snooze(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+        delay: Duration,
+    ) -> Result<()> {
+        let delay = duration_millis(delay);
+        let statement = sqlx::query(AssertSqlSafe(self.sql.snooze.as_str()))
+            .bind(delay)
+            .bind(delay);
+        let changed = self.fenced(conn, statement, lease).await?;
+        one_row_changed(changed, &lease.key)
     }
 
     pub(crate) async fn fail(

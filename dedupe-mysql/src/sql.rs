@@ -62,6 +62,7 @@ pub(crate) struct Statements {
     pub(crate) select_item: String,
     pub(crate) accepted: String,
     pub(crate) give_back: String,
+    pub(crate) snooze: String,
     pub(crate) pick: String,
     pub(crate) fail: String,
     pub(crate) list: String,
@@ -198,12 +199,23 @@ impl Statements {
                  WHERE namespace = ? AND id = ? AND token = ?
                    AND ((wait = 0 AND expires_at > {now}) OR (wait = 1 AND expires_at <= {now}))"
             ),
+            // An item held by the lease snoozed: due the delay (bound first)
+            // from now, the attempt its take counted taken back (I12); one
+            // waiting under this token already (the same snooze sent again)
+            // matches too and is left as it is. `wait` last.
+            snooze: format!(
+                "UPDATE {t} SET attempts = IF(wait = 0, attempts - 1, attempts),
+                                expires_at = IF(wait = 0, {now} + ?, expires_at),
+                                due_at = IF(wait = 0, {now} + ?, due_at), wait = 1
+                 WHERE namespace = ? AND id = ? AND token = ?
+                   AND ((wait = 0 AND expires_at > {now}) OR wait = 1)"
+            ),
             // The oldest due items of a namespace, locked as the index hands
             // them out, skipping rows other takers hold: each goes to one
             // taker, and takers never wait on each other. The caller leases
             // them in the same transaction.
             pick: format!(
-                "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts
+                "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts, first_seen
                  FROM {t} FORCE INDEX (due)
                  WHERE namespace = ? AND due_at <= {now}
                  ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"

@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I11) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I12) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedupe_core::backend::{
     self, accept_columns, check_accept, check_take, check_ttl, cut_error, one_row_changed,
-    status_code, stored_counts, taken_item, StoredCounts, StoredItem,
+    status_code, stored_counts, StoredCounts, StoredItem, StoredTaken,
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
@@ -44,6 +44,12 @@ impl Inbox for PgStore {
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
         check_take(max, lease)?;
         self.call(async |ops, conn| ops.take(conn, namespace, max, lease).await)
+            .await
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        check_ttl("snooze delay", delay)?;
+        self.call(async |ops, conn| ops.snooze(conn, lease, delay).await)
             .await
     }
 
@@ -120,7 +126,7 @@ fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
         .ok_or_else(|| Error::fatal(format!("an inbox row of another namespace: {joined}"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I11), one statement each.
+/// The inbox's statements (CONTRACT.md I1 to I12), one statement each.
 impl Ops<'_> {
     pub(crate) async fn accept(
         &self,
@@ -181,22 +187,43 @@ impl Ops<'_> {
                         row.try_get::<Option<Vec<u8>>, _>("payload")?,
                         row.try_get::<Option<String>, _>("last_error")?,
                         counts(row)?,
+                        row.try_get::<i64, _>("first_seen_ms")?,
                     ))
                 };
-                let (joined, token, deadline, attempts, payload, last_error, counts) = read()
-                    .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+                let (joined, token, deadline, attempts, payload, last_error, counts, accepted) =
+                    read()
+                        .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
                 let key = Key::new(namespace, id_in(namespace, &joined)?)?;
-                taken_item(
-                    key,
+                StoredTaken {
                     token,
-                    deadline,
-                    i64::from(attempts),
-                    payload,
+                    deadline_ms: deadline,
+                    attempt: i64::from(attempts),
+                    accepted_ms: accepted,
                     last_error,
+                    payload,
                     counts,
-                )
+                }
+                .decode(key)
             })
             .collect()
+    }
+
+    pub(crate) async fn snooze(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        delay: Duration,
+    ) -> Result<()> {
+        let changed = sqlx::query(text(&self.sql.snooze))
+            .bind(lease.key.namespace())
+            .bind(lease.key.id())
+            .bind(lease.token.as_str())
+            .bind(delay)
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        one_row_changed(changed, &lease.key)
     }
 
     pub(crate) async fn fail(

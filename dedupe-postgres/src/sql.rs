@@ -129,6 +129,7 @@ pub(crate) struct Statements {
     pub(crate) accept: Sql,
     pub(crate) select_item: Sql,
     pub(crate) take: Sql,
+    pub(crate) snooze: Sql,
     pub(crate) fail: Sql,
     pub(crate) list: Sql,
     pub(crate) replay: Sql,
@@ -391,12 +392,27 @@ impl Statements {
                            takeovers = t.takeovers + (t.wait = 0)::int4
                     FROM picked WHERE t.key = picked.key
                     RETURNING t.key, t.token, {expires} AS expires_ms, t.attempts, t.payload,
-                              t.last_error, t.takeovers, t.max_attempts, picked.due_at AS was_due
+                              t.last_error, t.takeovers, t.max_attempts, {first} AS first_seen_ms,
+                              picked.due_at AS was_due
                  )
-                 SELECT key, token, expires_ms, attempts, payload, last_error, takeovers, max_attempts
+                 SELECT key, token, expires_ms, attempts, payload, last_error, takeovers, max_attempts,
+                        first_seen_ms
                  FROM taken
                  ORDER BY was_due, key",
-                expires = ms("t.expires_at")
+                expires = ms("t.expires_at"),
+                first = ms("t.first_seen")
+            )
+            .into(),
+            // An item snoozed: given back due $4 from now, the attempt its take
+            // counted taken back (I12). One waiting under this token already
+            // (the same snooze sent again) matches too, and is left as it is.
+            snooze: format!(
+                "UPDATE {t} SET wait = 1,
+                        attempts = CASE WHEN wait = 0 THEN attempts - 1 ELSE attempts END,
+                        expires_at = CASE WHEN wait = 0 THEN now() + $4::interval ELSE expires_at END,
+                        due_at = CASE WHEN wait = 0 THEN now() + $4::interval ELSE due_at END
+                 WHERE {is_bound} AND token = $3
+                   AND ((wait = 0 AND expires_at > now()) OR wait = 1)"
             )
             .into(),
             // An item failed so under this token already (the same fail sent

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, taken_item};
+use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, StoredTaken};
 use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error, StoredCounts};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key,
@@ -159,7 +159,7 @@ impl Inbox for RedisStore {
             }
             _ => return Err(Self::unexpected(&probe, "take")),
         };
-        if values.len() < 1 + corrupt || (values.len() - 1 - corrupt) % 8 != 0 {
+        if values.len() < 1 + corrupt || (values.len() - 1 - corrupt) % 9 != 0 {
             return Err(Self::unexpected(&probe, "take"));
         }
         for id in &values[1..1 + corrupt] {
@@ -173,7 +173,7 @@ impl Inbox for RedisStore {
         }
         let values = &values[1 + corrupt..];
         let taken = values
-            .chunks_exact(8)
+            .chunks_exact(9)
             .map(|v| {
                 let bad = || Self::unexpected(&probe, "take");
                 let key = Key::new(namespace, text(&v[0]).ok_or_else(bad)?)
@@ -199,7 +199,19 @@ impl Inbox for RedisStore {
                         limit => Some(limit.parse::<i64>().map_err(|_| bad())?),
                     },
                 };
-                taken_item(key, token, deadline, attempt, payload, last_error, counts)
+                let accepted = text(&v[8])
+                    .and_then(|t| t.parse::<i64>().ok())
+                    .ok_or_else(bad)?;
+                StoredTaken {
+                    token,
+                    deadline_ms: deadline,
+                    attempt,
+                    accepted_ms: accepted,
+                    last_error,
+                    payload,
+                    counts,
+                }
+                .decode(key)
             })
             .collect::<Result<Vec<_>>>()?;
         if !taken.is_empty() {
@@ -212,6 +224,24 @@ impl Inbox for RedisStore {
             }
         }
         Ok(taken)
+    }
+
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        check_ttl("snooze delay", delay)?;
+        let mut invocation = self.item_invocation(&SCRIPTS.snooze, &lease.key)?;
+        invocation
+            .arg(lease.token.as_str())
+            .arg(duration_millis(delay).to_string());
+        let (answer, acked) = self.write(invocation, &lease.key).await?;
+        match Self::code(answer, &lease.key, "snooze")? {
+            1 => self.replicated(acked, "snooze", "snooze again (it answers Ok again)"),
+            0 => Err(Error::lease_lost(&lease.key)),
+            -2 => Err(Error::config(
+                "snooze is for inbox items; a claim is released instead",
+            )),
+            -1 => Err(Error::corrupt(&lease.key, "not a dedupe record")),
+            _ => Err(Self::unexpected(&lease.key, "snooze")),
+        }
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {

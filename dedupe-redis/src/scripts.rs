@@ -457,11 +457,12 @@ for i, pick in ipairs(picked) do
   reindex(ks, id, r, new)
   local max = '-'
   if new.max then max = num(new.max) end
-  -- Six values then two, by index: a nil error would end an ipairs walk.
+  -- Six values then three, by index: a nil error would end an ipairs walk.
   local vals = {id, new.token, num(new.due), new.attempts, new.payload, r.err}
   for j = 1, 6 do out[#out + 1] = vals[j] end
   out[#out + 1] = num(new.takeovers)
   out[#out + 1] = max
+  out[#out + 1] = num(new.accepted)
 end
 return out
 "#;
@@ -491,6 +492,31 @@ local new = icopy(r)
 new.err = ARGV[3]
 if ARGV[4] == '' then new.wait, new.due = 2, now
 else new.wait, new.due = 1, now + tonumber(ARGV[4]) end
+iput(ARGV[1], r, new)
+return 1
+"#;
+
+/// KEYS record, then the index keys; ARGV id, token, delay ms. `1` the held
+/// item snoozed: due the delay from now, the attempt its take counted taken
+/// back (I12), or one waiting under this token already (the same snooze sent
+/// again, left as it is); `0` lease lost, `-1` corrupt, `-2` the lease is a
+/// claim's, not an item's.
+const SNOOZE: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if not is_item(v) then
+  local d = decode(v)
+  if not d then return -1 end
+  if d.state == '0' and d.token == ARGV[2] and d.expires > now then return -2 end
+  return 0
+end
+local r = idecode(v)
+if not r then return -1 end
+if r.token ~= ARGV[2] then return 0 end
+if r.wait == 1 then return 1 end
+if r.wait ~= 0 or r.due <= now then return 0 end
+local new = icopy(r)
+new.wait, new.due, new.attempts = 1, now + tonumber(ARGV[3]), r.attempts - 1
 iput(ARGV[1], r, new)
 return 1
 "#;
@@ -566,6 +592,7 @@ pub(crate) struct Scripts {
     pub(crate) accept: Script,
     pub(crate) take: Script,
     pub(crate) fail: Script,
+    pub(crate) snooze: Script,
     pub(crate) replay: Script,
     pub(crate) list: Script,
     pub(crate) values: Script,
@@ -584,6 +611,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     accept: script(ACCEPT),
     take: script(TAKE),
     fail: script(FAIL),
+    snooze: script(SNOOZE),
     replay: script(REPLAY),
     list: script(LIST),
     values: script(VALUES),

@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I11) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I12) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection.
 
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dedupe_core::backend::{
     self, accept_columns, check_accept, check_take, check_ttl, cut_error, one_row_changed,
-    status_code, stored_counts, taken_item, StoredCounts,
+    status_code, stored_counts, StoredCounts, StoredTaken,
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
@@ -60,6 +60,14 @@ impl Inbox for SqliteStore {
             .await
     }
 
+    async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+        check_ttl("snooze delay", delay)?;
+        let lease = lease.clone();
+        self.conns()
+            .write(1, move |ops, conn| ops.snooze(conn, &lease, delay))
+            .await
+    }
+
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
         if let Retry::After(delay) = retry {
             check_ttl("retry delay", delay)?;
@@ -100,7 +108,7 @@ impl Inbox for SqliteStore {
     }
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I11), each one statement on the
+/// The inbox's statements (CONTRACT.md I1 to I12), each one statement on the
 /// caller's connection (writes in the writer's transaction).
 impl Ops<'_> {
     pub(crate) fn accept(
@@ -193,6 +201,7 @@ impl Ops<'_> {
                 Option<Vec<u8>>,
                 Option<String>,
                 StoredCounts,
+                i64,
             );
             let row: Option<Leased> = conn
                 .prepare_cached(&self.sql.take_one)
@@ -216,6 +225,7 @@ impl Ops<'_> {
                                     takeovers: row.get(5)?,
                                     max_attempts: row.get(6)?,
                                 },
+                                row.get(7)?,
                             ))
                         },
                     )
@@ -223,14 +233,41 @@ impl Ops<'_> {
                 })
                 .map_err(|e| self.err(e))?;
             // Picked and leased in one write transaction: it is there.
-            let Some((stored, deadline, attempts, payload, last_error, counts)) = row else {
+            let Some((stored, deadline, attempts, payload, last_error, counts, accepted_at)) = row
+            else {
                 continue;
             };
-            taken.push(taken_item(
-                key, stored, deadline, attempts, payload, last_error, counts,
-            )?);
+            taken.push(
+                StoredTaken {
+                    token: stored,
+                    deadline_ms: deadline,
+                    attempt: attempts,
+                    accepted_ms: accepted_at,
+                    last_error,
+                    payload,
+                    counts,
+                }
+                .decode(key)?,
+            );
         }
         Ok(taken)
+    }
+
+    pub(crate) fn snooze(&self, conn: &Connection, lease: &Lease, delay: Duration) -> Result<()> {
+        let now = backend::now_millis();
+        let changed = conn
+            .prepare_cached(&self.sql.snooze)
+            .and_then(|mut stmt| {
+                stmt.execute(named_params! {
+                    ":ns": lease.key.namespace(),
+                    ":id": lease.key.id(),
+                    ":token": lease.token.as_str(),
+                    ":now": now,
+                    ":due": deadline(now, delay),
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        one_row_changed(changed as u64, &lease.key)
     }
 
     pub(crate) fn fail(

@@ -29,6 +29,7 @@ pub(crate) struct Statements {
     pub(crate) select_item: String,
     pub(crate) take_pick: String,
     pub(crate) take_one: String,
+    pub(crate) snooze: String,
     pub(crate) fail: String,
     pub(crate) list: String,
     pub(crate) replay: String,
@@ -120,6 +121,15 @@ impl Statements {
                  WHERE namespace = :ns AND id = :id AND token = :token
                    AND ((wait = 0 AND expires_at > :now) OR (wait = 1 AND expires_at <= :now))"
             ),
+            // An item snoozed: given back due at :due, the attempt its take
+            // counted taken back (I12). One waiting under this token already
+            // (the same snooze sent again) matches too, and is left as it is.
+            snooze: format!(
+                "UPDATE {t} SET wait = 1, expires_at = CASE WHEN wait = 0 THEN :due ELSE expires_at END,
+                        attempts = CASE WHEN wait = 0 THEN attempts - 1 ELSE attempts END
+                 WHERE namespace = :ns AND id = :id AND token = :token
+                   AND ((wait = 0 AND expires_at > :now) OR wait = 1)"
+            ),
             // After a release removed nothing: whether a live record (another
             // lease's, or done) is under the key.
             any_live: format!(
@@ -174,7 +184,8 @@ impl Statements {
                 "UPDATE {t} SET wait = 0, token = :token, expires_at = :until, attempts = attempts + 1,
                         takeovers = takeovers + (wait = 0)
                  WHERE namespace = :ns AND id = :id AND wait IN (0, 1) AND expires_at <= :now
-                 RETURNING token, expires_at, attempts, payload, last_error, takeovers, max_attempts"
+                 RETURNING token, expires_at, attempts, payload, last_error, takeovers, max_attempts,
+                           first_seen"
             ),
             // An item failed so under this token already (the same fail sent
             // again) matches too, and is left as it is.

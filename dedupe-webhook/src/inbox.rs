@@ -270,6 +270,7 @@ mod tests {
             },
             payload,
             None,
+            std::time::SystemTime::now(),
         )
     }
 

@@ -1,4 +1,4 @@
-//! The inbox rules (CONTRACT.md, I1 to I11), for a store whose fixture offers
+//! The inbox rules (CONTRACT.md, I1 to I12), for a store whose fixture offers
 //! an [`Inbox`](dedupe_core::Inbox); skipped for one that does not.
 
 use dedupe_core::{AcceptOptions, Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
@@ -1215,5 +1215,120 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
             "an item's complete sent again answered {e:?}, expected Ok"
         )));
     }
+    Ok(Verdict::Passed)
+}
+
+/// I12: a snooze gives the running item back due after its delay, the
+/// attempt its take counted taken back, and no take hands it out before
+/// then; sent again it answers Ok and changes nothing; a lease taken over or
+/// passed is `LeaseLost`; a zero delay is `InvalidConfig`; a take hands out
+/// the item's accept time.
+pub async fn inbox_snooze(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let shown = |item: Option<dedupe_core::Item>| {
+        item.map(|i| (i.status, i.attempts, i.due_at, i.last_error))
+    };
+    let k = item_key("snoozed")?;
+    inbox.accept(&k, b"work").await?;
+    let accepted_at = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("an accepted item vanished"))?
+        .accepted_at;
+    let before = Instant::now();
+    let taken = take_one(&*inbox, LONG_TTL, "a due item was not taken").await?;
+    let accepted_as_shown = |taken: &Taken| -> Result<(), Failure> {
+        let apart = match taken.accepted_at.duration_since(accepted_at) {
+            Ok(later) => later,
+            Err(earlier) => earlier.duration(),
+        };
+        ensure!(
+            apart <= TIME_SLACK,
+            "a take handed out the accept time {:?}, the item shows {accepted_at:?}",
+            taken.accepted_at
+        );
+        Ok(())
+    };
+    accepted_as_shown(&taken)?;
+    ensure!(
+        matches!(
+            inbox.snooze(&taken.lease, Duration::ZERO).await,
+            Err(Error::InvalidConfig { .. })
+        ),
+        "a snooze of no delay was not refused as a bad configuration"
+    );
+    let delay = Duration::from_millis(600);
+    inbox.snooze(&taken.lease, delay).await?;
+    let elapsed = before.elapsed();
+    let snoozed = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("a snoozed item vanished"))?;
+    ensure!(
+        snoozed.status == ItemStatus::Pending && snoozed.attempts == 0,
+        "a snoozed item shows {:?} with {} attempts, expected pending with 0 (a snooze \
+         spends no attempt)",
+        snoozed.status,
+        snoozed.attempts
+    );
+    due_after_take("a snooze", snoozed.due_at, &taken, delay, elapsed)?;
+    if let Err(e) = inbox.snooze(&taken.lease, delay).await {
+        return Err(Failure::new(format!(
+            "a snooze sent again after its answer was lost answered {e:?}, expected Ok"
+        )));
+    }
+    let again = inbox.item(&k).await?;
+    ensure!(
+        shown(again.clone()) == shown(Some(snoozed.clone())),
+        "a snooze sent again changed the item from {snoozed:?} to {again:?}"
+    );
+    // No take hands it out before it is due, judged on the store's clock.
+    let next = loop {
+        if let Some(first) = inbox.take("inbox", 10, LONG_TTL).await?.into_iter().next() {
+            break first;
+        }
+        ensure!(
+            before.elapsed() < delay + Duration::from_secs(2),
+            "a snoozed item was still not taken {:?} after its take (delay {delay:?})",
+            before.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let taken_again_at = next.lease.deadline - LONG_TTL;
+    ensure!(
+        taken_again_at + TIME_SLACK >= snoozed.due_at,
+        "a snoozed item was taken {:?} before it was due",
+        snoozed
+            .due_at
+            .duration_since(taken_again_at)
+            .unwrap_or_default()
+    );
+    accepted_as_shown(&next)?;
+    ensure!(
+        next.lease.attempt == 1 && next.takeovers == 0,
+        "a snoozed item was taken again as attempt {} with {} takeovers, expected attempt 1 \
+         and none",
+        next.lease.attempt,
+        next.takeovers
+    );
+    expect_lease_lost(
+        "a snooze of a lease whose item was taken again",
+        inbox.snooze(&taken.lease, delay).await,
+    )?;
+    // A lease that passed snoozes nothing.
+    fixture.store().release(&next.lease).await?;
+    let short = take_one(&*inbox, SHORT_TTL, "a released item was not taken").await?;
+    wait_past(short.lease.deadline).await?;
+    let before = shown(inbox.item(&k).await?);
+    expect_lease_lost(
+        "a snooze of a lease that passed",
+        inbox.snooze(&short.lease, delay).await,
+    )?;
+    let after = shown(inbox.item(&k).await?);
+    ensure!(
+        after == before,
+        "a snooze of a passed lease changed the item from {before:?} to {after:?}"
+    );
     Ok(Verdict::Passed)
 }

@@ -139,8 +139,9 @@ pub(super) async fn business_step(app: Arc<App>, req: Request<Body>) -> Response
 /// request. The ledger completes the item with the row; the worker's own
 /// completion with the same outcome then answers Ok (asked twice, answered
 /// once). A failure is the item's failure: due again after the backoff, or
-/// as the `--fail-on-header` value says: `permanent` (dead now) or
-/// `retry-after=SECS` (due that long after).
+/// as the `--fail-on-header` value says: `permanent` (dead now),
+/// `retry-after=SECS` (due that long after) or `snooze=SECS` (due that long
+/// after without spending an attempt, within `--max-snooze-secs`).
 pub(super) async fn inbox_step(app: Arc<App>, taken: Taken) -> Result<Vec<u8>, WorkFailure> {
     let (event, headers) = WebhookEvent::from_item(&taken, app.retention)?;
     match business(&app, &event, &headers).await {
@@ -151,13 +152,21 @@ pub(super) async fn inbox_step(app: Arc<App>, taken: Taken) -> Result<Vec<u8>, W
         )),
         Err(StepError::Refused(value)) => {
             let error = format!("business step failed (--fail-on-header: {value})");
-            let retry_after = value
-                .strip_prefix("retry-after=")
-                .and_then(|secs| secs.trim().parse::<u64>().ok());
-            Err(match (value.trim(), retry_after) {
-                ("permanent", _) => WorkFailure::permanent(error),
-                (_, Some(secs)) => WorkFailure::retry_after(Duration::from_secs(secs), error),
-                _ => WorkFailure::retry(error),
+            let value = value.trim();
+            let secs = |prefix: &str| {
+                value
+                    .strip_prefix(prefix)
+                    .and_then(|secs| secs.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs)
+            };
+            Err(if value == "permanent" {
+                WorkFailure::permanent(error)
+            } else if let Some(delay) = secs("retry-after=") {
+                WorkFailure::retry_after(delay, error)
+            } else if let Some(delay) = secs("snooze=") {
+                WorkFailure::snooze(delay, error)
+            } else {
+                WorkFailure::retry(error)
             })
         }
         Err(StepError::NotRecorded(_)) => Err(WorkFailure::retry(

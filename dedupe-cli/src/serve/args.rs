@@ -48,6 +48,16 @@ pub struct ServeArgs {
     /// it doubles per attempt (jittered, at most 10 minutes).
     #[arg(long, value_name = "MS", default_value_t = 1000, requires = "inbox")]
     pub(super) retry_backoff_ms: u64,
+    /// Inbox mode: how long after its accept an item may still be snoozed
+    /// (a snooze spends no attempt; past this window it counts as a failure,
+    /// so an item that snoozes forever still ends dead).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 86_400,
+        requires = "inbox"
+    )]
+    pub(super) max_snooze_secs: u64,
     /// A signing secret: `ROUTE=SECRET`, where ROUTE is `stripe`, `github`,
     /// `shopify`, `standard` (for /hooks and /hooks/standard) or a --route
     /// name (which otherwise takes its provider's secret); a bare secret is a
@@ -90,7 +100,9 @@ pub struct ServeArgs {
     /// its business step (500), as a crashing handler would; in inbox mode
     /// the stored delivery keeps the header, so it fails on every attempt,
     /// retried on the backoff, or as the header's value says: `permanent`
-    /// (dead at once) or `retry-after=SECS` (due again that long after).
+    /// (dead at once), `retry-after=SECS` (due again that long after) or
+    /// `snooze=SECS` (due again that long after, no attempt spent, within
+    /// --max-snooze-secs).
     #[arg(long, value_name = "HEADER")]
     pub(super) fail_on_header: Option<String>,
     /// Test hook, not for production: the business step appends a line

@@ -41,6 +41,7 @@ pub(super) fn spawn(
                 let worker = InboxWorker::new(deduper, Arc::clone(inbox), namespace)
                     .with_concurrency(args.workers)
                     .with_max_attempts(args.max_attempts)
+                    .with_max_snooze(Duration::from_secs(args.max_snooze_secs))
                     .with_backoff(dedupe_core::Backoff {
                         first: Duration::from_millis(args.retry_backoff_ms),
                         max: Duration::from_secs(600),

@@ -95,31 +95,45 @@ fn payload(key: &Key, payload: Option<Vec<u8>>) -> Result<Vec<u8>> {
     payload.ok_or_else(|| Error::corrupt(key, "an inbox item without its payload"))
 }
 
-/// The item a take leased, from the row it wrote back.
-pub fn taken_item(
-    key: Key,
-    token: String,
-    deadline_ms: i64,
-    attempt: i64,
-    payload_bytes: Option<Vec<u8>>,
-    last_error: Option<String>,
-    counts: StoredCounts,
-) -> Result<Taken> {
-    let attempt = attempts(&key, attempt)?;
-    let payload = payload(&key, payload_bytes)?;
-    let (takeovers, max_attempts) = counts.decode(&key)?;
-    Ok(Taken::new(
-        Lease {
-            key,
-            token: LeaseToken::from_stored(token),
-            deadline: from_millis(deadline_ms),
-            attempt,
-            claim_id: None,
-        },
-        payload,
-        last_error,
-    )
-    .with_counts(takeovers, max_attempts))
+/// The columns a take wrote back for the item it leased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredTaken {
+    /// The new lease's token.
+    pub token: String,
+    /// The new lease's deadline, in ms since the epoch.
+    pub deadline_ms: i64,
+    /// This take's attempt number.
+    pub attempt: i64,
+    /// When the item was accepted, in ms since the epoch.
+    pub accepted_ms: i64,
+    /// Its last failure.
+    pub last_error: Option<String>,
+    /// The delivery.
+    pub payload: Option<Vec<u8>>,
+    /// Its takeovers and its own attempt limit.
+    pub counts: StoredCounts,
+}
+
+impl StoredTaken {
+    /// The leased item, or `CorruptRecord` for columns that are not one.
+    pub fn decode(self, key: Key) -> Result<Taken> {
+        let attempt = attempts(&key, self.attempt)?;
+        let payload = payload(&key, self.payload)?;
+        let (takeovers, max_attempts) = self.counts.decode(&key)?;
+        Ok(Taken::new(
+            Lease {
+                key,
+                token: LeaseToken::from_stored(self.token),
+                deadline: from_millis(self.deadline_ms),
+                attempt,
+                claim_id: None,
+            },
+            payload,
+            self.last_error,
+            from_millis(self.accepted_ms),
+        )
+        .with_counts(takeovers, max_attempts))
+    }
 }
 
 /// A status filter as a number for SQL: -1 every status, 0 pending, 1
