@@ -116,6 +116,7 @@ macro_rules! __with_check_names {
             inbox_takeovers_are_counted,
             inbox_accept_options,
             inbox_snooze,
+            inbox_pause,
         }
     };
 }

@@ -144,6 +144,16 @@ enum Flaw {
     SnoozeIgnoresDelay,
     /// A take hands out the time of the take as the item's accept time.
     AcceptedAtIsTakeTime,
+    /// A pause is noted beside the store and never reaches its takes.
+    PauseIgnored,
+    /// A pause of one namespace stops the takes of every namespace.
+    PauseEveryNamespace,
+    /// An accept into a paused namespace answers `New` and stores nothing.
+    PauseLosesAccepts,
+    /// A paused namespace's takes still take over items whose lease passed.
+    PauseTakesOverLapsed,
+    /// Pause and resume always answer that they changed something.
+    PauseAnswersChanged,
 }
 
 impl Flaw {
@@ -177,6 +187,11 @@ impl Flaw {
                 | Flaw::SnoozeSpendsAttempt
                 | Flaw::SnoozeIgnoresDelay
                 | Flaw::AcceptedAtIsTakeTime
+                | Flaw::PauseIgnored
+                | Flaw::PauseEveryNamespace
+                | Flaw::PauseLosesAccepts
+                | Flaw::PauseTakesOverLapsed
+                | Flaw::PauseAnswersChanged
         )
     }
 }
@@ -193,6 +208,9 @@ struct Broken {
     completed_items: Arc<Mutex<Vec<Item>>>,
     /// Attempts hand-backs kept (`HandBackSpendsAttempt`).
     spent: Arc<Mutex<HashMap<Key, u32>>>,
+    /// Namespaces paused beside the store (`PauseIgnored`,
+    /// `PauseEveryNamespace`).
+    paused: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Broken {
@@ -505,6 +523,7 @@ impl StoreFactory for BrokenFactory {
             done: Arc::default(),
             completed_items: Arc::default(),
             spent: Arc::default(),
+            paused: Arc::default(),
         })))
     }
 }
@@ -536,6 +555,10 @@ impl Inbox for Broken {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         match self.flaw {
+            Flaw::PauseLosesAccepts if self.inner.paused(key.namespace()).await? => {
+                dedupe_core::backend::check_accept(payload, options)?;
+                Ok(Accepted::New)
+            }
             Flaw::AcceptCheckThenInsert => {
                 if self.inner.get(key).await?.is_none() {
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -593,6 +616,38 @@ impl Inbox for Broken {
     }
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+        if self.flaw == Flaw::PauseEveryNamespace && !self.paused_beside().is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.flaw == Flaw::PauseTakesOverLapsed && self.inner.paused(namespace).await? {
+            // Takes over the lapsed leases as if it were not paused, and gives
+            // back the waiting items the same take handed out.
+            let running = self
+                .inner
+                .list(&ItemQuery {
+                    limit: dedupe_core::MAX_PAGE,
+                    ..ItemQuery::new(namespace).status(ItemStatus::Running)
+                })
+                .await?;
+            let lapsed: HashSet<Key> = running
+                .items
+                .into_iter()
+                .filter(|i| i.due_at <= SystemTime::now())
+                .map(|i| i.key)
+                .collect();
+            self.inner.resume(namespace).await?;
+            let taken = self.inner.take(namespace, max, lease).await;
+            self.inner.pause(namespace).await?;
+            let mut kept = Vec::new();
+            for t in taken? {
+                if lapsed.contains(&t.lease.key) {
+                    kept.push(t);
+                } else {
+                    self.inner.release(&t.lease).await?;
+                }
+            }
+            return Ok(kept);
+        }
         if self.flaw == Flaw::DeadReturnsLater {
             let dead = self
                 .inner
@@ -809,6 +864,57 @@ impl Inbox for Broken {
         }
         Ok(counts)
     }
+
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        match self.flaw {
+            Flaw::PauseIgnored => {
+                dedupe_core::backend::check_namespace(namespace)?;
+                Ok(self.paused_set().insert(namespace.to_string()))
+            }
+            Flaw::PauseEveryNamespace => {
+                let changed = self.inner.pause(namespace).await?;
+                self.paused_set().insert(namespace.to_string());
+                Ok(changed)
+            }
+            Flaw::PauseAnswersChanged => self.inner.pause(namespace).await.map(|_| true),
+            _ => self.inner.pause(namespace).await,
+        }
+    }
+
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        match self.flaw {
+            Flaw::PauseIgnored => {
+                dedupe_core::backend::check_namespace(namespace)?;
+                Ok(self.paused_set().remove(namespace))
+            }
+            Flaw::PauseEveryNamespace => {
+                self.paused_set().remove(namespace);
+                self.inner.resume(namespace).await
+            }
+            Flaw::PauseAnswersChanged => self.inner.resume(namespace).await.map(|_| true),
+            _ => self.inner.resume(namespace).await,
+        }
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        match self.flaw {
+            Flaw::PauseIgnored => {
+                dedupe_core::backend::check_namespace(namespace)?;
+                Ok(self.paused_set().contains(namespace))
+            }
+            _ => self.inner.paused(namespace).await,
+        }
+    }
+}
+
+impl Broken {
+    fn paused_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.paused.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn paused_beside(&self) -> HashSet<String> {
+        self.paused_set().clone()
+    }
 }
 
 /// Which checks each broken store must trip (at least these; others may fail too).
@@ -943,6 +1049,11 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::SnoozeSpendsAttempt, &["inbox_snooze"]),
     (Flaw::SnoozeIgnoresDelay, &["inbox_snooze"]),
     (Flaw::AcceptedAtIsTakeTime, &["inbox_snooze"]),
+    (Flaw::PauseIgnored, &["inbox_pause"]),
+    (Flaw::PauseEveryNamespace, &["inbox_pause"]),
+    (Flaw::PauseLosesAccepts, &["inbox_pause"]),
+    (Flaw::PauseTakesOverLapsed, &["inbox_pause"]),
+    (Flaw::PauseAnswersChanged, &["inbox_pause"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -1028,6 +1139,11 @@ broken_store_tests!(
     rejects_snooze_spending_an_attempt => SnoozeSpendsAttempt,
     rejects_snooze_ignoring_its_delay => SnoozeIgnoresDelay,
     rejects_take_time_as_accept_time => AcceptedAtIsTakeTime,
+    rejects_a_pause_that_never_reaches_the_takes => PauseIgnored,
+    rejects_a_pause_of_every_namespace => PauseEveryNamespace,
+    rejects_accepts_lost_while_paused => PauseLosesAccepts,
+    rejects_takeovers_while_paused => PauseTakesOverLapsed,
+    rejects_pause_and_resume_always_changing => PauseAnswersChanged,
     rejects_a_hand_back_spending_an_attempt => HandBackSpendsAttempt,
     rejects_takeovers_not_counted => TakeoverNotCounted,
     rejects_not_before_ignored => NotBeforeIgnored,

@@ -1,4 +1,4 @@
-//! `dedupe inbox list|replay|forget|stats`: an operator's view of the inbox
+//! `dedupe inbox list|replay|forget|stats|pause|resume`: an operator's view of the inbox
 //! (what `dedupe serve --inbox` and any `InboxWorker` work through).
 
 use std::sync::Arc;
@@ -23,8 +23,28 @@ pub enum InboxCommand {
     Replay(ItemArgs),
     /// Remove an item whatever its state (exit 1 when there was none).
     Forget(ItemArgs),
-    /// Counts per state, the oldest due item's age, per namespace.
+    /// Counts per state, the oldest due item's age and whether it is
+    /// paused, per namespace.
     Stats(StatsArgs),
+    /// Stop every worker (in every process) taking the namespace's items,
+    /// until `resume`: accepts go on, running items finish. Kept in the
+    /// store; exit 0 whether or not it was paused already.
+    Pause(PauseArgs),
+    /// Let workers take the namespace's items again (exit 0 whether or not
+    /// it was paused).
+    Resume(PauseArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PauseArgs {
+    /// The store, as a URL.
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// The namespace.
+    namespace: String,
+    /// One JSON object (`namespace`, `paused`, `changed`) instead of a line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -154,7 +174,31 @@ pub async fn inbox(command: InboxCommand) -> Result<bool, Error> {
         InboxCommand::Replay(args) => replay(args).await,
         InboxCommand::Forget(args) => forget(args).await,
         InboxCommand::Stats(args) => stats(args).await,
+        InboxCommand::Pause(args) => pause(args, true).await,
+        InboxCommand::Resume(args) => pause(args, false).await,
     }
+}
+
+/// Pauses (`pause`) or resumes the namespace, and says what it is now.
+async fn pause(args: PauseArgs, pause: bool) -> Result<bool, Error> {
+    let inbox = open(&args.store).await?;
+    let namespace = args.namespace;
+    let changed = if pause {
+        inbox.pause(&namespace).await?
+    } else {
+        inbox.resume(&namespace).await?
+    };
+    if args.json {
+        println!(
+            "{}",
+            json!({"namespace": namespace, "paused": pause, "changed": changed})
+        );
+    } else {
+        let state = if pause { "paused" } else { "running" };
+        let already = if changed { "" } else { " (it was already)" };
+        println!("{namespace} is {state}{already}");
+    }
+    Ok(true)
 }
 
 /// Every page of every namespace asked, up to the limit.
@@ -249,9 +293,10 @@ fn age(oldest: Option<SystemTime>) -> Option<Duration> {
     oldest.map(|t| SystemTime::now().duration_since(t).unwrap_or_default())
 }
 
-fn counts_json(namespace: &str, c: &InboxCounts) -> Value {
+fn counts_json(namespace: &str, c: &InboxCounts, paused: bool) -> Value {
     json!({
         "namespace": namespace,
+        "paused": paused,
         "pending": c.pending,
         "running": c.running,
         "failed": c.failed,
@@ -268,23 +313,28 @@ async fn stats(args: StatsArgs) -> Result<bool, Error> {
     for namespace in namespaces(args.namespaces) {
         Key::new(&namespace, "x").map_err(|e| Error::config(format!("--namespace: {e}")))?;
         let counts = inbox.counts(&namespace).await?;
-        rows.push((namespace, counts));
+        let paused = inbox.paused(&namespace).await?;
+        rows.push((namespace, counts, paused));
     }
     if args.json {
-        let shown: Vec<Value> = rows.iter().map(|(n, c)| counts_json(n, c)).collect();
+        let shown: Vec<Value> = rows
+            .iter()
+            .map(|(n, c, paused)| counts_json(n, c, *paused))
+            .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&shown).unwrap_or_default()
         );
     } else {
         println!(
-            "{:<12} {:>8} {:>8} {:>8} {:>8}  oldest due",
-            "namespace", "pending", "running", "failed", "dead"
+            "{:<12} {:<7} {:>8} {:>8} {:>8} {:>8}  oldest due",
+            "namespace", "takes", "pending", "running", "failed", "dead"
         );
-        for (namespace, c) in &rows {
+        for (namespace, c, paused) in &rows {
             println!(
-                "{:<12} {:>8} {:>8} {:>8} {:>8}  {}",
+                "{:<12} {:<7} {:>8} {:>8} {:>8} {:>8}  {}",
                 namespace,
+                if *paused { "paused" } else { "on" },
                 c.pending,
                 c.running,
                 c.failed,

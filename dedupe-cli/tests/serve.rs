@@ -1190,10 +1190,30 @@ async fn inbox_path(url: &str) {
     );
     drop(serve);
 
-    // On a healthy server the replayed item is processed, once.
+    // On a healthy server the replayed item is processed, once; not while
+    // another process has paused its namespace (the workers poll every
+    // 50 ms: ten polls pass), and at once after the resume.
     let serve = start(0, false);
+    let (ok, out) = inbox_cli(url, &["pause", "hooks", "--json"]);
+    assert!(ok, "{out}");
+    let paused: Value = serde_json::from_str(&out).expect("pause json");
+    assert_eq!(
+        (&paused["paused"], &paused["changed"]),
+        (&true.into(), &true.into()),
+        "{paused}"
+    );
     let (ok, out) = inbox_cli(url, &["replay", "hooks", &poison_id]);
     assert!(ok, "{out}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(effects(&log, &poison_key), 3, "an item ran while paused");
+    // Replayed: due now, its last error kept.
+    assert_eq!(listed(url, "hooks", Some("failed")).len(), 1);
+    let (ok, out) = inbox_cli(url, &["stats", "--namespace", "hooks", "--json"]);
+    assert!(ok, "{out}");
+    let stats: Value = serde_json::from_str(&out).expect("stats json");
+    assert_eq!(stats[0]["paused"], true, "{stats}");
+    let (ok, out) = inbox_cli(url, &["resume", "hooks"]);
+    assert!(ok && out.contains("hooks is running"), "{out}");
     eventually("the replayed item was never processed", async || {
         rows(&http, &serve.admin, Some(&poison_key)).await.len() == 1
     })

@@ -478,6 +478,22 @@ pub trait Inbox: DedupeStore {
     /// How many items of the namespace stand where.
     async fn counts(&self, namespace: &str) -> Result<InboxCounts>;
 
+    /// Pauses the namespace's takes, in the store, for every worker in every
+    /// process: from the moment this answers, no take of `namespace` hands
+    /// out an item (due, failed or held past its lease) until
+    /// [`resume`](Self::resume). Accepts go on, and the items running now
+    /// finish (complete, fail, extend, release and snooze as usual).
+    /// `true` when this call paused it, `false` when it was paused already
+    /// (nothing changed). A namespace a [`Key`] refuses is `InvalidKey`.
+    async fn pause(&self, namespace: &str) -> Result<bool>;
+
+    /// Lets the namespace's takes hand out items again. `true` when this
+    /// call resumed it, `false` when it was not paused (nothing changed).
+    async fn resume(&self, namespace: &str) -> Result<bool>;
+
+    /// Whether the namespace is paused.
+    async fn paused(&self, namespace: &str) -> Result<bool>;
+
     /// Raised (`notify_waiters`) each time this handle or a clone of it
     /// accepts an item, so that a worker in the same process takes it at
     /// once rather than at its next poll. `None` (the default): workers
@@ -524,6 +540,15 @@ macro_rules! forward_inbox {
             }
             async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
                 (**self).counts(namespace).await
+            }
+            async fn pause(&self, namespace: &str) -> Result<bool> {
+                (**self).pause(namespace).await
+            }
+            async fn resume(&self, namespace: &str) -> Result<bool> {
+                (**self).resume(namespace).await
+            }
+            async fn paused(&self, namespace: &str) -> Result<bool> {
+                (**self).paused(namespace).await
             }
             fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
                 (**self).accepted_signal()

@@ -1,12 +1,12 @@
 //! The in-memory store: the reference implementation of the contract.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::backend::{self, check_accept, check_take, cut_error};
+use crate::backend::{self, check_accept, check_namespace, check_take, cut_error};
 use crate::claim::{check_ttl, ClaimOptions, ClaimOutcome, Lease};
 use crate::error::{Error, Result};
 use crate::inbox::{
@@ -208,6 +208,8 @@ pub struct MemoryStore {
 struct Records {
     map: HashMap<Key, Entry>,
     due: HashMap<String, BTreeSet<(SystemTime, String)>>,
+    /// The paused namespaces: their takes hand out nothing.
+    paused: HashSet<String>,
 }
 
 impl Records {
@@ -506,6 +508,9 @@ impl Inbox for MemoryStore {
         check_take(max, lease)?;
         let now = SystemTime::now();
         let mut map = self.lock();
+        if map.paused.contains(namespace) {
+            return Ok(Vec::new());
+        }
         let due = map.due_by(namespace, now, max);
         let mut taken = Vec::with_capacity(due.len());
         for key in due {
@@ -666,6 +671,26 @@ impl Inbox for MemoryStore {
             }
         }
         Ok(counts)
+    }
+
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        Ok(self.lock().paused.insert(namespace.to_string()))
+    }
+
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        let resumed = self.lock().paused.remove(namespace);
+        if resumed {
+            // Its waiting items are takeable again: the workers here look now.
+            self.accepted.notify_waiters();
+        }
+        Ok(resumed)
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        Ok(self.lock().paused.contains(namespace))
     }
 }
 

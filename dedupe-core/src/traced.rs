@@ -33,8 +33,9 @@ use crate::store::DedupeStore;
 /// Over a store that offers an [`Inbox`], the inbox's calls are traced and
 /// counted the same way (`dedupe.accept` answering `new`, `item`, `done` or
 /// `in_flight`; `dedupe.take` with the namespace and the number taken;
-/// `dedupe.fail`, `dedupe.item`, `dedupe.list`, `dedupe.replay`,
-/// `dedupe.counts`); the [`InboxWorker`](crate::InboxWorker) and
+/// `dedupe.snooze`, `dedupe.fail`, `dedupe.item`, `dedupe.list`,
+/// `dedupe.replay`, `dedupe.counts`, `dedupe.pause`, `dedupe.resume`,
+/// `dedupe.paused`); the [`InboxWorker`](crate::InboxWorker) and
 /// the webhook receiver's inbox mode put their inbox behind one.
 ///
 /// [`Deduper`](crate::Deduper) wraps its store in one, so every store, a third
@@ -345,6 +346,34 @@ impl<S: Inbox> Inbox for TracedStore<S> {
                 c.pending, c.running, c.failed, c.dead
             )
         })
+    }
+
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        let started = Instant::now();
+        let span = tracing::info_span!("dedupe.pause", namespace, answer = Empty, error = Empty);
+        let result = self.inner.pause(namespace).instrument(span.clone()).await;
+        measure("pause", started, &result, |_, count| count("ok"));
+        finish(&span, result, |changed| {
+            format!("paused, changed={changed}")
+        })
+    }
+
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        let started = Instant::now();
+        let span = tracing::info_span!("dedupe.resume", namespace, answer = Empty, error = Empty);
+        let result = self.inner.resume(namespace).instrument(span.clone()).await;
+        measure("resume", started, &result, |_, count| count("ok"));
+        finish(&span, result, |changed| {
+            format!("resumed, changed={changed}")
+        })
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        let started = Instant::now();
+        let span = tracing::info_span!("dedupe.paused", namespace, answer = Empty, error = Empty);
+        let result = self.inner.paused(namespace).instrument(span.clone()).await;
+        measure("paused", started, &result, |_, count| count("ok"));
+        finish(&span, result, |paused| format!("paused={paused}"))
     }
 
     fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {

@@ -7,6 +7,10 @@ pub(crate) const CLAIM_ROUNDS: usize = 8;
 /// A fresh claim: the key is absent, or done and past its retention (an
 /// in-flight record past its lease is taken over by [`TAKEOVER`] instead, so
 /// the attempt count carries on).
+/// A namespace's pause marker (I13) written only when it is not there.
+pub(crate) const NO_MARKER: &str = "attribute_not_exists(#pk)";
+/// A pause marker read for its key alone.
+pub(crate) const NO_MARKER_PROJECTION: &str = "#pk";
 pub(crate) const FRESH: &str = "attribute_not_exists(#pk) OR (#st = :done AND #dl <= :now)";
 
 /// A takeover: the record is still exactly the one read (its token and

@@ -32,7 +32,7 @@ use dedupe_core::backend::{
     self, check_ttl, duration_millis, from_millis, to_millis, StoredCounts, StoredRecord,
     StoredTaken,
 };
-use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error};
+use dedupe_core::backend::{accept_columns, check_accept, check_namespace, check_take, cut_error};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, ItemPage, ItemQuery, ItemStatus, Key,
     Lease, RecordState, Result, Retry, Taken,
@@ -40,6 +40,7 @@ use dedupe_core::{
 use futures_util::StreamExt;
 
 use crate::codec::{decode, decode_item, is_inbox_item, n, outcome_value, partition_key, s, Item};
+use crate::error::is_condition_failure;
 use crate::expressions::*;
 use crate::ops::deadline_of;
 use crate::store::{DynamoStore, Written};
@@ -76,6 +77,12 @@ fn waiting(namespace: &str) -> AttributeValue {
 
 fn held(namespace: &str) -> AttributeValue {
     s(&format!("{namespace}|h"))
+}
+
+/// The partition key of the namespace's pause marker (I13): a `|` where a
+/// record's key has its `:`, so no record, index scan or `expire()` meets it.
+fn pause_marker(namespace: &str) -> AttributeValue {
+    s(&format!("{namespace}|paused"))
 }
 
 fn values<const N: usize>(pairs: [(&str, AttributeValue); N]) -> HashMap<String, AttributeValue> {
@@ -277,6 +284,24 @@ impl DynamoStore {
                 Some((dl, item.clone()))
             })
             .collect())
+    }
+
+    /// Whether the namespace's pause marker is there (a strongly consistent
+    /// read).
+    async fn marked(&self, namespace: &str) -> Result<bool> {
+        let out = self
+            .inner
+            .client
+            .get_item()
+            .table_name(&self.inner.table)
+            .key(&self.inner.names.partition_key, pause_marker(namespace))
+            .consistent_read(true)
+            .projection_expression(NO_MARKER_PROJECTION)
+            .set_expression_attribute_names(self.names(&[NO_MARKER_PROJECTION]))
+            .send()
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(out.item().is_some_and(|item| !item.is_empty()))
     }
 
     /// The key an index entry points at, in `namespace`.
@@ -537,10 +562,16 @@ impl Inbox for DynamoStore {
         self.bounded(async {
             self.clock_guard(&probe, Some(lease)).await?;
             let now = self.now_ms();
-            let (a, b) = futures_util::try_join!(
+            // The pause marker is read beside the index, strongly consistent:
+            // a take that starts after a pause answered sees it.
+            let (paused, a, b) = futures_util::try_join!(
+                self.marked(namespace),
                 self.due(waiting(namespace), now, max),
                 self.due(held(namespace), now, max)
             )?;
+            if paused {
+                return Ok(Vec::new());
+            }
             // Each candidate with whether the index showed it held past its
             // lease: a takeover.
             let mut candidates: Vec<(i64, Item, bool)> = a
@@ -780,6 +811,57 @@ impl Inbox for DynamoStore {
     /// Four `Select=COUNT` queries of the items index (they read every index
     /// key of the namespace's items) and the first entry of the waiting
     /// partition of the due index.
+    /// A marker item (`<namespace>|paused`) written unless it is there.
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.bounded(async {
+            let marker = HashMap::from([(
+                self.inner.names.partition_key.clone(),
+                pause_marker(namespace),
+            )]);
+            let sent = self
+                .inner
+                .client
+                .put_item()
+                .table_name(&self.inner.table)
+                .set_item(Some(marker))
+                .condition_expression(NO_MARKER)
+                .set_expression_attribute_names(self.names(&[NO_MARKER]))
+                .send()
+                .await;
+            match sent {
+                Ok(_) => Ok(true),
+                Err(e) if is_condition_failure(&e) => Ok(false),
+                Err(e) => Err(self.fail(e)),
+            }
+        })
+        .await
+    }
+
+    /// The marker item deleted; `true` when it was there.
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.bounded(async {
+            let out = self
+                .inner
+                .client
+                .delete_item()
+                .table_name(&self.inner.table)
+                .key(&self.inner.names.partition_key, pause_marker(namespace))
+                .return_values(ReturnValue::AllOld)
+                .send()
+                .await
+                .map_err(|e| self.fail(e))?;
+            Ok(out.attributes().is_some_and(|old| !old.is_empty()))
+        })
+        .await
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.bounded(self.marked(namespace)).await
+    }
+
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
         self.bounded(async {
             let (pending, running, failed, dead) = futures_util::try_join!(

@@ -41,6 +41,19 @@ impl Admin for MySqlStore {
                 )));
             }
         }
+        let paused: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.TABLES
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(format!("{table}_paused"))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(failed)?;
+        if paused == 0 {
+            return Err(missing(format!(
+                "table `{table}` in `{database}` is from before migration 0004_paused"
+            )));
+        }
         Ok(())
     }
 

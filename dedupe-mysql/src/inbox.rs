@@ -1,13 +1,13 @@
-//! The inbox (CONTRACT.md I1 to I12) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I13) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{
-    self, accept_columns, accepted_over, check_accept, check_take, check_ttl, cut_error,
-    duration_millis, new_tokens, one_row_changed, status_code, stored_counts, StoredCounts,
-    StoredItem, StoredTaken,
+    self, accept_columns, accepted_over, check_accept, check_namespace, check_take, check_ttl,
+    cut_error, duration_millis, new_tokens, one_row_changed, status_code, stored_counts,
+    StoredCounts, StoredItem, StoredTaken,
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
@@ -80,6 +80,31 @@ impl Inbox for MySqlStore {
         self.call(async |ops, conn| ops.counts(conn, namespace).await)
             .await
     }
+
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.call(async |ops, conn| ops.changes(conn, &ops.sql.pause, namespace).await)
+            .await
+    }
+
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.call(async |ops, conn| ops.changes(conn, &ops.sql.resume, namespace).await)
+            .await
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.call(async |ops, conn| {
+            let paused: i64 = sqlx::query_scalar(AssertSqlSafe(ops.sql.paused.as_str()))
+                .bind(namespace.as_bytes())
+                .fetch_one(conn)
+                .await
+                .map_err(|e| ops.err(e))?;
+            Ok(paused == 1)
+        })
+        .await
+    }
 }
 
 /// A row of `sql::ITEM` columns, from column `at` on, as an [`Item`] of
@@ -121,7 +146,7 @@ fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::fatal(format!("{what} is not UTF-8"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I12).
+/// The inbox's statements (CONTRACT.md I1 to I13).
 impl Ops<'_> {
     /// The upsert, then the row read back: its token says whether this
     /// accept wrote it.
@@ -218,6 +243,7 @@ impl Ops<'_> {
     ) -> std::result::Result<Vec<Taken>, TxError> {
         let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         let picked = sqlx::query(AssertSqlSafe(self.sql.pick.as_str()))
+            .bind(namespace.as_bytes())
             .bind(namespace.as_bytes())
             .bind(u64::try_from(max).unwrap_or(u64::MAX))
             .fetch_all(&mut *tx)
@@ -399,6 +425,22 @@ impl Ops<'_> {
             .map_err(|e| self.err(e))?
             .rows_affected()
             > 0)
+    }
+
+    /// Runs a pause or resume: `true` when it changed a row.
+    pub(crate) async fn changes(
+        &self,
+        conn: &mut MySqlConnection,
+        statement: &str,
+        namespace: &str,
+    ) -> Result<bool> {
+        Ok(sqlx::query(AssertSqlSafe(statement))
+            .bind(namespace.as_bytes())
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected()
+            == 1)
     }
 
     pub(crate) async fn counts(

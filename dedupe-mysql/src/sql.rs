@@ -36,11 +36,13 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_item_counts.sql"),
+    include_str!("../migrations/0004_paused.sql"),
 ];
 
 /// The column whose absence says each migration after the first has not
 /// run (MySQL's `ALTER TABLE` has no `IF NOT EXISTS`), in the order of
-/// [`MIGRATIONS`] from the second on.
+/// [`MIGRATIONS`] from the second on. The migrations after these create
+/// what is missing only, and run every time.
 pub(crate) const NEWEST_COLUMNS: [(&str, &str); 2] =
     [("due_at", "0002_inbox"), ("takeovers", "0003_item_counts")];
 
@@ -64,6 +66,9 @@ pub(crate) struct Statements {
     pub(crate) give_back: String,
     pub(crate) snooze: String,
     pub(crate) pick: String,
+    pub(crate) pause: String,
+    pub(crate) resume: String,
+    pub(crate) paused: String,
     pub(crate) fail: String,
     pub(crate) list: String,
     pub(crate) replay: String,
@@ -76,6 +81,7 @@ impl Statements {
     pub(crate) fn new(table: &str) -> Result<Self> {
         check_identifier("table", table)?;
         let t = format!("`{table}`");
+        let p = format!("`{table}_paused`");
         let now = NOW_MS;
         // The takeover test, judged on the row as it was: every assignment
         // below reads only `expires_at` and `state`, and those two are
@@ -218,6 +224,7 @@ impl Statements {
                 "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts, first_seen
                  FROM {t} FORCE INDEX (due)
                  WHERE namespace = ? AND due_at <= {now}
+                   AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = ?)
                  ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
             ),
             // An item failed so under this token already (the same fail sent
@@ -255,6 +262,10 @@ impl Statements {
                         MIN(IF(wait = 1, expires_at, NULL))
                  FROM {t} WHERE namespace = ? AND wait IS NOT NULL"
             ),
+            // A pause (I13) is a row; `take`'s pick reads it.
+            pause: format!("INSERT IGNORE INTO {p} (namespace, paused_at) VALUES (?, {now})"),
+            resume: format!("DELETE FROM {p} WHERE namespace = ?"),
+            paused: format!("SELECT EXISTS (SELECT 1 FROM {p} WHERE namespace = ?)"),
         })
     }
 

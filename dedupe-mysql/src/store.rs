@@ -147,7 +147,8 @@ impl MySqlStore {
                 .execute(&self.pool)
                 .await
                 .map_err(map)?;
-            for (migration, (column, _)) in later.iter().zip(crate::sql::NEWEST_COLUMNS) {
+            let (altering, creating) = later.split_at(crate::sql::NEWEST_COLUMNS.len());
+            for (migration, (column, _)) in altering.iter().zip(crate::sql::NEWEST_COLUMNS) {
                 let has: i64 =
                     sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.has_column.as_str()))
                         .bind(column)
@@ -167,6 +168,12 @@ impl MySqlStore {
                         other.map_err(map)?;
                     }
                 }
+            }
+            for migration in creating {
+                sqlx::query(sqlx::AssertSqlSafe(migration.as_str()))
+                    .execute(&self.pool)
+                    .await
+                    .map_err(map)?;
             }
             let packet: u64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS UNSIGNED)")
                 .fetch_one(&self.pool)

@@ -43,6 +43,20 @@ impl Admin for PgStore {
                 )));
             }
         }
+        let paused: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.tables
+                            WHERE table_schema = $1 AND table_name = $2)",
+        )
+        .bind(schema)
+        .bind(format!("{table}_paused"))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(failed)?;
+        if !paused {
+            return Err(missing(format!(
+                "table \"{schema}\".\"{table}\" is from before migration 0004_paused"
+            )));
+        }
         Ok(())
     }
 

@@ -1,12 +1,12 @@
-//! The inbox (CONTRACT.md I1 to I12) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I13) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{
-    self, accept_columns, check_accept, check_take, check_ttl, cut_error, one_row_changed,
-    status_code, stored_counts, StoredCounts, StoredItem, StoredTaken,
+    self, accept_columns, check_accept, check_namespace, check_take, check_ttl, cut_error,
+    one_row_changed, status_code, stored_counts, StoredCounts, StoredItem, StoredTaken,
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
@@ -16,7 +16,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use crate::ops::Ops;
-use crate::sql::text;
+use crate::sql::{text, Sql};
 use crate::store::PgStore;
 
 /// The inbox in the records table (migration 0002): an item is a row with a
@@ -80,6 +80,30 @@ impl Inbox for PgStore {
         self.call(async |ops, conn| ops.counts(conn, namespace).await)
             .await
     }
+
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.call(async |ops, conn| ops.changes(conn, &ops.sql.pause, namespace).await)
+            .await
+    }
+
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.call(async |ops, conn| ops.changes(conn, &ops.sql.resume, namespace).await)
+            .await
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        self.call(async |ops, conn| {
+            sqlx::query_scalar(text(&ops.sql.paused))
+                .bind(namespace)
+                .fetch_one(conn)
+                .await
+                .map_err(|e| ops.err(e))
+        })
+        .await
+    }
 }
 
 /// An item row (`sql::Statements::select_item`, `list`) as an [`Item`].
@@ -126,7 +150,7 @@ fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
         .ok_or_else(|| Error::fatal(format!("an inbox row of another namespace: {joined}"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I12), one statement each.
+/// The inbox's statements (CONTRACT.md I1 to I13), one statement each.
 impl Ops<'_> {
     pub(crate) async fn accept(
         &self,
@@ -283,6 +307,22 @@ impl Ops<'_> {
         let next = (items.len() > query.limit).then(|| items[query.limit - 1].key.id().to_string());
         items.truncate(query.limit);
         Ok(ItemPage::new(items, next))
+    }
+
+    /// Runs a pause or resume: `true` when it changed a row.
+    pub(crate) async fn changes(
+        &self,
+        conn: &mut PgConnection,
+        statement: &Sql,
+        namespace: &str,
+    ) -> Result<bool> {
+        Ok(sqlx::query(text(statement))
+            .bind(namespace)
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected()
+            == 1)
     }
 
     pub(crate) async fn replay(&self, conn: &mut PgConnection, key: &Key) -> Result<bool> {

@@ -80,6 +80,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_item_counts.sql"),
+    include_str!("../migrations/0004_paused.sql"),
 ];
 
 /// Rows deleted per `expire()` statement, at most.
@@ -134,6 +135,9 @@ pub(crate) struct Statements {
     pub(crate) list: Sql,
     pub(crate) replay: Sql,
     pub(crate) counts: Sql,
+    pub(crate) pause: Sql,
+    pub(crate) resume: Sql,
+    pub(crate) paused: Sql,
 }
 
 impl Statements {
@@ -141,6 +145,7 @@ impl Statements {
         check_identifier("schema", schema)?;
         check_identifier("table", table)?;
         let t = format!("\"{schema}\".\"{table}\"");
+        let p = format!("\"{schema}\".\"{table}_paused\"");
         let cols = columns("");
         let kcols = "key";
         let bound = BOUND;
@@ -382,6 +387,7 @@ impl Statements {
                 "WITH picked AS (
                     SELECT key, due_at FROM {t}
                     WHERE split_part(key, ':', 1) = $1::text AND due_at <= now()
+                      AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = $1::text)
                     ORDER BY due_at
                     LIMIT $2 FOR UPDATE SKIP LOCKED
                  ), taken AS (
@@ -454,6 +460,13 @@ impl Statements {
                 expires = ms("expires_at")
             )
             .into(),
+            // A pause (I13) is a row; `take`'s pick reads it.
+            pause: format!(
+                "INSERT INTO {p} (namespace) VALUES ($1::text) ON CONFLICT (namespace) DO NOTHING"
+            )
+            .into(),
+            resume: format!("DELETE FROM {p} WHERE namespace = $1::text").into(),
+            paused: format!("SELECT EXISTS (SELECT 1 FROM {p} WHERE namespace = $1::text)").into(),
         })
     }
 }

@@ -605,7 +605,8 @@ async fn migrate_makes_a_table_with_byte_order_keys_and_one_index() {
         "one key column, compared byte by byte"
     );
     let mut indexes: Vec<(String, String)> = sqlx::query_as(
-        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
+        "SELECT indexname::text, indexdef FROM pg_indexes
+         WHERE schemaname = $1 AND tablename = 'dedupe_records' ORDER BY 1",
     )
     .bind(&schema)
     .fetch_all(store.pool())

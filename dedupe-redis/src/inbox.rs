@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, StoredTaken};
-use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error, StoredCounts};
+use dedupe_core::backend::{
+    accept_columns, check_accept, check_namespace, check_take, cut_error, StoredCounts,
+};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key,
     Lease, Result, Retry, Taken,
@@ -65,6 +67,40 @@ impl RedisStore {
         }
         invocation.arg(key.id());
         Ok(invocation)
+    }
+
+    /// The namespace's pause key (`<base>|paused`, I13), in its index's
+    /// slot.
+    fn paused_key(&self, namespace: &str) -> Result<String> {
+        self.inbox_keys(namespace)?;
+        Ok(format!("{}|paused", self.namespace_base(namespace)))
+    }
+
+    /// Runs a pause script on the namespace's pause key (a write waits for
+    /// the replicas asked for): its 0 or 1.
+    async fn pause_script(
+        &self,
+        script: &redis::Script,
+        namespace: &str,
+        what: &str,
+        writes: bool,
+    ) -> Result<bool> {
+        check_namespace(namespace)?;
+        let probe = Key::new(namespace, "-")?;
+        let mut invocation = script.prepare_invoke();
+        invocation.key(self.paused_key(namespace)?);
+        let answer = if writes {
+            let (answer, acked) = self.write(invocation, &probe).await?;
+            self.replicated(acked, what, &format!("{what} again"))?;
+            answer
+        } else {
+            self.run(invocation, &probe).await?
+        };
+        match Self::code(answer, &probe, what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Self::unexpected(&probe, what)),
+        }
     }
 
     /// The script's integer answer.
@@ -143,6 +179,7 @@ impl Inbox for RedisStore {
             .key(wait)
             .key(held)
             .key(ids)
+            .key(self.paused_key(namespace)?)
             .arg(self.record_base(namespace))
             .arg(max)
             .arg(duration_millis(lease));
@@ -367,6 +404,21 @@ impl Inbox for RedisStore {
             -1 => Err(Error::corrupt(key, "not a dedupe record")),
             _ => Err(Self::unexpected(key, "replay")),
         }
+    }
+
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        self.pause_script(&SCRIPTS.pause, namespace, "pause", true)
+            .await
+    }
+
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        self.pause_script(&SCRIPTS.resume, namespace, "resume", true)
+            .await
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        self.pause_script(&SCRIPTS.paused, namespace, "paused", false)
+            .await
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {

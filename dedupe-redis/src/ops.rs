@@ -79,7 +79,7 @@ impl RedisStore {
 
     /// The prefix and the namespace (hash-tagged or not): the record keys'
     /// base without its `:`, and the index keys' stem.
-    fn namespace_base(&self, namespace: &str) -> String {
+    pub(crate) fn namespace_base(&self, namespace: &str) -> String {
         if self.hash_tags {
             format!("{}{{{namespace}}}", self.prefix)
         } else {

@@ -409,7 +409,8 @@ iput(ARGV[1], nil, { wait = 1, due = now + tonumber(ARGV[4]), attempts = attempt
 return {1}
 "#;
 
-/// KEYS the index keys {waiting, held, ids}; ARGV the record keys' base
+/// KEYS the index keys {waiting, held, ids} and the namespace's pause key
+/// (`<base>|paused`: a paused namespace hands out nothing, I13); ARGV the record keys' base
 /// (`<prefix><namespace>:`), max, lease ms, then `max` tokens. Leases the
 /// due items, oldest due first: the first `max` (and a few more, so that
 /// items that do not decode cannot hold the queue) of the waiting set due by
@@ -421,6 +422,7 @@ return {1}
 /// per item taken: id, token, deadline, attempt, payload, last error (nil
 /// when none), takeovers, attempt limit (`-` when none).
 const TAKE: &str = r#"
+if redis.call('EXISTS', KEYS[4]) == 1 then return {0} end
 local ks = {KEYS[1], KEYS[2], KEYS[3]}
 local max, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local function due(k)
@@ -597,6 +599,9 @@ pub(crate) struct Scripts {
     pub(crate) list: Script,
     pub(crate) values: Script,
     pub(crate) counts: Script,
+    pub(crate) pause: Script,
+    pub(crate) resume: Script,
+    pub(crate) paused: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -616,4 +621,24 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     list: script(LIST),
     values: script(VALUES),
     counts: script(COUNTS),
+    pause: script(PAUSE),
+    resume: script(RESUME),
+    paused: script(PAUSED),
 });
+
+/// KEYS the namespace's pause key: set (to the time of the pause) unless it
+/// is; 1 when this call set it. No TTL: a pause lasts until a resume.
+const PAUSE: &str = r#"
+if redis.call('SET', KEYS[1], num(now), 'NX') then return 1 end
+return 0
+"#;
+
+/// KEYS the namespace's pause key: removed; 1 when it was there.
+const RESUME: &str = r#"
+return redis.call('DEL', KEYS[1])
+"#;
+
+/// KEYS the namespace's pause key: 1 when it is there.
+const PAUSED: &str = r#"
+return redis.call('EXISTS', KEYS[1])
+"#;

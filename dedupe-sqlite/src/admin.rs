@@ -126,5 +126,18 @@ pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
             )));
         }
     }
+    let paused: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [format!("{table}_paused")],
+            |row| row.get(0),
+        )
+        .map_err(failed)?;
+    if paused == 0 {
+        return Err(missing(format!(
+            "table \"{table}\" in {} is from before migration 0005_paused",
+            path.display()
+        )));
+    }
     Ok(())
 }

@@ -1,12 +1,12 @@
-//! The inbox (CONTRACT.md I1 to I12) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I13) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{
-    self, accept_columns, check_accept, check_take, check_ttl, cut_error, one_row_changed,
-    status_code, stored_counts, StoredCounts, StoredTaken,
+    self, accept_columns, check_accept, check_namespace, check_take, check_ttl, cut_error,
+    one_row_changed, status_code, stored_counts, StoredCounts, StoredTaken,
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
@@ -106,11 +106,65 @@ impl Inbox for SqliteStore {
             .with_conn(move |ops, conn| ops.counts(conn, &namespace))
             .await
     }
+
+    async fn pause(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        let namespace = namespace.to_string();
+        self.conns()
+            .write(1, move |ops, conn| ops.set_paused(conn, &namespace, true))
+            .await
+    }
+
+    async fn resume(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        let namespace = namespace.to_string();
+        let resumed = self
+            .conns()
+            .write(1, move |ops, conn| ops.set_paused(conn, &namespace, false))
+            .await?;
+        if resumed {
+            // Its waiting items are takeable again: the workers here look now.
+            self.accepted().notify_waiters();
+        }
+        Ok(resumed)
+    }
+
+    async fn paused(&self, namespace: &str) -> Result<bool> {
+        check_namespace(namespace)?;
+        let namespace = namespace.to_string();
+        self.conns()
+            .with_conn(move |ops, conn| {
+                conn.prepare_cached(&ops.sql.paused)
+                    .and_then(|mut stmt| {
+                        stmt.query_row(named_params! {":ns": namespace}, |row| row.get(0))
+                    })
+                    .map_err(|e| ops.err(e))
+            })
+            .await
+    }
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I12), each one statement on the
+/// The inbox's statements (CONTRACT.md I1 to I13), each one statement on the
 /// caller's connection (writes in the writer's transaction).
 impl Ops<'_> {
+    /// Pauses (or resumes) the namespace; `true` when that changed anything.
+    pub(crate) fn set_paused(
+        &self,
+        conn: &Connection,
+        namespace: &str,
+        paused: bool,
+    ) -> Result<bool> {
+        let changed = if paused {
+            conn.prepare_cached(&self.sql.pause).and_then(|mut stmt| {
+                stmt.execute(named_params! {":ns": namespace, ":now": backend::now_millis()})
+            })
+        } else {
+            conn.prepare_cached(&self.sql.resume)
+                .and_then(|mut stmt| stmt.execute(named_params! {":ns": namespace}))
+        };
+        Ok(changed.map_err(|e| self.err(e))? == 1)
+    }
+
     pub(crate) fn accept(
         &self,
         conn: &Connection,

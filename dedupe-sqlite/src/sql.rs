@@ -24,6 +24,11 @@ pub(crate) struct Statements {
     pub(crate) inbox_columns: String,
     /// `migrations/0004_item_counts.sql`, for a table without `takeovers`.
     pub(crate) item_counts: String,
+    /// `migrations/0005_paused.sql`.
+    pub(crate) paused_table: String,
+    pub(crate) pause: String,
+    pub(crate) resume: String,
+    pub(crate) paused: String,
     pub(crate) release_item: String,
     pub(crate) accept: String,
     pub(crate) select_item: String,
@@ -38,11 +43,12 @@ pub(crate) struct Statements {
 
 /// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
 /// order by `migrate()`; `{table}` is the store's table.
-pub(crate) const MIGRATIONS: [&str; 4] = [
+pub(crate) const MIGRATIONS: [&str; 5] = [
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_indexes.sql"),
     include_str!("../migrations/0004_item_counts.sql"),
+    include_str!("../migrations/0005_paused.sql"),
 ];
 
 /// The item columns an inbox read returns, in the order `read_item` expects.
@@ -64,12 +70,14 @@ impl Statements {
     pub(crate) fn new(table: &str) -> Result<Self> {
         check_identifier("table", table)?;
         let t = format!("\"{table}\"");
+        let p = format!("\"{table}_paused\"");
         Ok(Self {
             table: table.to_string(),
             records: MIGRATIONS[0].replace("{table}", table),
             inbox_columns: MIGRATIONS[1].replace("{table}", table),
             indexes: MIGRATIONS[2].replace("{table}", table),
             item_counts: MIGRATIONS[3].replace("{table}", table),
+            paused_table: MIGRATIONS[4].replace("{table}", table),
             columns: format!("SELECT name FROM pragma_table_info('{table}')"),
             // Inserts a fresh record, or takes over one whose deadline has passed, in one
             // statement. A live record is left alone and no row comes back.
@@ -174,11 +182,19 @@ impl Statements {
             ),
             // The oldest due items of a namespace, then each leased with a
             // token of its own, in that order, in one write transaction.
+            // Nothing of a paused namespace (I13).
             take_pick: format!(
                 "SELECT id FROM {t}
                  WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
+                   AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = :ns)
                  ORDER BY expires_at, id LIMIT :max"
             ),
+            pause: format!(
+                "INSERT INTO {p} (namespace, paused_at) VALUES (:ns, :now)
+                 ON CONFLICT (namespace) DO NOTHING"
+            ),
+            resume: format!("DELETE FROM {p} WHERE namespace = :ns"),
+            paused: format!("SELECT EXISTS (SELECT 1 FROM {p} WHERE namespace = :ns)"),
             // A takeover (held, its lease passed) is counted (I10).
             take_one: format!(
                 "UPDATE {t} SET wait = 0, token = :token, expires_at = :until, attempts = attempts + 1,
@@ -251,6 +267,7 @@ mod tests {
         conn.execute_batch(&s.inbox_columns).expect("0002");
         conn.execute_batch(&s.indexes).expect("0003");
         conn.execute_batch(&s.item_counts).expect("0004");
+        conn.execute_batch(&s.paused_table).expect("0005");
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");

@@ -182,6 +182,7 @@ impl SqliteStore {
                 if !columns.iter().any(|c| c == "takeovers") {
                     tx.execute_batch(&ops.sql.item_counts).map_err(map)?;
                 }
+                tx.execute_batch(&ops.sql.paused_table).map_err(map)?;
                 tx.commit().map_err(map)
             })
             .await

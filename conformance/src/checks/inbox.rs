@@ -1,4 +1,4 @@
-//! The inbox rules (CONTRACT.md, I1 to I12), for a store whose fixture offers
+//! The inbox rules (CONTRACT.md, I1 to I13), for a store whose fixture offers
 //! an [`Inbox`](dedupe_core::Inbox); skipped for one that does not.
 
 use dedupe_core::{AcceptOptions, Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
@@ -1329,6 +1329,104 @@ pub async fn inbox_snooze(factory: &dyn StoreFactory) -> CheckResult {
     ensure!(
         after == before,
         "a snooze of a passed lease changed the item from {before:?} to {after:?}"
+    );
+    Ok(Verdict::Passed)
+}
+
+/// I13: a pause is kept in the store and stops every take of the namespace
+/// (due items, failed ones, one held past its lease) and nothing else:
+/// accepts go on, a running item completes, other namespaces are taken as
+/// before; after a resume the items waiting are taken. Pause and resume
+/// answer whether they changed anything; a namespace no key can have is
+/// refused.
+pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let namespace = "inbox";
+    ensure!(
+        matches!(inbox.pause("no:such").await, Err(Error::InvalidKey(_))),
+        "a pause of a namespace no key can have was not refused as an invalid key"
+    );
+    ensure!(
+        !inbox.paused(namespace).await?,
+        "a namespace nobody paused shows as paused"
+    );
+    let other = Key::new("elsewhere", "other-item")
+        .map_err(|e| Failure::new(format!("test key refused: {e}")))?;
+    let (lapsing, running, waiting) = (
+        item_key("lapsing")?,
+        item_key("running")?,
+        item_key("waiting")?,
+    );
+    inbox.accept(&lapsing, b"lapsing").await?;
+    let short = take_one(&*inbox, SHORT_TTL, "a due item was not taken").await?;
+    inbox.accept(&running, b"running").await?;
+    let long = take_one(&*inbox, LONG_TTL, "a due item was not taken").await?;
+    inbox.accept(&waiting, b"waiting").await?;
+
+    ensure!(
+        inbox.pause(namespace).await?,
+        "a pause of a running namespace answered that it changed nothing"
+    );
+    ensure!(
+        !inbox.pause(namespace).await?,
+        "a pause of a paused namespace answered that it paused it"
+    );
+    ensure!(
+        inbox.paused(namespace).await? && !inbox.paused("elsewhere").await?,
+        "after a pause of {namespace:?} the paused namespaces show wrong"
+    );
+    // Accepts go on, and other namespaces are taken as before.
+    let late = item_key("accepted-while-paused")?;
+    ensure!(
+        inbox.accept(&late, b"late").await? == Accepted::New,
+        "an accept into a paused namespace was not stored"
+    );
+    inbox.accept(&other, b"other").await?;
+    let elsewhere = inbox.take("elsewhere", 10, LONG_TTL).await?;
+    ensure!(
+        elsewhere.len() == 1,
+        "a take of a namespace nobody paused handed out {} items, expected 1",
+        elsewhere.len()
+    );
+    // The item running when the pause came finishes.
+    store.complete(&long.lease, b"done", LONG_TTL).await?;
+    // Nothing is taken while paused: not the waiting items, not the one whose
+    // worker's lease passed.
+    wait_past(short.lease.deadline).await?;
+    for _ in 0..5 {
+        let taken = inbox.take(namespace, 10, LONG_TTL).await?;
+        ensure!(
+            taken.is_empty(),
+            "a take of a paused namespace handed out {:?}",
+            taken.iter().map(|t| t.lease.key.id()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let counts = inbox.counts(namespace).await?;
+    ensure!(
+        counts.pending == 2 && counts.running == 1,
+        "a paused namespace counts {counts:?}, expected 2 pending and the lapsed one running"
+    );
+
+    ensure!(
+        inbox.resume(namespace).await?,
+        "a resume of a paused namespace answered that it changed nothing"
+    );
+    ensure!(
+        !inbox.resume(namespace).await? && !inbox.paused(namespace).await?,
+        "a resume of a running namespace answered that it resumed it, or it still shows paused"
+    );
+    let mut ids: Vec<String> = take_n(&*inbox, 3, LONG_TTL)
+        .await?
+        .iter()
+        .map(|t| t.lease.key.id().to_string())
+        .collect();
+    ids.sort();
+    ensure!(
+        ids == ["accepted-while-paused", "lapsing", "waiting"],
+        "after a resume the takes handed out {ids:?}, expected the three items waiting"
     );
     Ok(Verdict::Passed)
 }

@@ -201,6 +201,13 @@ pub fn accept_columns(options: &AcceptOptions) -> (i64, Option<i64>) {
     )
 }
 
+/// Checks the namespace of a pause, resume or paused as a [`Key`] would:
+/// `InvalidKey` for one no key can have.
+pub fn check_namespace(namespace: &str) -> Result<()> {
+    Key::new(namespace, "-")?;
+    Ok(())
+}
+
 /// Checks a payload against [`MAX_PAYLOAD_BYTES`].
 pub fn check_payload(payload: &[u8]) -> Result<()> {
     if payload.len() > MAX_PAYLOAD_BYTES {
