@@ -202,7 +202,9 @@ fn race_and_conformance_on_mariadb() {
         "{out}"
     );
     if let Some(server) = server {
-        server.sql(&format!("DROP TABLE test.{table}"));
+        server.sql(&format!(
+            "DROP TABLE IF EXISTS test.{table}, test.{table}_paused"
+        ));
         let left = server.sql(
             "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'dedupe_cli_%'",
         );
@@ -452,6 +454,35 @@ fn bench_on_the_default_stores() {
             svg.contains("<svg") && svg.contains("sqlite claim"),
             "{chart}"
         );
+    }
+}
+
+/// The start workload runs real workers on each default store: every item
+/// accepted is started (no errors), one row per store and concurrency, and
+/// no raw side.
+#[test]
+fn bench_start_rows_on_the_default_stores() {
+    let (ok, out) = dedupe(&[
+        "bench",
+        "--workload",
+        "start",
+        "--concurrency",
+        "1,2",
+        "--duration",
+        "400ms",
+        "--warmup",
+        "50ms",
+        "--json",
+    ]);
+    assert!(ok, "{out}");
+    let rows = bench_rows(&out);
+    assert_eq!(rows.len(), 2 * 2, "{out}");
+    for row in &rows {
+        assert_eq!(row["workload"], "start", "{row}");
+        assert!(row["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+        assert!(row["raw_ops_per_sec"].is_null(), "{row}");
+        assert!(row["p99_us"].as_u64().unwrap_or(0) >= row["p50_us"].as_u64().unwrap_or(0));
     }
 }
 

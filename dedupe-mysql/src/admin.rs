@@ -106,8 +106,9 @@ impl Admin for MySqlStore {
 
     async fn remove_namespace(&self) -> Result<()> {
         // The name was checked to be a plain identifier when the store was
-        // built.
-        let statement = format!("DROP TABLE IF EXISTS `{}`", self.table_name());
+        // built. The paused namespaces' table goes with the records'.
+        let table = self.table_name();
+        let statement = format!("DROP TABLE IF EXISTS `{table}`, `{table}_paused`");
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(&self.pool)
             .await

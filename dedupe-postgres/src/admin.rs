@@ -90,7 +90,9 @@ impl Admin for PgStore {
     async fn remove_namespace(&self) -> Result<()> {
         let (schema, table) = (&self.sql.schema, &self.sql.table);
         let statement = if schema == Self::DEFAULT_SCHEMA {
-            format!("DROP TABLE IF EXISTS \"{schema}\".\"{table}\"")
+            format!(
+                "DROP TABLE IF EXISTS \"{schema}\".\"{table}\", \"{schema}\".\"{table}_paused\""
+            )
         } else {
             format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")
         };

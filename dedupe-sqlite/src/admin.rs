@@ -83,7 +83,9 @@ impl Admin for SqliteStore {
         let path = self.path().to_path_buf();
         tokio::task::spawn_blocking(move || {
             let conn = rusqlite::Connection::open(path)?;
-            conn.execute_batch(&format!("DROP TABLE IF EXISTS \"{table}\""))
+            conn.execute_batch(&format!(
+                "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{table}_paused\";"
+            ))
         })
         .await
         .map_err(|e| Error::fatal("dropping the table", Some(Box::new(e) as _)))?

@@ -13,7 +13,10 @@ pub struct BenchArgs {
     /// (claim then complete), batch (claim_many of --batch new keys), mixed
     /// (cycle on keys that repeat with --dup-ratio), accept (inbox accepts of
     /// new keys), work (inbox take-and-complete of --inbox-items accepted
-    /// first), inbox (accept then work).
+    /// first), start (accept-to-start latency of an idle inbox: items
+    /// accepted one at a time while that many InboxWorkers with the default
+    /// settings wait; give it a --duration of 10s or more for a p99), inbox
+    /// (accept, work, start).
     #[arg(
         long,
         value_delimiter = ',',
@@ -92,6 +95,8 @@ pub enum Workload {
     Accept,
     /// Inbox take-and-complete, one item a take.
     Work,
+    /// Accept-to-start latency of an idle inbox's workers.
+    Start,
     /// `accept` then `work` (expanded before the run).
     Inbox,
 }
@@ -106,6 +111,7 @@ impl Workload {
             Workload::Mixed => "mixed",
             Workload::Accept => "accept",
             Workload::Work => "work",
+            Workload::Start => "start",
             Workload::Inbox => "inbox",
         }
     }

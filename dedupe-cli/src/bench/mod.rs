@@ -14,6 +14,7 @@ mod load;
 mod raw;
 mod report;
 mod run;
+mod start;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -135,6 +136,39 @@ async fn measure_store(
                 opener.url().scheme(),
                 workload.name()
             ));
+            if workload == Workload::Start {
+                // Workers and a producer, no raw side (see `start.rs`).
+                let mut reps = Vec::new();
+                for rep in 0..args.repeat {
+                    let label = format!("w{w}c{c}r{rep}");
+                    let (measured, elapsed) = start::measure(
+                        opener,
+                        concurrency,
+                        &label,
+                        args.warmup_limits(),
+                        args.limits(),
+                    )
+                    .await?;
+                    if let Some(e) = &measured.first_error {
+                        eprintln!("{shown} start: {} errors, the first: {e}", measured.errors);
+                    }
+                    reps.push((measured, elapsed));
+                }
+                if let Some(s) = median(reps) {
+                    let mut row = Row::new(
+                        &shown,
+                        opener.url().scheme(),
+                        workload,
+                        concurrency,
+                        &s,
+                        None,
+                    );
+                    row.stored_keys = args.prefill;
+                    rows.push(row);
+                }
+                progress.inc(1);
+                continue;
+            }
             let mut reps: [Vec<(Measured, Duration)>; 2] = [Vec::new(), Vec::new()];
             for rep in 0..args.repeat {
                 // Store first in even repetitions, raw first in odd ones, so
@@ -242,12 +276,12 @@ async fn measure_store(
 }
 
 pub async fn bench(mut args: BenchArgs) -> Result<bool, Error> {
-    // `inbox` is `accept` then `work`.
+    // `inbox` is `accept`, `work` and `start`.
     args.workload = args
         .workload
         .iter()
         .flat_map(|w| match w {
-            Workload::Inbox => vec![Workload::Accept, Workload::Work],
+            Workload::Inbox => vec![Workload::Accept, Workload::Work, Workload::Start],
             other => vec![*other],
         })
         .collect();

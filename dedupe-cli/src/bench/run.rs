@@ -50,7 +50,11 @@ impl KeyStream {
                 };
                 vec![format!("{}-{n}", self.label)]
             }
-            Workload::Claim | Workload::Cycle | Workload::Accept | Workload::Inbox => {
+            Workload::Claim
+            | Workload::Cycle
+            | Workload::Accept
+            | Workload::Inbox
+            | Workload::Start => {
                 vec![format!("{}-{i}", self.label)]
             }
             // A take chooses its item.
