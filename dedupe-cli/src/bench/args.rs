@@ -15,7 +15,8 @@ pub struct BenchArgs {
     /// new keys), work (inbox take-and-complete of --inbox-items accepted
     /// first), start (accept-to-start latency of an idle inbox: items
     /// accepted one at a time while that many InboxWorkers with the default
-    /// settings wait; give it a --duration of 10s or more for a p99), inbox
+    /// settings wait, 0 to 300 ms apart; give it a --duration of 30s for a
+    /// p99), inbox
     /// (accept, work, start).
     #[arg(
         long,
