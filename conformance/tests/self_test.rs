@@ -616,7 +616,7 @@ impl Inbox for Broken {
     }
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
-        if self.flaw == Flaw::PauseEveryNamespace && !self.paused_beside().is_empty() {
+        if self.flaw == Flaw::PauseEveryNamespace && !self.paused_set().is_empty() {
             return Ok(Vec::new());
         }
         if self.flaw == Flaw::PauseTakesOverLapsed && self.inner.paused(namespace).await? {
@@ -910,10 +910,6 @@ impl Inbox for Broken {
 impl Broken {
     fn paused_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.paused.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn paused_beside(&self) -> HashSet<String> {
-        self.paused_set().clone()
     }
 }
 

@@ -40,7 +40,6 @@ use dedupe_core::{
 use futures_util::StreamExt;
 
 use crate::codec::{decode, decode_item, is_inbox_item, n, outcome_value, partition_key, s, Item};
-use crate::error::is_condition_failure;
 use crate::expressions::*;
 use crate::ops::deadline_of;
 use crate::store::{DynamoStore, Written};
@@ -819,21 +818,8 @@ impl Inbox for DynamoStore {
                 self.inner.names.partition_key.clone(),
                 pause_marker(namespace),
             )]);
-            let sent = self
-                .inner
-                .client
-                .put_item()
-                .table_name(&self.inner.table)
-                .set_item(Some(marker))
-                .condition_expression(NO_MARKER)
-                .set_expression_attribute_names(self.names(&[NO_MARKER]))
-                .send()
-                .await;
-            match sent {
-                Ok(_) => Ok(true),
-                Err(e) if is_condition_failure(&e) => Ok(false),
-                Err(e) => Err(self.fail(e)),
-            }
+            let written = self.put(marker, NO_MARKER, HashMap::new()).await?;
+            Ok(matches!(written, Written::Won))
         })
         .await
     }

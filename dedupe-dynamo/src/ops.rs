@@ -189,7 +189,8 @@ impl DynamoStore {
             .set_item(Some(item))
             .condition_expression(condition)
             .set_expression_attribute_names(self.names(&[condition]))
-            .set_expression_attribute_values(Some(values))
+            // DynamoDB refuses an empty map: a condition on names alone sends none.
+            .set_expression_attribute_values((!values.is_empty()).then_some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;

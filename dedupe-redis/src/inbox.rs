@@ -19,9 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, StoredTaken};
-use dedupe_core::backend::{
-    accept_columns, check_accept, check_namespace, check_take, cut_error, StoredCounts,
-};
+use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error, StoredCounts};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key,
     Lease, Result, Retry, Taken,
@@ -85,7 +83,7 @@ impl RedisStore {
         what: &str,
         writes: bool,
     ) -> Result<bool> {
-        check_namespace(namespace)?;
+        // The namespace checked as a key's would be.
         let probe = Key::new(namespace, "-")?;
         let mut invocation = script.prepare_invoke();
         invocation.key(self.paused_key(namespace)?);

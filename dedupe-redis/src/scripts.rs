@@ -118,6 +118,22 @@ local function iput(id, old, new)
   if new then redis.call('SET', KEYS[1], iencode(new)) else redis.call('DEL', KEYS[1]) end
   reindex({KEYS[2], KEYS[3], KEYS[4]}, id, old, new)
 end
+-- The inbox item `v` (a record key's value) as a call under token `tk`
+-- finds it: the decoded item when it carries that token, else nil and the
+-- call's answer: `0` none or another's, `-1` corrupt, `-2` a claim's lease.
+local function leased_item(v, tk)
+  if not v then return nil, 0 end
+  if not is_item(v) then
+    local d = decode(v)
+    if not d then return nil, -1 end
+    if d.state == '0' and d.token == tk and d.expires > now then return nil, -2 end
+    return nil, 0
+  end
+  local r = idecode(v)
+  if not r then return nil, -1 end
+  if r.token ~= tk then return nil, 0 end
+  return r, 1
+end
 "#;
 
 /// For the claim scripts: the answer code of a live record `v` met by a claim
@@ -474,17 +490,8 @@ return out
 /// fail sent again), `0` lease lost, `-1` corrupt, `-2` the lease is a
 /// claim's, not an item's.
 const FAIL: &str = r#"
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-if not is_item(v) then
-  local d = decode(v)
-  if not d then return -1 end
-  if d.state == '0' and d.token == ARGV[2] and d.expires > now then return -2 end
-  return 0
-end
-local r = idecode(v)
-if not r then return -1 end
-if r.token ~= ARGV[2] then return 0 end
+local r, code = leased_item(redis.call('GET', KEYS[1]), ARGV[2])
+if not r then return code end
 if r.wait ~= 0 then
   if r.err == ARGV[3] and ((ARGV[4] == '') == (r.wait == 2)) then return 1 end
   return 0
@@ -504,17 +511,8 @@ return 1
 /// again, left as it is); `0` lease lost, `-1` corrupt, `-2` the lease is a
 /// claim's, not an item's.
 const SNOOZE: &str = r#"
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-if not is_item(v) then
-  local d = decode(v)
-  if not d then return -1 end
-  if d.state == '0' and d.token == ARGV[2] and d.expires > now then return -2 end
-  return 0
-end
-local r = idecode(v)
-if not r then return -1 end
-if r.token ~= ARGV[2] then return 0 end
+local r, code = leased_item(redis.call('GET', KEYS[1]), ARGV[2])
+if not r then return code end
 if r.wait == 1 then return 1 end
 if r.wait ~= 0 or r.due <= now then return 0 end
 local new = icopy(r)

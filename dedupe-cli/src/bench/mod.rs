@@ -116,6 +116,69 @@ fn median(mut reps: Vec<(Measured, Duration)>) -> Option<(Measured, Duration)> {
     Some((chosen, elapsed))
 }
 
+/// One run of a row on `concurrency` handles of the store (or of its raw
+/// driver): a warm-up on keys of its own, the work row's items accepted
+/// uncounted, then the measured run on the same handles.
+async fn handles_row(
+    opener: &Opener,
+    raw: Option<&RawStore>,
+    args: &BenchArgs,
+    workload: Workload,
+    concurrency: usize,
+    label: &dyn Fn(&str) -> String,
+) -> Result<(Measured, Duration), Error> {
+    let stream = |phase: &str| {
+        Arc::new(KeyStream {
+            label: label(phase),
+            done_keys: args.done_keys,
+            batch: args.batch,
+            next: AtomicU64::new(0),
+            workload,
+            dup_ratio: args.dup_ratio,
+        })
+    };
+    let inbox = matches!(workload, Workload::Accept | Workload::Work);
+    let mut sides = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        sides.push(match raw {
+            Some(raw) => Side::Raw(raw.handle(opener).await?),
+            None if inbox => Side::Inbox(inbox_handle(opener).await?),
+            None => Side::Store(store_handle(opener).await?),
+        });
+    }
+    // The warm-up runs on keys of its own, then the same handles measure.
+    let (_, _, sides) = run_row(sides, stream("warm"), args.warmup_limits(), None).await;
+    let mut sides = sides;
+    if workload == Workload::Work {
+        // The items the row works through, accepted uncounted
+        // on the same handles, after the warm-up (which takes
+        // what earlier rows left).
+        let fill = Arc::new(KeyStream {
+            label: label("items"),
+            done_keys: 0,
+            batch: 1,
+            next: AtomicU64::new(0),
+            workload: Workload::Accept,
+            dup_ratio: 0.0,
+        });
+        let limits = Limits {
+            period: Duration::from_secs(3600),
+            ops: Some(args.inbox_items),
+        };
+        let (filled, _, back) = run_row(sides, fill, limits, None).await;
+        if let Some(e) = filled.first_error {
+            return Err(Error::retryable(
+                format!("accepting the work row's items: {e}"),
+                None,
+            ));
+        }
+        sides = back;
+    }
+
+    let (measured, elapsed, _) = run_row(sides, stream(""), args.limits(), None).await;
+    Ok((measured, elapsed))
+}
+
 async fn measure_store(
     opener: &Opener,
     raw: Option<&RawStore>,
@@ -136,39 +199,6 @@ async fn measure_store(
                 opener.url().scheme(),
                 workload.name()
             ));
-            if workload == Workload::Start {
-                // Workers and a producer, no raw side (see `start.rs`).
-                let mut reps = Vec::new();
-                for rep in 0..args.repeat {
-                    let label = format!("w{w}c{c}r{rep}");
-                    let (measured, elapsed) = start::measure(
-                        opener,
-                        concurrency,
-                        &label,
-                        args.warmup_limits(),
-                        args.limits(),
-                    )
-                    .await?;
-                    if let Some(e) = &measured.first_error {
-                        eprintln!("{shown} start: {} errors, the first: {e}", measured.errors);
-                    }
-                    reps.push((measured, elapsed));
-                }
-                if let Some(s) = median(reps) {
-                    let mut row = Row::new(
-                        &shown,
-                        opener.url().scheme(),
-                        workload,
-                        concurrency,
-                        &s,
-                        None,
-                    );
-                    row.stored_keys = args.prefill;
-                    rows.push(row);
-                }
-                progress.inc(1);
-                continue;
-            }
             let mut reps: [Vec<(Measured, Duration)>; 2] = [Vec::new(), Vec::new()];
             for rep in 0..args.repeat {
                 // Store first in even repetitions, raw first in odd ones, so
@@ -178,6 +208,9 @@ async fn measure_store(
                     // 0 is the store, 1 its raw driver, when it has one.
                     let raw = match (m, raw) {
                         (0, _) => None,
+                        // No single statement does what a worker's wake-up
+                        // does: the start workload has no raw side.
+                        (_, Some(_)) if workload == Workload::Start => continue,
                         (_, Some(raw)) => Some(raw),
                         (_, None) => continue,
                     };
@@ -189,57 +222,18 @@ async fn measure_store(
                             format!("w{w}c{c}m{m}r{rep}{phase}")
                         }
                     };
-                    let stream = |phase: &str| {
-                        Arc::new(KeyStream {
-                            label: label(phase),
-                            done_keys: args.done_keys,
-                            batch: args.batch,
-                            next: AtomicU64::new(0),
-                            workload,
-                            dup_ratio: args.dup_ratio,
-                        })
+                    let (measured, elapsed) = if workload == Workload::Start {
+                        start::measure(
+                            opener,
+                            concurrency,
+                            &label(""),
+                            args.warmup_limits(),
+                            args.limits(),
+                        )
+                        .await?
+                    } else {
+                        handles_row(opener, raw, args, workload, concurrency, &label).await?
                     };
-                    let inbox = matches!(workload, Workload::Accept | Workload::Work);
-                    let mut sides = Vec::with_capacity(concurrency);
-                    for _ in 0..concurrency {
-                        sides.push(match raw {
-                            Some(raw) => Side::Raw(raw.handle(opener).await?),
-                            None if inbox => Side::Inbox(inbox_handle(opener).await?),
-                            None => Side::Store(store_handle(opener).await?),
-                        });
-                    }
-                    // The warm-up runs on keys of its own, then the same handles measure.
-                    let (_, _, sides) =
-                        run_row(sides, stream("warm"), args.warmup_limits(), None).await;
-                    let mut sides = sides;
-                    if workload == Workload::Work {
-                        // The items the row works through, accepted uncounted
-                        // on the same handles, after the warm-up (which takes
-                        // what earlier rows left).
-                        let fill = Arc::new(KeyStream {
-                            label: label("items"),
-                            done_keys: 0,
-                            batch: 1,
-                            next: AtomicU64::new(0),
-                            workload: Workload::Accept,
-                            dup_ratio: 0.0,
-                        });
-                        let limits = Limits {
-                            period: Duration::from_secs(3600),
-                            ops: Some(args.inbox_items),
-                        };
-                        let (filled, _, back) = run_row(sides, fill, limits, None).await;
-                        if let Some(e) = filled.first_error {
-                            return Err(Error::retryable(
-                                format!("accepting the work row's items: {e}"),
-                                None,
-                            ));
-                        }
-                        sides = back;
-                    }
-
-                    let (measured, elapsed, _) =
-                        run_row(sides, stream(""), args.limits(), None).await;
                     doubles.extend(judge(&measured, workload, &format!("{shown} {mode}")));
                     if let Some(e) = &measured.first_error {
                         eprintln!(
