@@ -1258,6 +1258,15 @@ pub async fn inbox_snooze(factory: &dyn StoreFactory) -> CheckResult {
         ),
         "a snooze of no delay was not refused as a bad configuration"
     );
+    ensure!(
+        matches!(
+            inbox
+                .snooze(&taken.lease, dedupe_core::MAX_TTL + Duration::from_secs(1))
+                .await,
+            Err(Error::InvalidConfig { .. })
+        ),
+        "a snooze past the longest TTL was not refused as a bad configuration"
+    );
     let delay = Duration::from_millis(600);
     inbox.snooze(&taken.lease, delay).await?;
     let elapsed = before.elapsed();
@@ -1352,7 +1361,9 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
         !inbox.paused(namespace).await?,
         "a namespace nobody paused shows as paused"
     );
-    let other = Key::new("elsewhere", "other-item")
+    // A namespace the paused one is a prefix of: a pause matched by prefix
+    // stops it too.
+    let other = Key::new("inbox2", "other-item")
         .map_err(|e| Failure::new(format!("test key refused: {e}")))?;
     let (lapsing, running, waiting) = (
         item_key("lapsing")?,
@@ -1364,6 +1375,12 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
     inbox.accept(&running, b"running").await?;
     let long = take_one(&*inbox, LONG_TTL, "a due item was not taken").await?;
     inbox.accept(&waiting, b"waiting").await?;
+    let failing = item_key("failing")?;
+    inbox.accept(&failing, b"failing").await?;
+    let failed = take_one(&*inbox, LONG_TTL, "a due item was not taken").await?;
+    inbox
+        .fail(&failed.lease, "once", Retry::After(dedupe_core::MIN_TTL))
+        .await?;
 
     ensure!(
         inbox.pause(namespace).await?,
@@ -1374,8 +1391,15 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
         "a pause of a paused namespace answered that it paused it"
     );
     ensure!(
-        inbox.paused(namespace).await? && !inbox.paused("elsewhere").await?,
+        inbox.paused(namespace).await? && !inbox.paused("inbox2").await?,
         "after a pause of {namespace:?} the paused namespaces show wrong"
+    );
+    // At once: the first take after the pause answered hands out nothing.
+    let first = inbox.take(namespace, 10, LONG_TTL).await?;
+    ensure!(
+        first.is_empty(),
+        "the first take after a pause handed out {:?}",
+        first.iter().map(|t| t.lease.key.id()).collect::<Vec<_>>()
     );
     // Accepts go on, and other namespaces are taken as before.
     let late = item_key("accepted-while-paused")?;
@@ -1384,7 +1408,7 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
         "an accept into a paused namespace was not stored"
     );
     inbox.accept(&other, b"other").await?;
-    let elsewhere = inbox.take("elsewhere", 10, LONG_TTL).await?;
+    let elsewhere = inbox.take("inbox2", 10, LONG_TTL).await?;
     ensure!(
         elsewhere.len() == 1,
         "a take of a namespace nobody paused handed out {} items, expected 1",
@@ -1406,9 +1430,15 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
     }
     let counts = inbox.counts(namespace).await?;
     ensure!(
-        counts.pending == 2 && counts.running == 1,
-        "a paused namespace counts {counts:?}, expected 2 pending and the lapsed one running"
+        counts.pending == 2 && counts.failed == 1 && counts.running == 1,
+        "a paused namespace counts {counts:?}, expected 2 pending, 1 failed and the lapsed one \
+         running"
     );
+    // A resume is of its own namespace only.
+    let second = Key::new("inbox2", "second-item")
+        .map_err(|e| Failure::new(format!("test key refused: {e}")))?;
+    inbox.accept(&second, b"second").await?;
+    inbox.pause("inbox2").await?;
 
     ensure!(
         inbox.resume(namespace).await?,
@@ -1418,15 +1448,25 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
         !inbox.resume(namespace).await? && !inbox.paused(namespace).await?,
         "a resume of a running namespace answered that it resumed it, or it still shows paused"
     );
-    let mut ids: Vec<String> = take_n(&*inbox, 3, LONG_TTL)
-        .await?
-        .iter()
-        .map(|t| t.lease.key.id().to_string())
-        .collect();
+    let taken = take_n(&*inbox, 4, LONG_TTL).await?;
+    let mut ids: Vec<String> = taken.iter().map(|t| t.lease.key.id().to_string()).collect();
     ids.sort();
     ensure!(
-        ids == ["accepted-while-paused", "lapsing", "waiting"],
-        "after a resume the takes handed out {ids:?}, expected the three items waiting"
+        ids == ["accepted-while-paused", "failing", "lapsing", "waiting"],
+        "after a resume the takes handed out {ids:?}, expected the four items waiting"
+    );
+    // The lapsed lease is taken over as it would have been unpaused (I10).
+    ensure!(
+        taken
+            .iter()
+            .any(|t| t.lease.key.id() == "lapsing" && t.takeovers == 1),
+        "the item whose lease passed during the pause was not counted as a takeover after \
+         the resume"
+    );
+    let still = inbox.take("inbox2", 10, LONG_TTL).await?;
+    ensure!(
+        still.is_empty() && inbox.paused("inbox2").await?,
+        "a resume of {namespace:?} resumed \"inbox2\" too"
     );
     Ok(Verdict::Passed)
 }
