@@ -84,8 +84,8 @@ enum Flaw {
     StaleCompletes,
     /// A done record is forgotten: its next claim wins it afresh.
     ForgetsDone,
-    /// About a third of `complete` calls answer `LeaseLost` without trying (a transport
-    /// error reported as a lost lease).
+    /// About a third of `complete` calls made well inside their lease answer
+    /// `LeaseLost` without trying (a transport error reported as a lost lease).
     GuessesLeaseLost,
 }
 
@@ -118,8 +118,13 @@ impl DedupeStore for Broken {
         })
     }
     async fn complete(&self, lease: &Lease, outcome: &[u8], retention: Duration) -> Result<()> {
+        // Guessed only well inside the lease (20 ms of its 30 left), so each
+        // guess is a lie the checker must see even on a loaded machine, where
+        // a guess made near the deadline could be the truth by the time it
+        // is judged (a gate run once drew no guess it could tell apart).
         if matches!(self.1, Flaw::GuessesLeaseLost)
             && lease.token.as_str().ends_with(['0', '1', '2', '3', '4'])
+            && lease.deadline > std::time::SystemTime::now() + Duration::from_millis(20)
         {
             return Err(Error::lease_lost(&lease.key));
         }
