@@ -8,6 +8,7 @@ use crate::claim::Lease;
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::store::DedupeStore;
+use crate::wake::Wake;
 
 /// Largest payload [`Inbox::accept`] keeps (the raw body and whatever
 /// headers the handler needs, encoded by the caller).
@@ -494,13 +495,16 @@ pub trait Inbox: DedupeStore {
     /// Whether the namespace is paused.
     async fn paused(&self, namespace: &str) -> Result<bool>;
 
-    /// Raised (`notify_waiters`) each time this handle or a clone of it
-    /// accepts an item, so that a worker in the same process takes it at
-    /// once rather than at its next poll. `None` (the default): workers
-    /// only poll. A wake-up is a hint: one that is missed delays an item by
-    /// at most the worker's poll interval, and loses nothing.
-    fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
-        None
+    /// How the idle workers of `namespace` are woken when work becomes due
+    /// there ([`Wake`]): a signal raised by this handle's changes, one the
+    /// store pushes from every process, or none (the default: workers only
+    /// poll). A worker asks once, before its first take; on a store that
+    /// pushes, the subscription is in place when this answers, so a change
+    /// committed afterwards is signalled unless the connection carrying it
+    /// drops (and a signal missed so costs at most the worker's poll).
+    async fn wake(&self, namespace: &str) -> Result<Wake> {
+        let _ = namespace;
+        Ok(Wake::poll())
     }
 }
 
@@ -550,8 +554,8 @@ macro_rules! forward_inbox {
             async fn paused(&self, namespace: &str) -> Result<bool> {
                 (**self).paused(namespace).await
             }
-            fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
-                (**self).accepted_signal()
+            async fn wake(&self, namespace: &str) -> Result<Wake> {
+                (**self).wake(namespace).await
             }
         }
     )*};

@@ -2,12 +2,13 @@
 //! each item's lease with a heartbeat, complete it or fail it with a backoff,
 //! dead after the last attempt.
 
+use std::collections::BTreeSet;
 use std::fmt::Display;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::claim::Lease;
@@ -15,6 +16,7 @@ use crate::deduper::Deduper;
 use crate::error::{Error, Result};
 use crate::inbox::{Inbox, Retry, Taken, MAX_TAKE};
 use crate::store::DedupeStore;
+use crate::wake::Wake;
 use crate::work::{Drained, Settle};
 
 /// The retry delays of failed items: `first`, doubling per attempt, at most
@@ -71,6 +73,63 @@ fn draw() -> f64 {
 /// (bench/README.md).
 fn poll_wait(poll: Duration) -> Duration {
     poll / 2 + poll.mul_f64(draw() / 2.0)
+}
+
+/// The poll interval of a worker whose store wakes it only for changes made
+/// in this process, or not at all.
+const DEFAULT_POLL: Duration = Duration::from_millis(250);
+
+/// The poll interval of a worker whose store pushes every process's changes
+/// ([`Wake::everywhere`]): the poll only finds what no signal announces (a
+/// signal lost with its connection, an item whose lease passed, an item due
+/// later that another process scheduled), so it can be rare.
+const DEFAULT_PUSHED_POLL: Duration = Duration::from_secs(2);
+
+/// How many times longer than its interval an idle worker on a store with
+/// [`Wake::idle_backoff`] waits at most.
+const MAX_IDLE_BACKOFF: u32 = 8;
+
+/// How many due times of its own retries and snoozes a worker remembers.
+const MAX_SCHEDULED: usize = 256;
+
+/// The due times of the items this worker (and its clones) failed or
+/// snoozed, so that an idle worker looks again when the soonest is due
+/// rather than at its next poll. Bounded: past [`MAX_SCHEDULED`], the
+/// latest are forgotten and found by the poll.
+#[derive(Debug, Default)]
+struct Scheduled {
+    due: Mutex<BTreeSet<Instant>>,
+    /// Raised when a due time sooner than every other is added.
+    sooner: Notify,
+}
+
+impl Scheduled {
+    fn add(&self, delay: Duration) {
+        let at = Instant::now() + delay;
+        let sooner = {
+            let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+            let sooner = due.first().is_none_or(|first| at < *first);
+            due.insert(at);
+            if due.len() > MAX_SCHEDULED {
+                due.pop_last();
+            }
+            sooner
+        };
+        if sooner {
+            self.sooner.notify_waiters();
+        }
+    }
+
+    /// How long until the soonest due time still ahead (those passed are
+    /// dropped: the take that follows this wait looks for them).
+    fn next(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let mut due = self.due.lock().unwrap_or_else(PoisonError::into_inner);
+        while due.first().is_some_and(|first| *first <= now) {
+            due.pop_first();
+        }
+        due.first().map(|first| *first - now)
+    }
 }
 
 /// Runs a handler over the due items of one namespace of an [`Inbox`], in
@@ -139,7 +198,10 @@ pub struct InboxWorker {
     max_snooze: Duration,
     backoff: Backoff,
     concurrency: usize,
-    poll: Duration,
+    /// Set by [`with_poll_interval`](Self::with_poll_interval); otherwise
+    /// chosen by how the store wakes workers.
+    poll: Option<Duration>,
+    scheduled: Arc<Scheduled>,
     stop: CancellationToken,
 }
 
@@ -174,7 +236,8 @@ impl InboxWorker {
             max_snooze: Self::DEFAULT_MAX_SNOOZE,
             backoff: Backoff::default(),
             concurrency: Self::DEFAULT_CONCURRENCY,
-            poll: Duration::from_millis(250),
+            poll: None,
+            scheduled: Arc::default(),
             stop: CancellationToken::new(),
         }
     }
@@ -222,10 +285,16 @@ impl InboxWorker {
     }
 
     /// The longest the worker waits before looking again when nothing was
-    /// due (default 250 ms; each wait is drawn between half and all of it,
-    /// so workers started together do not poll in step).
+    /// due and nothing woke it ([`Inbox::wake`]): the most a missed wake-up
+    /// costs. By default 2 s on a store that pushes every process's changes
+    /// (Postgres, Redis), 250 ms otherwise (SQLite and memory wake only the
+    /// workers of the process that made the change; MySQL polls; DynamoDB
+    /// polls backing off to 8 times the interval while idle). Each wait is
+    /// drawn between half and all of it, so workers started together do not
+    /// poll in step. An item this worker failed or snoozed is looked for
+    /// when it is due, whatever the interval.
     pub fn with_poll_interval(mut self, poll: Duration) -> Self {
-        self.poll = poll;
+        self.poll = Some(poll);
         self
     }
 
@@ -244,6 +313,21 @@ impl InboxWorker {
         let lease_ttl = self.deduper.lease_ttl();
         let handler = Arc::new(handler);
         let slots = Arc::new(Semaphore::new(self.concurrency));
+        let wake = match self.inbox.wake(&self.namespace).await {
+            Ok(wake) => wake,
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(namespace = %self.namespace, error = %e, "the store's wake-ups could not be set up; polling only");
+                Wake::poll()
+            }
+            Err(e) => return Err(e),
+        };
+        let poll = self.poll.unwrap_or(if wake.everywhere {
+            DEFAULT_PUSHED_POLL
+        } else {
+            DEFAULT_POLL
+        });
+        // Takes in a row that found nothing, for the idle backoff.
+        let mut idle = 0u32;
         loop {
             let free = tokio::select! {
                 biased;
@@ -260,13 +344,15 @@ impl InboxWorker {
             let (first, extra) = free;
             let want = (1 + extra).min(MAX_TAKE);
             // Listening before the take: an item accepted after it found
-            // nothing wakes the pause below (`notify_waiters` reaches only
+            // nothing wakes the wait below (`notify_waiters` reaches only
             // listeners already registered).
-            let signal = self.inbox.accepted_signal();
-            let mut woken = signal.as_deref().map(|s| Box::pin(s.notified()));
+            let mut woken = wake.signal.as_deref().map(|s| Box::pin(s.notified()));
             if let Some(woken) = woken.as_mut() {
                 woken.as_mut().enable();
             }
+            let sooner = self.scheduled.sooner.notified();
+            tokio::pin!(sooner);
+            sooner.as_mut().enable();
             let taken = match self.inbox.take(&self.namespace, want, lease_ttl).await {
                 Ok(taken) => taken,
                 // A corrupt item is the store's to report, not a reason to stop
@@ -274,22 +360,36 @@ impl InboxWorker {
                 Err(e) if e.is_retryable() || matches!(e, Error::CorruptRecord { .. }) => {
                     tracing::warn!(namespace = %self.namespace, error = %e, "take failed; trying again");
                     drop(first);
-                    self.pause().await;
+                    self.pause(poll).await;
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             if taken.is_empty() {
                 drop(first);
-                match woken {
-                    Some(woken) => tokio::select! {
-                        () = woken => {}
-                        () = self.pause() => {}
-                    },
-                    None => self.pause().await,
+                idle = idle.saturating_add(1);
+                let mut wait = if wake.idle_backoff {
+                    poll.saturating_mul(1u32 << (idle - 1).min(MAX_IDLE_BACKOFF.ilog2()))
+                } else {
+                    poll
+                };
+                if let Some(next) = self.scheduled.next() {
+                    wait = wait.min(next);
+                }
+                let signalled = async {
+                    match woken {
+                        Some(woken) => woken.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = signalled => idle = 0,
+                    () = &mut sooner => {}
+                    () = self.pause(wait) => {}
                 }
                 continue;
             }
+            idle = 0;
             let mut first = Some(first);
             for item in taken {
                 let permit = match first.take() {
@@ -321,11 +421,10 @@ impl InboxWorker {
         }
     }
 
-    /// Waits about the poll interval (drawn around it), or less if
-    /// shutdown begins.
-    async fn pause(&self) {
+    /// Waits between half and all of `wait`, or less if shutdown begins.
+    async fn pause(&self, wait: Duration) {
         tokio::select! {
-            () = tokio::time::sleep(poll_wait(self.poll)) => {}
+            () = tokio::time::sleep(poll_wait(wait)) => {}
             () = self.stop.cancelled() => {}
         }
     }
@@ -359,7 +458,7 @@ impl InboxWorker {
             Box::pin(async move {
                 let retry = this.retry(lease.attempt, max_attempts, Then::Backoff);
                 this.inbox.fail(&lease, &what, retry).await?;
-                this.log_failure(&lease, &what, retry);
+                this.failed(&lease, &what, retry);
                 Ok(())
             })
         }));
@@ -407,12 +506,15 @@ impl InboxWorker {
         }
     }
 
-    fn log_failure(&self, lease: &Lease, error: &str, retry: Retry) {
+    /// Logs a failure the store recorded, and remembers when its item is
+    /// due again.
+    fn failed(&self, lease: &Lease, error: &str, retry: Retry) {
         match retry {
             Retry::Dead => {
                 tracing::error!(key = %lease.key, attempt = lease.attempt, error, "item dead")
             }
             Retry::After(delay) => {
+                self.scheduled.add(delay);
                 tracing::warn!(key = %lease.key, attempt = lease.attempt, error, ?delay, "item failed; due again")
             }
         }
@@ -420,7 +522,7 @@ impl InboxWorker {
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) {
         match self.inbox.fail(lease, error, retry).await {
-            Ok(()) => self.log_failure(lease, error, retry),
+            Ok(()) => self.failed(lease, error, retry),
             Err(e) => {
                 tracing::error!(key = %lease.key, error = %e, "could not record an item's failure; it is due again when its lease passes")
             }
@@ -430,6 +532,7 @@ impl InboxWorker {
     async fn snooze(&self, lease: &Lease, delay: Duration, why: &str) {
         match self.inbox.snooze(lease, delay).await {
             Ok(()) => {
+                self.scheduled.add(delay);
                 tracing::info!(key = %lease.key, attempt = lease.attempt, why, ?delay, "item snoozed")
             }
             Err(e) => {
@@ -860,6 +963,197 @@ mod tests {
                 accepted.elapsed() < Duration::from_secs(5),
                 "the item waited for the poll"
             );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        running.stop(Duration::from_secs(1)).await;
+    }
+
+    /// A memory inbox whose wake-ups are what the test says (a pushed signal
+    /// nothing ever raises: every notification dropped; or a poll with idle
+    /// backoff), counting its takes.
+    #[derive(Debug, Clone)]
+    struct Muted {
+        inner: MemoryStore,
+        wake: Wake,
+        takes: Arc<AtomicUsize>,
+    }
+
+    impl Muted {
+        fn new(wake: Wake) -> Self {
+            Self {
+                inner: MemoryStore::new(),
+                wake,
+                takes: Arc::default(),
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl DedupeStore for Muted {
+        async fn claim(&self, key: &Key, opts: &ClaimOptions) -> Result<ClaimOutcome> {
+            self.inner.claim(key, opts).await
+        }
+        async fn complete(&self, lease: &Lease, outcome: &[u8], keep: Duration) -> Result<()> {
+            self.inner.complete(lease, outcome, keep).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<()> {
+            self.inner.release(lease).await
+        }
+        async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+            self.inner.extend(lease, ttl).await
+        }
+        async fn expire(&self) -> Result<u64> {
+            self.inner.expire().await
+        }
+        async fn get(&self, key: &Key) -> Result<Option<crate::Record>> {
+            self.inner.get(key).await
+        }
+        async fn forget(&self, key: &Key) -> Result<bool> {
+            self.inner.forget(key).await
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Inbox for Muted {
+        async fn accept_with(
+            &self,
+            key: &Key,
+            payload: &[u8],
+            options: &crate::AcceptOptions,
+        ) -> Result<crate::Accepted> {
+            self.inner.accept_with(key, payload, options).await
+        }
+        async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
+            self.takes.fetch_add(1, Ordering::SeqCst);
+            self.inner.take(namespace, max, lease).await
+        }
+        async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
+            self.inner.snooze(lease, delay).await
+        }
+        async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
+            self.inner.fail(lease, error, retry).await
+        }
+        async fn item(&self, key: &Key) -> Result<Option<crate::Item>> {
+            self.inner.item(key).await
+        }
+        async fn list(&self, query: &crate::ItemQuery) -> Result<crate::ItemPage> {
+            self.inner.list(query).await
+        }
+        async fn replay(&self, key: &Key) -> Result<bool> {
+            self.inner.replay(key).await
+        }
+        async fn counts(&self, namespace: &str) -> Result<crate::InboxCounts> {
+            self.inner.counts(namespace).await
+        }
+        async fn pause(&self, namespace: &str) -> Result<bool> {
+            self.inner.pause(namespace).await
+        }
+        async fn resume(&self, namespace: &str) -> Result<bool> {
+            self.inner.resume(namespace).await
+        }
+        async fn paused(&self, namespace: &str) -> Result<bool> {
+            self.inner.paused(namespace).await
+        }
+        async fn wake(&self, _namespace: &str) -> Result<Wake> {
+            Ok(self.wake.clone())
+        }
+    }
+
+    /// Every notification dropped (a store that says it pushes, and never
+    /// does): an item accepted while the worker waits is still taken, at the
+    /// poll. The test fails when the worker waits on the signal alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_wake_up_costs_at_most_the_poll() {
+        let inbox = Muted::new(Wake::pushed(Arc::default()));
+        let deduper = Deduper::new(inbox.clone());
+        let worker = InboxWorker::new(&deduper, inbox.clone(), "muted")
+            .with_poll_interval(Duration::from_millis(300));
+        let running = Running::start(&worker, |_| async { Ok::<_, String>(b"done".to_vec()) });
+        while inbox.takes.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let key = Key::new("muted", "evt_1").expect("in the test");
+        let accepted = Instant::now();
+        inbox.accept(&key, b"{}").await.expect("in the test");
+        while inbox.item(&key).await.expect("in the test").is_some() {
+            assert!(
+                accepted.elapsed() < Duration::from_secs(5),
+                "the item waited for a wake-up that never came"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(accepted.elapsed() >= Duration::from_millis(5));
+        running.stop(Duration::from_secs(1)).await;
+    }
+
+    /// A store that pushes gets a rare poll (2 s), yet an item this worker
+    /// failed with a short delay runs again when due: the worker looks for
+    /// the due times it set itself. The test fails when the retry waits for
+    /// the poll (or for a poll of 30 s here).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_this_worker_set_runs_when_due_not_at_the_poll() {
+        let inbox = Muted::new(Wake::pushed(Arc::default()));
+        let deduper = Deduper::new(inbox.clone());
+        let worker = InboxWorker::new(&deduper, inbox.clone(), "soon")
+            .with_poll_interval(Duration::from_secs(30));
+        let key = Key::new("soon", "evt_1").expect("in the test");
+        inbox.accept(&key, b"{}").await.expect("in the test");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first_failed = Arc::new(Mutex::new(None));
+        let running = Running::start(&worker, {
+            let (runs, first_failed) = (Arc::clone(&runs), Arc::clone(&first_failed));
+            move |_| {
+                let (runs, first_failed) = (Arc::clone(&runs), Arc::clone(&first_failed));
+                async move {
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        *first_failed.lock().expect("in the test") = Some(Instant::now());
+                        return Err(WorkFailure::retry_after(
+                            Duration::from_millis(300),
+                            "429 Too Many Requests",
+                        ));
+                    }
+                    Ok(b"done".to_vec())
+                }
+            }
+        });
+        let started = Instant::now();
+        while inbox.item(&key).await.expect("in the test").is_some() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the retry waited for the poll: {} runs",
+                runs.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let failed = first_failed
+            .lock()
+            .expect("in the test")
+            .expect("the first run failed");
+        assert!(failed.elapsed() >= Duration::from_millis(300));
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        running.stop(Duration::from_secs(1)).await;
+    }
+
+    /// On a store with idle backoff, an idle worker's waits grow to eight
+    /// times its interval: over 1.2 s at a 20 ms interval it takes far fewer
+    /// than the 60-120 times it would without backoff (the test fails
+    /// without it); an item found then resets the wait.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_worker_backs_off_where_reads_are_billed() {
+        let inbox = Muted::new(Wake::poll().with_idle_backoff(true));
+        let deduper = Deduper::new(inbox.clone());
+        let worker = InboxWorker::new(&deduper, inbox.clone(), "idle")
+            .with_poll_interval(Duration::from_millis(20));
+        let running = Running::start(&worker, |_| async { Ok::<_, String>(b"done".to_vec()) });
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let takes = inbox.takes.load(Ordering::SeqCst);
+        // 20 + 40 + 80 ms, then 160 ms each (drawn between half and all).
+        assert!((4..=20).contains(&takes), "{takes} takes in 1.2 s");
+        let key = Key::new("idle", "evt_1").expect("in the test");
+        inbox.accept(&key, b"{}").await.expect("in the test");
+        let accepted = Instant::now();
+        while inbox.item(&key).await.expect("in the test").is_some() {
+            assert!(accepted.elapsed() < Duration::from_secs(5));
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         running.stop(Duration::from_secs(1)).await;

@@ -43,6 +43,7 @@ mod record;
 mod retention;
 mod store;
 mod traced;
+mod wake;
 mod work;
 
 pub use capabilities::{Capabilities, DEFAULT_MAX_OUTCOME_BYTES};
@@ -64,6 +65,7 @@ pub use record::{Record, RecordState, RecordStateKind};
 pub use retention::Retention;
 pub use store::DedupeStore;
 pub use traced::TracedStore;
+pub use wake::Wake;
 pub use work::{Drained, Settle, Worked};
 
 /// The attribute that implements [`DedupeStore`] (re-exported, so that store

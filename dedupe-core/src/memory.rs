@@ -195,8 +195,9 @@ impl Entry {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     records: Arc<Mutex<Records>>,
-    /// Raised on each new item, for the workers of this process.
-    accepted: Arc<tokio::sync::Notify>,
+    /// Raised when an item becomes due now (accepted, given back, replayed,
+    /// its namespace resumed), for the workers of this process.
+    wakeups: crate::backend::Wakeups,
 }
 
 /// The entries, and per namespace the inbox items a take may hand out
@@ -373,6 +374,8 @@ impl DedupeStore for MemoryStore {
                         entry.expires_at = now;
                         entry.attempts = entry.attempts.saturating_sub(1);
                     });
+                    drop(map);
+                    self.wakeups.raise(lease.key.namespace());
                 } else {
                     map.remove(&lease.key);
                 }
@@ -500,7 +503,7 @@ impl Inbox for MemoryStore {
             },
         );
         drop(map);
-        self.accepted.notify_waiters();
+        self.wakeups.raise(key.namespace());
         Ok(Accepted::New)
     }
 
@@ -641,12 +644,14 @@ impl Inbox for MemoryStore {
                 }
                 entry.expires_at = now;
             });
+            drop(map);
+            self.wakeups.raise(key.namespace());
         }
         Ok(replayable)
     }
 
-    fn accepted_signal(&self) -> Option<Arc<tokio::sync::Notify>> {
-        Some(Arc::clone(&self.accepted))
+    async fn wake(&self, namespace: &str) -> Result<crate::Wake> {
+        Ok(crate::Wake::in_process(self.wakeups.signal(namespace)))
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
@@ -683,7 +688,7 @@ impl Inbox for MemoryStore {
         let resumed = self.lock().paused.remove(namespace);
         if resumed {
             // Its waiting items are takeable again: the workers here look now.
-            self.accepted.notify_waiters();
+            self.wakeups.raise(namespace);
         }
         Ok(resumed)
     }

@@ -376,7 +376,11 @@ impl<S: Inbox> Inbox for TracedStore<S> {
         finish(&span, result, |paused| format!("paused={paused}"))
     }
 
-    fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
-        self.inner().accepted_signal()
+    async fn wake(&self, namespace: &str) -> Result<crate::Wake> {
+        let span = tracing::info_span!("dedupe.wake", namespace, answer = Empty, error = Empty);
+        let result = self.inner.wake(namespace).instrument(span.clone()).await;
+        finish(&span, result, |wake| {
+            format!("everywhere={}", wake.everywhere)
+        })
     }
 }

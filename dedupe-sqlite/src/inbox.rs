@@ -10,7 +10,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken,
+    Result, Retry, Taken, Wake,
 };
 use rusqlite::{named_params, Connection, OptionalExtension};
 
@@ -35,21 +35,25 @@ impl Inbox for SqliteStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
-        let (key, payload, options) = (key.clone(), payload.to_vec(), *options);
+        let (owned, payload, options) = (key.clone(), payload.to_vec(), *options);
         let accepted = self
             .conns()
             .write(1, move |ops, conn| {
-                ops.accept(conn, &key, &payload, &options)
+                ops.accept(conn, &owned, &payload, &options)
             })
             .await?;
         if matches!(accepted, Accepted::New) {
-            self.accepted().notify_waiters();
+            self.wakeups().raise(key.namespace());
         }
         Ok(accepted)
     }
 
-    fn accepted_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
-        Some(std::sync::Arc::clone(self.accepted()))
+    /// Changes made through this handle and its clones wake its workers;
+    /// another process on the same file (or a handle opened apart) is found
+    /// by the poll: SQLite has no way to tell one connection of another's
+    /// commit.
+    async fn wake(&self, namespace: &str) -> Result<Wake> {
+        Ok(Wake::in_process(self.wakeups().signal(namespace)))
     }
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
@@ -94,10 +98,15 @@ impl Inbox for SqliteStore {
     }
 
     async fn replay(&self, key: &Key) -> Result<bool> {
-        let key = key.clone();
-        self.conns()
-            .write(1, move |ops, conn| ops.replay(conn, &key))
-            .await
+        let owned = key.clone();
+        let replayed = self
+            .conns()
+            .write(1, move |ops, conn| ops.replay(conn, &owned))
+            .await?;
+        if replayed {
+            self.wakeups().raise(key.namespace());
+        }
+        Ok(replayed)
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
@@ -117,14 +126,14 @@ impl Inbox for SqliteStore {
 
     async fn resume(&self, namespace: &str) -> Result<bool> {
         check_namespace(namespace)?;
-        let namespace = namespace.to_string();
+        let owned = namespace.to_string();
         let resumed = self
             .conns()
-            .write(1, move |ops, conn| ops.set_paused(conn, &namespace, false))
+            .write(1, move |ops, conn| ops.set_paused(conn, &owned, false))
             .await?;
         if resumed {
             // Its waiting items are takeable again: the workers here look now.
-            self.accepted().notify_waiters();
+            self.wakeups().raise(namespace);
         }
         Ok(resumed)
     }

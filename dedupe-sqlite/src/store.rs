@@ -20,9 +20,10 @@ use crate::sql::EXPIRE_BATCH;
 struct Inner {
     /// Where its calls run.
     conns: Conns,
-    /// Raised on each new inbox item, for the workers on this handle and
+    /// Raised when an inbox item becomes due now (accepted, given back,
+    /// replayed, its namespace resumed), for the workers on this handle and
     /// its clones (a handle opened apart, or another process, polls).
-    accepted: Arc<tokio::sync::Notify>,
+    wakeups: dedupe_core::backend::Wakeups,
     /// The temporary directory the file is in, for a store that owns it:
     /// removed when the last handle onto it (clones, reopens) drops. Last, so
     /// the handle's connections close first.
@@ -93,15 +94,15 @@ impl SqliteStore {
         Self {
             inner: Arc::new(Inner {
                 conns,
-                accepted: Arc::default(),
+                wakeups: Default::default(),
                 dir,
             }),
         }
     }
 
-    /// Raised on each new inbox item.
-    pub(crate) fn accepted(&self) -> &Arc<tokio::sync::Notify> {
-        &self.inner.accepted
+    /// The wake-ups of this handle's workers.
+    pub(crate) fn wakeups(&self) -> &dedupe_core::backend::Wakeups {
+        &self.inner.wakeups
     }
 
     /// Where this handle's calls run.
@@ -308,16 +309,25 @@ impl DedupeStore for SqliteStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        if let Some(answer) = self
+        let answer = match self
             .conns()
             .write_in_place(|ops, conn| ops.release(conn, lease))
         {
-            return answer;
+            Some(answer) => answer,
+            None => {
+                let lease = lease.clone();
+                self.conns()
+                    .write(1, move |ops, conn| ops.release(conn, &lease))
+                    .await
+            }
+        };
+        if answer.is_ok() {
+            // A held item given back is due now (a claim's release wakes
+            // no one: no worker waits on its namespace, or one looks for
+            // nothing).
+            self.wakeups().raise(lease.key.namespace());
         }
-        let lease = lease.clone();
-        self.conns()
-            .write(1, move |ops, conn| ops.release(conn, &lease))
-            .await
+        answer
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

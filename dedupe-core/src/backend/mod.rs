@@ -20,7 +20,9 @@
 //! - **administration**: [`Admin`], the store-wide operations the tools run
 //!   (migrate, remove a namespace, durability), implemented by each store;
 //! - **claim modes**: [`FirstStatement`] counts whether a store's recent claims
-//!   met records, for a store that picks its first statement by that.
+//!   met records, for a store that picks its first statement by that;
+//! - **wake-ups**: [`Wakeups`], the per-namespace signals an inbox raises so
+//!   idle workers take new work at once ([`Inbox::wake`](crate::Inbox::wake)).
 //!
 //! ```
 //! use std::time::Duration;
@@ -53,6 +55,7 @@ mod time;
 
 pub use crate::batch::BatchKeys;
 pub use crate::claim::{check_batch, check_ttl};
+pub use crate::wake::Wakeups;
 pub use admin::{
     key_cursor, missing, parse_key_cursor, Admin, KeyPage, RecordQuery, MAX_RECORD_PAGE,
 };
