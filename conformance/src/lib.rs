@@ -117,6 +117,7 @@ macro_rules! __with_check_names {
             inbox_accept_options,
             inbox_snooze,
             inbox_pause,
+            inbox_wake,
         }
     };
 }

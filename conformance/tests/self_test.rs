@@ -154,6 +154,13 @@ enum Flaw {
     PauseTakesOverLapsed,
     /// Pause and resume always answer that they changed something.
     PauseAnswersChanged,
+    /// Offers a wake-up signal that nothing ever raises.
+    WakeNeverRaised,
+    /// Raises its wake-up signal on accepts only: an item given back,
+    /// replayed or resumed waits for the poll.
+    WakeOnAcceptOnly,
+    /// Hands out the first namespace's signal for every namespace.
+    WakeOneNamespace,
 }
 
 impl Flaw {
@@ -192,6 +199,9 @@ impl Flaw {
                 | Flaw::PauseLosesAccepts
                 | Flaw::PauseTakesOverLapsed
                 | Flaw::PauseAnswersChanged
+                | Flaw::WakeNeverRaised
+                | Flaw::WakeOnAcceptOnly
+                | Flaw::WakeOneNamespace
         )
     }
 }
@@ -211,6 +221,8 @@ struct Broken {
     /// Namespaces paused beside the store (`PauseIgnored`,
     /// `PauseEveryNamespace`).
     paused: Arc<Mutex<HashSet<String>>>,
+    /// Signals raised beside the store (`WakeOnAcceptOnly`).
+    wakeups: dedupe_core::backend::Wakeups,
 }
 
 impl Broken {
@@ -524,6 +536,7 @@ impl StoreFactory for BrokenFactory {
             completed_items: Arc::default(),
             spent: Arc::default(),
             paused: Arc::default(),
+            wakeups: Default::default(),
         })))
     }
 }
@@ -555,6 +568,11 @@ impl Inbox for Broken {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         match self.flaw {
+            Flaw::WakeOnAcceptOnly => {
+                let accepted = self.inner.accept_with(key, payload, options).await?;
+                self.wakeups.raise(key.namespace());
+                Ok(accepted)
+            }
             Flaw::PauseLosesAccepts if self.inner.paused(key.namespace()).await? => {
                 dedupe_core::backend::check_accept(payload, options)?;
                 Ok(Accepted::New)
@@ -905,6 +923,17 @@ impl Inbox for Broken {
             _ => self.inner.paused(namespace).await,
         }
     }
+
+    async fn wake(&self, namespace: &str) -> Result<dedupe_core::Wake> {
+        match self.flaw {
+            Flaw::WakeNeverRaised => Ok(dedupe_core::Wake::in_process(Arc::default())),
+            Flaw::WakeOnAcceptOnly => Ok(dedupe_core::Wake::in_process(
+                self.wakeups.signal(namespace),
+            )),
+            Flaw::WakeOneNamespace => self.inner.wake("inbox").await,
+            _ => self.inner.wake(namespace).await,
+        }
+    }
 }
 
 impl Broken {
@@ -1050,6 +1079,9 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::PauseLosesAccepts, &["inbox_pause"]),
     (Flaw::PauseTakesOverLapsed, &["inbox_pause"]),
     (Flaw::PauseAnswersChanged, &["inbox_pause"]),
+    (Flaw::WakeNeverRaised, &["inbox_wake"]),
+    (Flaw::WakeOnAcceptOnly, &["inbox_wake"]),
+    (Flaw::WakeOneNamespace, &["inbox_wake"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -1140,6 +1172,9 @@ broken_store_tests!(
     rejects_accepts_lost_while_paused => PauseLosesAccepts,
     rejects_takeovers_while_paused => PauseTakesOverLapsed,
     rejects_pause_and_resume_always_changing => PauseAnswersChanged,
+    rejects_a_wake_up_never_raised => WakeNeverRaised,
+    rejects_wake_ups_on_accepts_only => WakeOnAcceptOnly,
+    rejects_one_wake_up_for_every_namespace => WakeOneNamespace,
     rejects_a_hand_back_spending_an_attempt => HandBackSpendsAttempt,
     rejects_takeovers_not_counted => TakeoverNotCounted,
     rejects_not_before_ignored => NotBeforeIgnored,

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -119,6 +120,165 @@ impl Wakeups {
         };
         for signal in signals {
             signal.notify_waiters();
+        }
+    }
+}
+
+/// Opens a store's subscription to its change notifications: a stream of
+/// the topics notified, which ends (or yields an error) when the connection
+/// carrying it is lost.
+type Connect = Box<
+    dyn FnMut() -> futures_util::future::BoxFuture<
+            'static,
+            crate::Result<futures_util::stream::BoxStream<'static, crate::Result<String>>>,
+        > + Send,
+>;
+
+/// A store's subscription to its own change notifications (Postgres
+/// `LISTEN`, Redis `SUBSCRIBE`), for [`Inbox::wake`](crate::Inbox::wake):
+/// kept in a task of its own, started by the first worker that asks, which
+/// raises each notified topic's signal, connects again (backing off from
+/// 100 ms to 5 s) whenever the connection is lost, then raises every topic
+/// (what was notified while it was away is unknown), and ends when the last
+/// clone of the subscription is dropped.
+#[derive(Clone)]
+pub struct Subscription {
+    inner: Arc<Subscribed>,
+}
+
+struct Subscribed {
+    wakeups: Wakeups,
+    /// Taken by the task when it starts.
+    connect: Mutex<Option<Connect>>,
+    /// Whether the task has its first connection.
+    ready: tokio::sync::watch::Receiver<bool>,
+    ready_tx: Mutex<Option<tokio::sync::watch::Sender<bool>>>,
+    /// Ends the task when the last clone is dropped.
+    _stop: tokio_util::sync::DropGuard,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("connected", &*self.inner.ready.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// A subscription that opens its stream with `connect` when a worker
+    /// first asks ([`wake`](Self::wake)), and again after each loss.
+    pub fn new<F, Fut, S>(mut connect: F) -> Self
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = crate::Result<S>> + Send + 'static,
+        S: futures_util::Stream<Item = crate::Result<String>> + Send + 'static,
+    {
+        use futures_util::{FutureExt, StreamExt};
+        let connect: Connect = Box::new(move || {
+            let opened = connect();
+            async move { opened.await.map(StreamExt::boxed) }.boxed()
+        });
+        let (ready_tx, ready) = tokio::sync::watch::channel(false);
+        let stop = tokio_util::sync::CancellationToken::new();
+        Self {
+            inner: Arc::new(Subscribed {
+                wakeups: Wakeups::default(),
+                connect: Mutex::new(Some(connect)),
+                ready,
+                ready_tx: Mutex::new(Some(ready_tx)),
+                _stop: stop.clone().drop_guard(),
+                stop,
+            }),
+        }
+    }
+
+    /// The pushed wake-up of `topic`. The first call starts the
+    /// subscription's task and waits up to `wait` for its first connection
+    /// (a change committed after that is notified); a subscription not
+    /// connected by then goes on trying, and the workers' poll covers the
+    /// meantime.
+    pub async fn wake(&self, topic: &str, wait: Duration) -> Wake {
+        let signal = self.inner.wakeups.signal(topic);
+        self.start();
+        let mut ready = self.inner.ready.clone();
+        if tokio::time::timeout(wait, ready.wait_for(|ready| *ready))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                topic,
+                "the store's notifications are not connected yet; polling meanwhile"
+            );
+        }
+        Wake::pushed(signal)
+    }
+
+    fn start(&self) {
+        let connect = self
+            .inner
+            .connect
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let ready = self
+            .inner
+            .ready_tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let (Some(connect), Some(ready)) = (connect, ready) {
+            let (wakeups, stop) = (self.inner.wakeups.clone(), self.inner.stop.clone());
+            tokio::spawn(async move {
+                stop.run_until_cancelled(listen(connect, wakeups, ready))
+                    .await;
+            });
+        }
+    }
+}
+
+/// The subscription's task: connect, raise what is notified, connect again.
+async fn listen(mut connect: Connect, wakeups: Wakeups, ready: tokio::sync::watch::Sender<bool>) {
+    use futures_util::StreamExt;
+    const FIRST_DELAY: Duration = Duration::from_millis(100);
+    let mut delay = FIRST_DELAY;
+    loop {
+        match connect().await {
+            Ok(mut topics) => {
+                delay = FIRST_DELAY;
+                if *ready.borrow() {
+                    // Changes made while it was away were not notified.
+                    wakeups.raise_all();
+                }
+                ready.send_replace(true);
+                tracing::debug!("store notifications connected");
+                let connected = std::time::Instant::now();
+                loop {
+                    match topics.next().await {
+                        Some(Ok(topic)) => wakeups.raise(&topic),
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "store notifications lost; connecting again");
+                            break;
+                        }
+                        None => {
+                            tracing::warn!("store notifications ended; connecting again");
+                            break;
+                        }
+                    }
+                }
+                // A connection that keeps ending at once is not retried in a
+                // tight loop.
+                if connected.elapsed() < Duration::from_secs(1) {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ?delay, "store notifications could not connect; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
         }
     }
 }

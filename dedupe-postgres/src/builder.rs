@@ -81,7 +81,13 @@ impl PgBuilder {
         if self.timeout < Duration::from_millis(1) {
             return Err(Error::config("timeout must be at least 1 ms"));
         }
+        let wake = crate::wake::subscribe(
+            &self.pool,
+            crate::wake::topic_prefix(&self.schema, &self.table),
+            self.timeout,
+        );
         Ok(PgStore {
+            wake,
             first: Arc::default(),
             kept: Arc::new(Kept::new(self.keep)),
             pool: self.pool,

@@ -10,7 +10,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken,
+    Result, Retry, Taken, Wake,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -91,6 +91,15 @@ impl Inbox for PgStore {
         check_namespace(namespace)?;
         self.call(async |ops, conn| ops.changes(conn, &ops.sql.resume, namespace).await)
             .await
+    }
+
+    /// Pushed: a `LISTEN` connection of this handle's (opened by the first
+    /// worker that asks, with the pool's settings, outside the pool's
+    /// count) hears every process's accepts, hand-backs, replays and
+    /// resumes as they commit.
+    async fn wake(&self, namespace: &str) -> Result<Wake> {
+        check_namespace(namespace)?;
+        Ok(self.wake.wake(namespace, self.timeout).await)
     }
 
     async fn paused(&self, namespace: &str) -> Result<bool> {

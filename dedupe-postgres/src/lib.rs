@@ -16,6 +16,7 @@ mod inbox;
 mod ops;
 mod sql;
 mod store;
+mod wake;
 
 pub use store::{PgBuilder, PgStore};
 

@@ -146,6 +146,14 @@ impl Statements {
         check_identifier("table", table)?;
         let t = format!("\"{schema}\".\"{table}\"");
         let p = format!("\"{schema}\".\"{table}_paused\"");
+        // Wakes the workers of the namespace bound as $1 when the statement
+        // commits (I14; see `wake.rs`). Schema and table are plain
+        // identifiers (checked above), safe inside a literal.
+        let notify = format!(
+            "pg_notify('{channel}', '{prefix}' || $1::text)",
+            channel = crate::wake::CHANNEL,
+            prefix = crate::wake::topic_prefix(schema, table)
+        );
         let cols = columns("");
         let kcols = "key";
         let bound = BOUND;
@@ -315,7 +323,7 @@ impl Statements {
                                 WHERE {is_bound} AND token = $3
                                   AND ((wait = 0 AND expires_at > now())
                                        OR (wait = 1 AND expires_at <= now()))
-                                RETURNING 1)
+                                RETURNING {notify})
                  SELECT EXISTS (SELECT 1 FROM gone) OR EXISTS (SELECT 1 FROM given)
                         OR NOT EXISTS (SELECT 1 FROM {t} WHERE {is_bound} AND {live_row})"
             )
@@ -373,7 +381,7 @@ impl Statements {
                     payload = excluded.payload, wait = 1, last_error = NULL, due_at = excluded.due_at,
                     takeovers = 0, max_attempts = excluded.max_attempts
                  WHERE r.expires_at <= now() AND r.wait IS NULL
-                 RETURNING token"
+                 RETURNING token, CASE WHEN $5::int8 = 0 THEN {notify}::text END AS woke"
             )
             .into(),
             select_item: format!(
@@ -447,7 +455,8 @@ impl Statements {
             .into(),
             replay: format!(
                 "UPDATE {t} SET wait = 1, expires_at = now(), due_at = now()
-                 WHERE {is_bound} AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
+                 WHERE {is_bound} AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))
+                 RETURNING {notify}"
             )
             .into(),
             counts: format!(
@@ -465,7 +474,8 @@ impl Statements {
                 "INSERT INTO {p} (namespace) VALUES ($1::text) ON CONFLICT (namespace) DO NOTHING"
             )
             .into(),
-            resume: format!("DELETE FROM {p} WHERE namespace = $1::text").into(),
+            resume: format!("DELETE FROM {p} WHERE namespace = $1::text RETURNING {notify}")
+                .into(),
             paused: format!("SELECT EXISTS (SELECT 1 FROM {p} WHERE namespace = $1::text)").into(),
         })
     }

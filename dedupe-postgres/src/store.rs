@@ -74,6 +74,8 @@ pub struct PgStore {
     pub(crate) sql: Arc<Statements>,
     pub(crate) timeout: Duration,
     pub(crate) caps: Capabilities,
+    /// The `LISTEN` connection that wakes this process's workers (I14).
+    pub(crate) wake: dedupe_core::backend::Subscription,
 }
 
 impl PgStore {

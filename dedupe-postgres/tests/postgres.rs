@@ -997,3 +997,80 @@ async fn a_table_from_before_the_inbox_is_migrated() {
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].payload, b"payload");
 }
+
+/// Whether `signal` is raised within 5 s of `change` (listening from before it).
+async fn wakes<T>(
+    signal: &tokio::sync::Notify,
+    change: impl std::future::Future<Output = Result<T, Error>>,
+) -> bool {
+    let woken = signal.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    change.await.expect("the change");
+    tokio::time::timeout(Duration::from_secs(5), woken)
+        .await
+        .is_ok()
+}
+
+/// Push wake-ups outlive their connection: with the `LISTEN` connection
+/// killed by the server, the store connects and listens again, and
+/// accepts made through another pool wake the workers as before. Three
+/// rounds after the kill, so the one wake-up a reconnection raises on its
+/// own cannot pass for them (the test fails when the store does not
+/// listen again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_come_back_after_the_listener_is_killed() {
+    use dedupe_core::Inbox;
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("wake");
+    // The listening store's connections carry the schema as application
+    // name, so only its listener is killed.
+    let listening = PgStore::builder(pool_in(&url, &schema).await)
+        .schema(&schema)
+        .build()
+        .expect("store");
+    listening.migrate().await.expect("migrate");
+    let accepting = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let wake = listening.wake("pg").await.expect("wake");
+    assert!(wake.everywhere, "Postgres pushes its wake-ups");
+    let signal = wake.signal.expect("a signal");
+    assert!(
+        wakes(&signal, accepting.accept(&key("before"), b"{}")).await,
+        "another pool's accept did not wake the listening store"
+    );
+    let admin = PgPool::connect(&url).await.expect("admin pool");
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(&schema)
+    .fetch_all(&admin)
+    .await
+    .expect("kill");
+    assert_eq!(killed, vec![true], "one listener to kill");
+    let listening_again = support::eventually(Duration::from_secs(20), || {
+        let (admin, schema) = (admin.clone(), schema.clone());
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+            )
+            .bind(&schema)
+            .fetch_one(&admin)
+            .await
+            .is_ok_and(|n| n == 1)
+        }
+    })
+    .await;
+    assert!(listening_again, "the store did not listen again");
+    for round in 0..3 {
+        assert!(
+            wakes(
+                &signal,
+                accepting.accept(&key(&format!("after-{round}")), b"{}")
+            )
+            .await,
+            "round {round}: an accept after the kill did not wake the listening store"
+        );
+    }
+}

@@ -1470,3 +1470,114 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
     );
     Ok(Verdict::Passed)
 }
+
+/// Waits up to [`WAKE_WITHIN`] for `signal` after `change` ran (listening
+/// from before it), and fails naming `what` when it does not come.
+async fn expect_wake<T>(
+    signal: &tokio::sync::Notify,
+    what: &str,
+    change: impl std::future::Future<Output = dedupe_core::Result<T>>,
+) -> Result<T, Failure> {
+    let woken = signal.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    let answer = change.await?;
+    tokio::time::timeout(WAKE_WITHIN, woken)
+        .await
+        .map_err(|_| {
+            Failure::new(format!(
+                "{what} did not wake the waiting worker within {WAKE_WITHIN:?}"
+            ))
+        })?;
+    Ok(answer)
+}
+
+/// How soon a wake-up must come: far above a notification's way through a
+/// loaded server, far below any worker's poll.
+const WAKE_WITHIN: Duration = Duration::from_secs(5);
+
+/// I14: a store that offers a wake-up signal raises it when an item of the
+/// namespace becomes due now: an accept, a lease given back, a replay, a
+/// resume. Where the store says it pushes (`Wake::everywhere`), each change
+/// is made through another handle with its own connection (another process,
+/// as far as the store can tell); otherwise through the listening handle.
+/// The item a signal announced is there to take. Skipped for a store
+/// whose workers only poll.
+pub async fn inbox_wake(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let wake = inbox.wake("inbox").await?;
+    let Some(signal) = wake.signal.clone() else {
+        return Ok(Verdict::Skipped(
+            "the store wakes no worker: its workers poll (Inbox::wake)".into(),
+        ));
+    };
+    let (other, whose) = if wake.everywhere {
+        let other = fixture
+            .open_inbox()
+            .await?
+            .ok_or_else(|| Failure::new("the fixture opened no second inbox handle"))?;
+        (other, "another handle's")
+    } else {
+        (Arc::clone(&inbox), "the handle's own")
+    };
+    let first = item_key("woken")?;
+    expect_wake(
+        &signal,
+        &format!("{whose} accept"),
+        other.accept(&first, b"1"),
+    )
+    .await?;
+    let taken = take_one(
+        &*inbox,
+        LONG_TTL,
+        "the item a wake-up announced was not there to take",
+    )
+    .await?;
+    ensure!(
+        taken.lease.key == first,
+        "the take after the wake-up handed out {} instead of the accepted item",
+        taken.lease.key
+    );
+    // A lease given back, as a worker shutting down does.
+    expect_wake(
+        &signal,
+        &format!("{whose} release of a held item"),
+        other.release(&taken.lease),
+    )
+    .await?;
+    let again = take_one(&*inbox, LONG_TTL, "an item given back was not due").await?;
+    inbox.fail(&again.lease, "poison", Retry::Dead).await?;
+    let replayed = expect_wake(&signal, &format!("{whose} replay"), other.replay(&first)).await?;
+    ensure!(
+        replayed,
+        "a replay of a dead item answered that it found none"
+    );
+    ensure!(other.pause("inbox").await?, "a pause changed nothing");
+    expect_wake(&signal, &format!("{whose} resume"), other.resume("inbox")).await?;
+    let resumed = take_one(
+        &*inbox,
+        LONG_TTL,
+        "the replayed item was not due after the resume",
+    )
+    .await?;
+    ensure!(
+        resumed.lease.key == first,
+        "the take after the resume handed out {} instead of the replayed item",
+        resumed.lease.key
+    );
+    // A second namespace has a signal of its own, raised by its changes.
+    let elsewhere = inbox.wake("inbox2").await?;
+    let elsewhere = elsewhere
+        .signal
+        .ok_or_else(|| Failure::new("a second namespace got no wake-up signal"))?;
+    let key2 =
+        Key::new("inbox2", "woken").map_err(|e| Failure::new(format!("test key refused: {e}")))?;
+    expect_wake(
+        &elsewhere,
+        &format!("{whose} accept in a second namespace"),
+        other.accept(&key2, b"2"),
+    )
+    .await?;
+    Ok(Verdict::Passed)
+}

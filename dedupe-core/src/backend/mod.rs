@@ -55,7 +55,7 @@ mod time;
 
 pub use crate::batch::BatchKeys;
 pub use crate::claim::{check_batch, check_ttl};
-pub use crate::wake::Wakeups;
+pub use crate::wake::{Subscription, Wakeups};
 pub use admin::{
     key_cursor, missing, parse_key_cursor, Admin, KeyPage, RecordQuery, MAX_RECORD_PAGE,
 };
