@@ -222,6 +222,9 @@ impl RedisBuilder {
         };
         let map = |e| crate::error::map(e, timeout, None, topology);
         let mut wait_link = None;
+        // Where the wake-up subscription connects (none on a caller's
+        // connection).
+        let mut wake_clients = Vec::new();
         let link = match self.target {
             Target::Conn(conn) => Link::new(conn, None),
             Target::Url(url) => {
@@ -267,9 +270,32 @@ impl RedisBuilder {
                 if self.wait_replicas.is_some() {
                     wait_link = Some(open().await?);
                 }
+                wake_clients.push(client.clone());
                 open().await?
             }
             Target::Cluster(urls) => {
+                for url in &urls {
+                    use redis::IntoConnectionInfo;
+                    let bad_url =
+                        |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
+                    let info = url
+                        .as_str()
+                        .into_connection_info()
+                        .map_err(bad_url)?
+                        .set_tcp_settings(crate::conn::tcp_settings(timeout));
+                    wake_clients.push(match &self.root_cert {
+                        #[cfg(feature = "tls")]
+                        Some(pem) => redis::Client::build_with_tls(
+                            info,
+                            redis::TlsCertificates {
+                                client_tls: None,
+                                root_cert: Some(pem.clone()),
+                            },
+                        )
+                        .map_err(bad_url)?,
+                        _ => redis::Client::open(info).map_err(bad_url)?,
+                    });
+                }
                 let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
                 #[cfg(feature = "tls")]
                 let builder = match self.root_cert {
@@ -308,7 +334,11 @@ impl RedisBuilder {
         };
         let (_, mut conn) = link.get();
         crate::server::preflight(&mut conn, self.allow_eviction, map).await?;
+        let wake = (!wake_clients.is_empty()).then(|| {
+            crate::wake::subscribe(wake_clients, crate::wake::channel(&self.prefix), timeout)
+        });
         Ok(RedisStore {
+            wake,
             link,
             hash_tags: self.hash_tags,
             prefix: self.prefix,

@@ -22,7 +22,7 @@ use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, StoredT
 use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error, StoredCounts};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key,
-    Lease, Result, Retry, Taken,
+    Lease, Result, Retry, Taken, Wake,
 };
 use redis::Value;
 
@@ -86,7 +86,10 @@ impl RedisStore {
         // The namespace checked as a key's would be.
         let probe = Key::new(namespace, "-")?;
         let mut invocation = script.prepare_invoke();
-        invocation.key(self.paused_key(namespace)?);
+        invocation
+            .key(self.paused_key(namespace)?)
+            .arg(crate::wake::channel(&self.prefix))
+            .arg(namespace);
         let answer = if writes {
             let (answer, acked) = self.write(invocation, &probe).await?;
             self.replicated(acked, what, &format!("{what} again"))?;
@@ -144,7 +147,9 @@ impl Inbox for RedisStore {
             .arg(payload)
             .arg(token.as_str())
             .arg(delay)
-            .arg(max_attempts.map_or_else(|| "-".to_string(), |m| m.to_string()));
+            .arg(max_attempts.map_or_else(|| "-".to_string(), |m| m.to_string()))
+            .arg(crate::wake::channel(&self.prefix))
+            .arg(key.namespace());
         let (answer, acked) = self.write(invocation, key).await?;
         match parts(answer) {
             Some((1, None)) => {
@@ -391,7 +396,10 @@ impl Inbox for RedisStore {
     }
 
     async fn replay(&self, key: &Key) -> Result<bool> {
-        let invocation = self.item_invocation(&SCRIPTS.replay, key)?;
+        let mut invocation = self.item_invocation(&SCRIPTS.replay, key)?;
+        invocation
+            .arg(crate::wake::channel(&self.prefix))
+            .arg(key.namespace());
         let (answer, acked) = self.write(invocation, key).await?;
         match Self::code(answer, key, "replay")? {
             1 => {
@@ -412,6 +420,19 @@ impl Inbox for RedisStore {
     async fn resume(&self, namespace: &str) -> Result<bool> {
         self.pause_script(&SCRIPTS.resume, namespace, "resume", true)
             .await
+    }
+
+    /// Pushed where the store opened its own connections: a pub/sub
+    /// connection of this handle's (opened by the first worker that asks)
+    /// hears every process's accepts, hand-backs, replays and resumes. A
+    /// store on a connection the caller made (`RedisStore::on_connection`)
+    /// has no way to open another: its workers poll.
+    async fn wake(&self, namespace: &str) -> Result<Wake> {
+        Key::new(namespace, "-")?;
+        Ok(match &self.wake {
+            Some(subscription) => subscription.wake(namespace, self.timeout).await,
+            None => Wake::poll(),
+        })
     }
 
     async fn paused(&self, namespace: &str) -> Result<bool> {

@@ -19,6 +19,7 @@ mod ops;
 mod scripts;
 mod server;
 mod store;
+mod wake;
 
 pub use admin::RedisAdmin;
 pub use store::{Durability, RedisBuilder, RedisStore};

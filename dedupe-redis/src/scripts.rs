@@ -291,12 +291,13 @@ redis.call('SET', KEYS[1], encode('1', now + keep, num(now), r.attempts, r.first
 return 1
 "#;
 
-/// KEYS[1] (and the index keys); ARGV token, id. `1` removed, or no live
+/// KEYS[1] (and the index keys); ARGV token, id, the wake-up channel, the
+/// namespace. `1` removed, or no live
 /// record under the key (the lease passed, or the same release sent again
 /// finds its work done; an expired record is left for its attempt count); `0`
 /// a live record of another lease, or a done one; `-1` corrupt. A held inbox
-/// item is given back due now, the attempt its take counted taken back (I9);
-/// one this token gave back already (the same release sent again) answers
+/// item is given back due now, the attempt its take counted taken back (I9),
+/// and its namespace's workers woken (I14); one this token gave back already (the same release sent again) answers
 /// `1` and changes nothing.
 const RELEASE: &str = r#"
 local v = redis.call('GET', KEYS[1])
@@ -310,6 +311,7 @@ if v and is_item(v) then
   local back = icopy(r)
   back.wait, back.due, back.attempts = 1, now, r.attempts - 1
   iput(ARGV[2], r, back)
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
   return 1
 end
 local r, code = held(v)
@@ -398,7 +400,8 @@ return 1
 
 /// KEYS record, then the index keys {waiting, held, ids}; ARGV id, payload,
 /// token, delay ms (0: due now; else its `not_before`), the item's attempt
-/// limit (`-`: none). `{1}` stored, due after the delay (or this very accept's item, sent again by
+/// limit (`-`: none), the wake-up channel, the namespace (published when the
+/// item is due now, I14). `{1}` stored, due after the delay (or this very accept's item, sent again by
 /// the driver: the item still holds its token); `{2, value}` an item holds
 /// the key; `{3, value}` a live record (done, or a claim in flight); `{-1,
 /// value}` corrupt. An expired claim's attempts and first sight are kept, as
@@ -422,6 +425,7 @@ local max = false
 if ARGV[5] ~= '-' then max = tonumber(ARGV[5]) end
 iput(ARGV[1], nil, { wait = 1, due = now + tonumber(ARGV[4]), attempts = attempts, accepted = first,
                      token = ARGV[3], err = false, payload = ARGV[2], takeovers = 0, max = max })
+if tonumber(ARGV[4]) == 0 then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
 return {1}
 "#;
 
@@ -521,8 +525,9 @@ iput(ARGV[1], r, new)
 return 1
 "#;
 
-/// KEYS record, then the index keys; ARGV id. `1` a dead or failed item made
-/// due now, its attempts and error kept; `0` no such item; `-1` corrupt.
+/// KEYS record, then the index keys; ARGV id, the wake-up channel, the
+/// namespace. `1` a dead or failed item made due now, its attempts and error
+/// kept, its namespace's workers woken; `0` no such item; `-1` corrupt.
 const REPLAY: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -536,6 +541,7 @@ if not (r.wait == 2 or (r.wait == 1 and r.err)) then return 0 end
 local new = icopy(r)
 new.wait, new.due = 1, now
 iput(ARGV[1], r, new)
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 "#;
 
@@ -631,9 +637,12 @@ if redis.call('SET', KEYS[1], num(now), 'NX') then return 1 end
 return 0
 "#;
 
-/// KEYS the namespace's pause key: removed; 1 when it was there.
+/// KEYS the namespace's pause key; ARGV the wake-up channel and the
+/// namespace. Removed (its namespace's workers woken); 1 when it was there.
 const RESUME: &str = r#"
-return redis.call('DEL', KEYS[1])
+local gone = redis.call('DEL', KEYS[1])
+if gone == 1 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+return gone
 "#;
 
 /// KEYS the namespace's pause key: 1 when it is there.

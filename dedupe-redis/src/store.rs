@@ -95,6 +95,9 @@ pub struct RedisStore {
     pub(crate) caps: Capabilities,
     pub(crate) wait: Option<crate::ops::Wait>,
     pub(crate) hash_tags: bool,
+    /// The pub/sub connection that wakes this process's workers (I14);
+    /// `None` on a connection the caller made.
+    pub(crate) wake: Option<dedupe_core::backend::Subscription>,
 }
 
 impl RedisStore {
@@ -242,7 +245,11 @@ impl DedupeStore for RedisStore {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let mut invocation = self.record_invocation(&SCRIPTS.release, &lease.key);
-        invocation.arg(lease.token.as_str()).arg(lease.key.id());
+        invocation
+            .arg(lease.token.as_str())
+            .arg(lease.key.id())
+            .arg(crate::wake::channel(&self.prefix))
+            .arg(lease.key.namespace());
         let (answer, acked) = self.write(invocation, &lease.key).await?;
         match parts(answer) {
             Some((1, _)) => self.replicated(acked, "release", "retry the release"),

@@ -957,3 +957,57 @@ async fn a_full_noeviction_server_answers_retryable_errors() {
         .lease()
         .is_some());
 }
+
+/// Whether `signal` is raised within 5 s of `change` (listening from before it).
+async fn wakes<T>(
+    signal: &tokio::sync::Notify,
+    change: impl std::future::Future<Output = Result<T, Error>>,
+) -> bool {
+    let woken = signal.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    change.await.expect("the change");
+    tokio::time::timeout(Duration::from_secs(5), woken)
+        .await
+        .is_ok()
+}
+
+/// Push wake-ups outlive their connection: with the pub/sub connection
+/// killed (`CLIENT KILL TYPE pubsub`), the store subscribes again and
+/// accepts made through another store wake its workers as before. Three
+/// rounds after the kill, so the one wake-up a reconnection raises on its
+/// own cannot pass for them (the test fails when the store does not
+/// subscribe again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_come_back_after_the_subscriber_is_killed() {
+    use dedupe_core::Inbox;
+    let server = RedisServer::start();
+    let listening = store(&server.url(), Duration::from_secs(2)).await;
+    let accepting = store(&server.url(), Duration::from_secs(2)).await;
+    let wake = listening.wake("redis").await.expect("wake");
+    assert!(wake.everywhere, "Redis pushes its wake-ups");
+    let signal = wake.signal.expect("a signal");
+    assert!(
+        wakes(&signal, accepting.accept(&key("before"), b"{}")).await,
+        "another store's accept did not wake the listening store"
+    );
+    assert_eq!(
+        redis_cli(server.port, &["CLIENT", "KILL", "TYPE", "pubsub"]),
+        "1"
+    );
+    let subscribed_again = dedupe_testkit::eventually(Duration::from_secs(20), || async {
+        redis_cli(server.port, &["PUBSUB", "NUMSUB", "dedupe:wake"]).ends_with('1')
+    })
+    .await;
+    assert!(subscribed_again, "the store did not subscribe again");
+    for round in 0..3 {
+        assert!(
+            wakes(
+                &signal,
+                accepting.accept(&key(&format!("after-{round}")), b"{}")
+            )
+            .await,
+            "round {round}: an accept after the kill did not wake the listening store"
+        );
+    }
+}
