@@ -173,6 +173,7 @@ impl DynamoBuilder {
             .collect();
         Ok(DynamoStore {
             inner: Arc::new(Inner {
+                wakeups: Default::default(),
                 client,
                 table: self.table,
                 names: self.names,

@@ -35,7 +35,7 @@ use dedupe_core::backend::{
 use dedupe_core::backend::{accept_columns, check_accept, check_namespace, check_take, cut_error};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, ItemPage, ItemQuery, ItemStatus, Key,
-    Lease, RecordState, Result, Retry, Taken,
+    Lease, RecordState, Result, Retry, Taken, Wake,
 };
 use futures_util::StreamExt;
 
@@ -469,85 +469,90 @@ impl Inbox for DynamoStore {
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
         let (delay, max_attempts) = accept_columns(options);
-        self.bounded(async {
-            self.clock_guard(key, None).await?;
-            let names = &self.inner.names;
-            // What the write requires of the item: absent or done and expired,
-            // or exactly the expired claim last read (its attempts are kept).
-            let mut replacing: Option<dedupe_core::Record> = None;
-            for round in 0..CLAIM_ROUNDS {
-                let now = self.now_ms();
-                let token = backend::new_token();
-                let (attempts, first_seen) = match &replacing {
-                    Some(old) => (i64::from(old.attempts), to_millis(old.first_seen)),
-                    None => (0, now),
-                };
-                let mut item = Item::from([
-                    (names.partition_key.clone(), partition_key(key)),
-                    (names.state.clone(), n(StoredRecord::IN_FLIGHT)),
-                    (names.token.clone(), s(token.as_str())),
-                    (names.deadline.clone(), n(now.saturating_add(delay))),
-                    (names.attempts.clone(), n(attempts)),
-                    (names.first_seen.clone(), n(first_seen)),
-                    (names.wait.clone(), n(1)),
-                    (names.payload.clone(), outcome_value(payload)),
-                    (names.queue.clone(), waiting(key.namespace())),
-                    (names.list_namespace.clone(), s(key.namespace())),
-                    (names.list_key.clone(), list_key(ItemStatus::Pending, key)),
-                    (names.takeovers.clone(), n(0)),
-                ]);
-                if let Some(limit) = max_attempts {
-                    item.insert(names.max_attempts.clone(), n(limit));
-                }
-                let (condition, vals) = match &replacing {
-                    None => (
-                        FRESH,
-                        values([(":done", n(StoredRecord::DONE)), (":now", n(now))]),
-                    ),
-                    Some(old) => (
-                        TAKEOVER,
-                        values([
-                            (":tk", s(old.token.as_str())),
-                            (":dl", n(to_millis(deadline_of(old)))),
-                        ]),
-                    ),
-                };
-                let old = match self.put(item, condition, vals).await? {
-                    Written::Won => return Ok(Accepted::New),
-                    Written::Conflict => {
-                        tokio::time::sleep(Duration::from_millis(5 << round.min(5))).await;
+        let accepted = self
+            .bounded(async {
+                self.clock_guard(key, None).await?;
+                let names = &self.inner.names;
+                // What the write requires of the item: absent or done and expired,
+                // or exactly the expired claim last read (its attempts are kept).
+                let mut replacing: Option<dedupe_core::Record> = None;
+                for round in 0..CLAIM_ROUNDS {
+                    let now = self.now_ms();
+                    let token = backend::new_token();
+                    let (attempts, first_seen) = match &replacing {
+                        Some(old) => (i64::from(old.attempts), to_millis(old.first_seen)),
+                        None => (0, now),
+                    };
+                    let mut item = Item::from([
+                        (names.partition_key.clone(), partition_key(key)),
+                        (names.state.clone(), n(StoredRecord::IN_FLIGHT)),
+                        (names.token.clone(), s(token.as_str())),
+                        (names.deadline.clone(), n(now.saturating_add(delay))),
+                        (names.attempts.clone(), n(attempts)),
+                        (names.first_seen.clone(), n(first_seen)),
+                        (names.wait.clone(), n(1)),
+                        (names.payload.clone(), outcome_value(payload)),
+                        (names.queue.clone(), waiting(key.namespace())),
+                        (names.list_namespace.clone(), s(key.namespace())),
+                        (names.list_key.clone(), list_key(ItemStatus::Pending, key)),
+                        (names.takeovers.clone(), n(0)),
+                    ]);
+                    if let Some(limit) = max_attempts {
+                        item.insert(names.max_attempts.clone(), n(limit));
+                    }
+                    let (condition, vals) = match &replacing {
+                        None => (
+                            FRESH,
+                            values([(":done", n(StoredRecord::DONE)), (":now", n(now))]),
+                        ),
+                        Some(old) => (
+                            TAKEOVER,
+                            values([
+                                (":tk", s(old.token.as_str())),
+                                (":dl", n(to_millis(deadline_of(old)))),
+                            ]),
+                        ),
+                    };
+                    let old = match self.put(item, condition, vals).await? {
+                        Written::Won => return Ok(Accepted::New),
+                        Written::Conflict => {
+                            tokio::time::sleep(Duration::from_millis(5 << round.min(5))).await;
+                            continue;
+                        }
+                        Written::Lost(Some(old)) => Some(old),
+                        Written::Lost(None) => self.read(key).await?,
+                    };
+                    let Some(old) = old else {
+                        replacing = None;
                         continue;
+                    };
+                    let record = decode(names, key, &old)?;
+                    if let Some(item) = decode_item(names, key, &old)? {
+                        // This very accept, sent again by the SDK after its answer
+                        // was lost, met its own item (no take has changed the token).
+                        if record.token == token {
+                            return Ok(Accepted::New);
+                        }
+                        return Ok(Accepted::Item(item));
                     }
-                    Written::Lost(Some(old)) => Some(old),
-                    Written::Lost(None) => self.read(key).await?,
-                };
-                let Some(old) = old else {
-                    replacing = None;
-                    continue;
-                };
-                let record = decode(names, key, &old)?;
-                if let Some(item) = decode_item(names, key, &old)? {
-                    // This very accept, sent again by the SDK after its answer
-                    // was lost, met its own item (no take has changed the token).
-                    if record.token == token {
-                        return Ok(Accepted::New);
+                    if deadline_of(&record) > from_millis(self.now_ms()) {
+                        return Ok(backend::accepted_over(record));
                     }
-                    return Ok(Accepted::Item(item));
+                    replacing = match record.state {
+                        RecordState::InFlight { .. } => Some(record),
+                        RecordState::Done { .. } => None,
+                    };
                 }
-                if deadline_of(&record) > from_millis(self.now_ms()) {
-                    return Ok(backend::accepted_over(record));
-                }
-                replacing = match record.state {
-                    RecordState::InFlight { .. } => Some(record),
-                    RecordState::Done { .. } => None,
-                };
-            }
-            Err(Error::retryable(
-                "the record kept changing under the accept; retry",
-                None,
-            ))
-        })
-        .await
+                Err(Error::retryable(
+                    "the record kept changing under the accept; retry",
+                    None,
+                ))
+            })
+            .await?;
+        if accepted == Accepted::New {
+            self.inner.wakeups.raise(key.namespace());
+        }
+        Ok(accepted)
     }
 
     /// Two queries of the due index (waiting, and held past the lease),
@@ -785,26 +790,31 @@ impl Inbox for DynamoStore {
     }
 
     async fn replay(&self, key: &Key) -> Result<bool> {
-        self.bounded(async {
-            let vals = values([
-                (":one", n(1)),
-                (":two", n(2)),
-                (":due", n(self.now_ms())),
-                (":q", waiting(key.namespace())),
-                (":lk", list_key(ItemStatus::Failed, key)),
-            ]);
-            match self.update(key, WAITING, REPLAYABLE, vals, false).await? {
-                Updated::Done(_) => Ok(true),
-                // Not replayable; a stored value that does not decode is
-                // answered as corrupt, never as "no such item".
-                Updated::Failed(Some(old)) => {
-                    decode_item(&self.inner.names, key, &old)?;
-                    Ok(false)
+        let replayed = self
+            .bounded(async {
+                let vals = values([
+                    (":one", n(1)),
+                    (":two", n(2)),
+                    (":due", n(self.now_ms())),
+                    (":q", waiting(key.namespace())),
+                    (":lk", list_key(ItemStatus::Failed, key)),
+                ]);
+                match self.update(key, WAITING, REPLAYABLE, vals, false).await? {
+                    Updated::Done(_) => Ok(true),
+                    // Not replayable; a stored value that does not decode is
+                    // answered as corrupt, never as "no such item".
+                    Updated::Failed(Some(old)) => {
+                        decode_item(&self.inner.names, key, &old)?;
+                        Ok(false)
+                    }
+                    Updated::Failed(None) => Ok(false),
                 }
-                Updated::Failed(None) => Ok(false),
-            }
-        })
-        .await
+            })
+            .await?;
+        if replayed {
+            self.inner.wakeups.raise(key.namespace());
+        }
+        Ok(replayed)
     }
 
     /// Four `Select=COUNT` queries of the items index (they read every index
@@ -827,20 +837,35 @@ impl Inbox for DynamoStore {
     /// The marker item deleted; `true` when it was there.
     async fn resume(&self, namespace: &str) -> Result<bool> {
         check_namespace(namespace)?;
-        self.bounded(async {
-            let out = self
-                .inner
-                .client
-                .delete_item()
-                .table_name(&self.inner.table)
-                .key(&self.inner.names.partition_key, pause_marker(namespace))
-                .return_values(ReturnValue::AllOld)
-                .send()
-                .await
-                .map_err(|e| self.fail(e))?;
-            Ok(out.attributes().is_some_and(|old| !old.is_empty()))
-        })
-        .await
+        let resumed = self
+            .bounded(async {
+                let out = self
+                    .inner
+                    .client
+                    .delete_item()
+                    .table_name(&self.inner.table)
+                    .key(&self.inner.names.partition_key, pause_marker(namespace))
+                    .return_values(ReturnValue::AllOld)
+                    .send()
+                    .await
+                    .map_err(|e| self.fail(e))?;
+                Ok(out.attributes().is_some_and(|old| !old.is_empty()))
+            })
+            .await?;
+        if resumed {
+            self.inner.wakeups.raise(namespace);
+        }
+        Ok(resumed)
+    }
+
+    /// In this process only, and backing off while idle: DynamoDB has no
+    /// notifications a worker could wait on (Streams are read by polling,
+    /// billed per read), and every take is two billed queries and a read,
+    /// so an idle worker looks less and less often, up to eight times its
+    /// poll interval.
+    async fn wake(&self, namespace: &str) -> Result<Wake> {
+        check_namespace(namespace)?;
+        Ok(Wake::in_process(self.inner.wakeups.signal(namespace)).with_idle_backoff(true))
     }
 
     async fn paused(&self, namespace: &str) -> Result<bool> {

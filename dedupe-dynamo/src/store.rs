@@ -89,6 +89,9 @@ pub(crate) struct Inner {
     pub(crate) max_clock_skew: Duration,
     pub(crate) min_lease: Duration,
     pub(crate) allow_global_table: bool,
+    /// Raised when an inbox item becomes due now through this handle or a
+    /// clone (I14); other processes' changes are found by the poll.
+    pub(crate) wakeups: dedupe_core::backend::Wakeups,
     /// The table's check, once (`DescribeTable`): why claims are refused on
     /// it, if they are.
     pub(crate) table_checked: std::sync::OnceLock<Option<String>>,
@@ -315,27 +318,33 @@ impl DedupeStore for DynamoStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.bounded(async {
-            let done = self
-                .inner
-                .client
-                .delete_item()
-                .table_name(&self.inner.table)
-                .key(&self.inner.names.partition_key, partition_key(&lease.key))
-                .condition_expression(CLAIM_HELD)
-                .set_expression_attribute_names(self.names(&[CLAIM_HELD]))
-                .set_expression_attribute_values(Some(self.held_values(lease, self.now_ms())))
-                .send()
-                .await;
-            match done {
-                Ok(_) => Ok(()),
-                // Not a claim held by this lease: an inbox item is given back
-                // instead (due now), else it was released already or lost.
-                Err(e) if is_condition_failure(&e) => self.released_already(lease).await,
-                Err(e) => Err(self.fail(e)),
-            }
-        })
-        .await
+        let released = self
+            .bounded(async {
+                let done = self
+                    .inner
+                    .client
+                    .delete_item()
+                    .table_name(&self.inner.table)
+                    .key(&self.inner.names.partition_key, partition_key(&lease.key))
+                    .condition_expression(CLAIM_HELD)
+                    .set_expression_attribute_names(self.names(&[CLAIM_HELD]))
+                    .set_expression_attribute_values(Some(self.held_values(lease, self.now_ms())))
+                    .send()
+                    .await;
+                match done {
+                    Ok(_) => Ok(()),
+                    // Not a claim held by this lease: an inbox item is given back
+                    // instead (due now), else it was released already or lost.
+                    Err(e) if is_condition_failure(&e) => self.released_already(lease).await,
+                    Err(e) => Err(self.fail(e)),
+                }
+            })
+            .await;
+        if released.is_ok() {
+            // A held item given back is due now.
+            self.inner.wakeups.raise(lease.key.namespace());
+        }
+        released
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

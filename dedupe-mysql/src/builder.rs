@@ -75,6 +75,7 @@ impl MySqlBuilder {
             return Err(Error::config("timeout must be at least 1 ms"));
         }
         Ok(MySqlStore {
+            wakeups: Default::default(),
             pool: self.pool,
             sql: Arc::new(Statements::new(&self.table)?),
             timeout: self.timeout,

@@ -11,7 +11,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken,
+    Result, Retry, Taken, Wake,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
@@ -37,8 +37,13 @@ impl Inbox for MySqlStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
-        self.call(async |ops, conn| ops.accept(conn, key, payload, options).await)
-            .await
+        let accepted = self
+            .call(async |ops, conn| ops.accept(conn, key, payload, options).await)
+            .await?;
+        if accepted == Accepted::New {
+            self.wakeups.raise(key.namespace());
+        }
+        Ok(accepted)
     }
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
@@ -72,8 +77,13 @@ impl Inbox for MySqlStore {
     }
 
     async fn replay(&self, key: &Key) -> Result<bool> {
-        self.call(async |ops, conn| ops.replay(conn, key).await)
-            .await
+        let replayed = self
+            .call(async |ops, conn| ops.replay(conn, key).await)
+            .await?;
+        if replayed {
+            self.wakeups.raise(key.namespace());
+        }
+        Ok(replayed)
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
@@ -89,8 +99,21 @@ impl Inbox for MySqlStore {
 
     async fn resume(&self, namespace: &str) -> Result<bool> {
         check_namespace(namespace)?;
-        self.call(async |ops, conn| ops.changes(conn, &ops.sql.resume, namespace).await)
-            .await
+        let resumed = self
+            .call(async |ops, conn| ops.changes(conn, &ops.sql.resume, namespace).await)
+            .await?;
+        if resumed {
+            self.wakeups.raise(namespace);
+        }
+        Ok(resumed)
+    }
+
+    /// In this process only: MySQL has no notifications, so the workers
+    /// of a handle hear its own (and its clones') changes at once, and
+    /// another process's at their poll.
+    async fn wake(&self, namespace: &str) -> Result<Wake> {
+        check_namespace(namespace)?;
+        Ok(Wake::in_process(self.wakeups.signal(namespace)))
     }
 
     async fn paused(&self, namespace: &str) -> Result<bool> {

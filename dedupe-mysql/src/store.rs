@@ -39,6 +39,10 @@ pub struct MySqlStore {
     pub(crate) kept: Arc<Kept<sqlx::MySql>>,
     /// Whether claims read first (shared by the store's clones).
     pub(crate) first: Arc<FirstStatement>,
+    /// Raised when an inbox item becomes due now through this handle or a
+    /// clone (I14): MySQL has no notifications, so other processes' changes
+    /// are found by their workers' poll.
+    pub(crate) wakeups: dedupe_core::backend::Wakeups,
 }
 
 impl MySqlStore {
@@ -314,7 +318,10 @@ impl DedupeStore for MySqlStore {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.call(async |ops, conn| ops.release(conn, lease).await)
-            .await
+            .await?;
+        // A held item given back is due now.
+        self.wakeups.raise(lease.key.namespace());
+        Ok(())
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
