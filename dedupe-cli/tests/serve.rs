@@ -1073,6 +1073,8 @@ async fn inbox_path(url: &str) {
             "3".into(),
             "--retry-backoff-ms".into(),
             "20".into(),
+            "--poll-ms".into(),
+            "50".into(),
             "--effect-log".into(),
             log_arg.clone(),
         ];

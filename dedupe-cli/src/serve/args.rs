@@ -58,6 +58,13 @@ pub struct ServeArgs {
         requires = "inbox"
     )]
     pub(super) max_snooze_secs: u64,
+    /// Inbox mode: the longest an idle worker waits before looking for work
+    /// when nothing woke it, in milliseconds: what a missed wake-up costs at
+    /// most. By default 2000 on Postgres and Redis (every process's accepts
+    /// wake the workers), 250 otherwise (SQLite, MySQL and memory wake only
+    /// this process's workers; DynamoDB backs off to 2000 while idle).
+    #[arg(long, value_name = "MS", requires = "inbox", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub(super) poll_ms: Option<u64>,
     /// A signing secret: `ROUTE=SECRET`, where ROUTE is `stripe`, `github`,
     /// `shopify`, `standard` (for /hooks and /hooks/standard) or a --route
     /// name (which otherwise takes its provider's secret); a bare secret is a

@@ -38,15 +38,17 @@ pub(super) fn spawn(
         served
             .into_iter()
             .map(|namespace| {
-                let worker = InboxWorker::new(deduper, Arc::clone(inbox), namespace)
+                let mut worker = InboxWorker::new(deduper, Arc::clone(inbox), namespace)
                     .with_concurrency(args.workers)
                     .with_max_attempts(args.max_attempts)
                     .with_max_snooze(Duration::from_secs(args.max_snooze_secs))
                     .with_backoff(dedupe_core::Backoff {
                         first: Duration::from_millis(args.retry_backoff_ms),
                         max: Duration::from_secs(600),
-                    })
-                    .with_poll_interval(Duration::from_millis(50));
+                    });
+                if let Some(poll) = args.poll_ms {
+                    worker = worker.with_poll_interval(Duration::from_millis(poll));
+                }
                 let running = tokio::spawn({
                     let (worker, app) = (worker.clone(), Arc::clone(app));
                     async move {
