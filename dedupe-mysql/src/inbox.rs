@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I13) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I14) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
@@ -169,7 +169,7 @@ fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::fatal(format!("{what} is not UTF-8"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I13).
+/// The inbox's statements (CONTRACT.md I1 to I14).
 impl Ops<'_> {
     /// The upsert, then the row read back: its token says whether this
     /// accept wrote it.

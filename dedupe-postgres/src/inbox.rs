@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I13) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I14) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
@@ -159,7 +159,7 @@ fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
         .ok_or_else(|| Error::fatal(format!("an inbox row of another namespace: {joined}"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I13), one statement each.
+/// The inbox's statements (CONTRACT.md I1 to I14), one statement each.
 impl Ops<'_> {
     pub(crate) async fn accept(
         &self,

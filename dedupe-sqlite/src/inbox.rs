@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I13) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I14) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection.
 
 use std::time::Duration;
@@ -153,7 +153,7 @@ impl Inbox for SqliteStore {
     }
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I13), each one statement on the
+/// The inbox's statements (CONTRACT.md I1 to I14), each one statement on the
 /// caller's connection (writes in the writer's transaction).
 impl Ops<'_> {
     /// Pauses (or resumes) the namespace; `true` when that changed anything.

@@ -1,4 +1,4 @@
-//! The inbox rules (CONTRACT.md, I1 to I13), for a store whose fixture offers
+//! The inbox rules (CONTRACT.md, I1 to I14), for a store whose fixture offers
 //! an [`Inbox`](dedupe_core::Inbox); skipped for one that does not.
 
 use dedupe_core::{AcceptOptions, Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
