@@ -390,6 +390,12 @@ impl InboxWorker {
                 continue;
             }
             idle = 0;
+            if taken.len() == want {
+                // There may be more: the next waiting worker looks too.
+                if let Some(signal) = &wake.signal {
+                    signal.notify_one();
+                }
+            }
             let mut first = Some(first);
             for item in taken {
                 let permit = match first.take() {

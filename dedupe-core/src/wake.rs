@@ -17,9 +17,13 @@ use tokio::sync::Notify;
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Wake {
-    /// Raised (`notify_waiters`) when an item of the namespace may have
-    /// become due now: accepted, given back, replayed, or its namespace
-    /// resumed. `None`: nothing wakes a worker; it polls.
+    /// Raised when an item of the namespace may have become due now:
+    /// accepted, given back, replayed, or its namespace resumed. Each
+    /// change wakes one waiting worker (`notify_one`: sixteen workers woken
+    /// for one item would make sixteen takes), and a worker that takes as
+    /// many items as it asked for raises it again for the next; a lost
+    /// connection, made again, wakes every waiter (`notify_waiters`).
+    /// `None`: nothing wakes a worker; it polls.
     pub signal: Option<Arc<Notify>>,
     /// The signal is pushed by the store, so changes made by any process
     /// raise it (Postgres `LISTEN/NOTIFY`, Redis pub/sub). `false`: only
@@ -70,8 +74,10 @@ impl Wake {
 /// for a store implementing [`Inbox::wake`](crate::Inbox::wake).
 ///
 /// [`signal`](Self::signal) hands out a topic's signal (made on first use);
-/// [`raise`](Self::raise) wakes the workers waiting on it, and is free when
-/// no worker ever asked for the topic.
+/// [`raise`](Self::raise) wakes one worker waiting on it (an item became
+/// due: one worker takes it, the others sleep on; a worker that takes a
+/// full batch wakes the next), and is free when no worker ever asked for
+/// the topic.
 ///
 /// ```
 /// use dedupe_core::backend::Wakeups;
@@ -99,14 +105,15 @@ impl Wakeups {
         Arc::clone(topics.entry(topic.to_string()).or_default())
     }
 
-    /// Wakes the workers waiting on `topic`'s signal now.
+    /// Wakes one worker waiting on `topic`'s signal now (or the next to
+    /// wait, when none is waiting).
     pub fn raise(&self, topic: &str) {
         let signal = {
             let topics = self.topics.lock().unwrap_or_else(PoisonError::into_inner);
             topics.get(topic).cloned()
         };
         if let Some(signal) = signal {
-            signal.notify_waiters();
+            signal.notify_one();
         }
     }
 
