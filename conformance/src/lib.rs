@@ -118,6 +118,7 @@ macro_rules! __with_check_names {
             inbox_snooze,
             inbox_pause,
             inbox_wake,
+            inbox_ordering,
         }
     };
 }

@@ -161,6 +161,10 @@ enum Flaw {
     WakeOnAcceptOnly,
     /// Hands out the first namespace's signal for every namespace.
     WakeOneNamespace,
+    /// Drops an accept's ordering key: items of one key run at once.
+    OrderIgnored,
+    /// Every item is accepted to be skipped when dead.
+    DeadAlwaysSkipped,
 }
 
 impl Flaw {
@@ -202,6 +206,8 @@ impl Flaw {
                 | Flaw::WakeNeverRaised
                 | Flaw::WakeOnAcceptOnly
                 | Flaw::WakeOneNamespace
+                | Flaw::OrderIgnored
+                | Flaw::DeadAlwaysSkipped
         )
     }
 }
@@ -620,12 +626,27 @@ impl Inbox for Broken {
                     .await
             }
             Flaw::NotBeforeIgnored => {
-                let mut options = *options;
+                let mut options = options.clone();
                 options.not_before = None;
                 self.inner.accept_with(key, payload, &options).await
             }
+            Flaw::OrderIgnored => {
+                let mut options = options.clone();
+                if options
+                    .ordering_key
+                    .as_deref()
+                    .is_some_and(|k| !k.is_empty())
+                {
+                    options.ordering_key = None;
+                }
+                self.inner.accept_with(key, payload, &options).await
+            }
+            Flaw::DeadAlwaysSkipped => {
+                let options = options.clone().when_dead(dedupe_core::WhenDead::Skip);
+                self.inner.accept_with(key, payload, &options).await
+            }
             Flaw::ItemLimitDropped => {
-                let mut options = *options;
+                let mut options = options.clone();
                 options.max_attempts = None;
                 self.inner.accept_with(key, payload, &options).await
             }
@@ -1082,6 +1103,8 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::WakeNeverRaised, &["inbox_wake"]),
     (Flaw::WakeOnAcceptOnly, &["inbox_wake"]),
     (Flaw::WakeOneNamespace, &["inbox_wake"]),
+    (Flaw::OrderIgnored, &["inbox_ordering"]),
+    (Flaw::DeadAlwaysSkipped, &["inbox_ordering"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -1175,6 +1198,8 @@ broken_store_tests!(
     rejects_a_wake_up_never_raised => WakeNeverRaised,
     rejects_wake_ups_on_accepts_only => WakeOnAcceptOnly,
     rejects_one_wake_up_for_every_namespace => WakeOneNamespace,
+    rejects_ordering_keys_ignored => OrderIgnored,
+    rejects_dead_items_always_skipped => DeadAlwaysSkipped,
     rejects_a_hand_back_spending_an_attempt => HandBackSpendsAttempt,
     rejects_takeovers_not_counted => TakeoverNotCounted,
     rejects_not_before_ignored => NotBeforeIgnored,

@@ -94,6 +94,8 @@ pub struct Item {
     /// The attempts it gets before it is dead, set when it was accepted
     /// ([`AcceptOptions::max_attempts`]); `None`: the worker's setting.
     pub max_attempts: Option<u32>,
+    /// Its ordering key ([`AcceptOptions::ordering_key`]), if it has one.
+    pub ordering_key: Option<String>,
 }
 
 impl Item {
@@ -118,6 +120,7 @@ impl Item {
             payload,
             takeovers: 0,
             max_attempts: None,
+            ordering_key: None,
         }
     }
 
@@ -128,10 +131,40 @@ impl Item {
         self.max_attempts = max_attempts;
         self
     }
+
+    /// Sets its ordering key (for store authors).
+    pub fn with_ordering_key(mut self, key: Option<String>) -> Self {
+        self.ordering_key = key;
+        self
+    }
+}
+
+/// Longest ordering key ([`AcceptOptions::ordering_key`]), in bytes.
+pub const MAX_ORDERING_KEY_BYTES: usize = 256;
+
+/// How many due items a take passes over because an earlier item of their
+/// ordering key holds them back (CONTRACT.md I15), beyond the items it
+/// hands out: a take reads at most `max + ORDER_SCAN` due items. Past that
+/// many blocked items at the front of a namespace, a take hands out nothing
+/// until they move, however much other work waits behind them.
+pub const ORDER_SCAN: usize = 100;
+
+/// What a dead item does to the later items of its ordering key
+/// (CONTRACT.md I15), set when it is accepted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WhenDead {
+    /// The later items wait until it is replayed and done, or forgotten:
+    /// the default, for state an event must not be skipped in (a
+    /// `customer.updated` applied without its `customer.created`).
+    #[default]
+    Block,
+    /// The later items go on as if it were done.
+    Skip,
 }
 
 /// What an [`Inbox::accept_with`] stores beside the delivery.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AcceptOptions {
     /// Not taken before this time (delayed work); `None` or a time passed:
@@ -141,6 +174,12 @@ pub struct AcceptOptions {
     /// the worker that takes it (so workers of different versions agree);
     /// `None`: the taking worker's `max_attempts`.
     pub max_attempts: Option<u32>,
+    /// Items of one namespace with the same ordering key (a Stripe object's
+    /// id, a customer) are handed out one at a time, in accept order
+    /// (CONTRACT.md I15); `None`: no order, the item runs beside any other.
+    pub ordering_key: Option<String>,
+    /// What this item, dead, does to the later items of its ordering key.
+    pub when_dead: WhenDead,
 }
 
 impl AcceptOptions {
@@ -161,11 +200,33 @@ impl AcceptOptions {
         self
     }
 
+    /// Handed out after the earlier items of `key` in its namespace, one at
+    /// a time (1 to [`MAX_ORDERING_KEY_BYTES`] bytes).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// What this item, dead, does to the later items of its ordering key
+    /// (default [`WhenDead::Block`]).
+    pub fn when_dead(mut self, when_dead: WhenDead) -> Self {
+        self.when_dead = when_dead;
+        self
+    }
+
     /// Checks the options: `max_attempts` at least 1, `not_before` at most
     /// [`MAX_TTL`](crate::MAX_TTL) ahead.
     pub fn validate(&self) -> Result<()> {
         if self.max_attempts == Some(0) {
             return Err(Error::config("an item needs at least 1 attempt, 0 asked"));
+        }
+        if let Some(key) = &self.ordering_key {
+            if key.is_empty() || key.len() > MAX_ORDERING_KEY_BYTES {
+                return Err(Error::config(format!(
+                    "an ordering key is 1 to {MAX_ORDERING_KEY_BYTES} bytes, {} given",
+                    key.len()
+                )));
+            }
         }
         if let Some(at) = self.not_before {
             let ahead = at

@@ -1,6 +1,6 @@
 //! The in-memory store: the reference implementation of the contract.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +29,16 @@ struct ItemEntry {
     takeovers: u32,
     /// Its own attempt limit, set at accept.
     max_attempts: Option<u32>,
+    /// Its ordering key, its place in the key's accept order, and what it
+    /// does dead (I15).
+    ordering: Option<Ordering>,
+}
+
+#[derive(Debug, Clone)]
+struct Ordering {
+    key: String,
+    seq: u64,
+    when_dead: crate::WhenDead,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +96,8 @@ impl Entry {
                 item.last_error.clone(),
                 item.payload.clone(),
             )
-            .with_counts(item.takeovers, item.max_attempts),
+            .with_counts(item.takeovers, item.max_attempts)
+            .with_ordering_key(item.ordering.as_ref().map(|o| o.key.clone())),
         )
     }
 
@@ -211,6 +222,11 @@ struct Records {
     due: HashMap<String, BTreeSet<(SystemTime, String)>>,
     /// The paused namespaces: their takes hand out nothing.
     paused: HashSet<String>,
+    /// Per namespace and ordering key, the items that have one, by accept
+    /// order (I15).
+    orders: HashMap<(String, String), BTreeMap<u64, String>>,
+    /// The accept order's next number.
+    next_seq: u64,
 }
 
 impl Records {
@@ -223,7 +239,24 @@ impl Records {
             .map(|_| entry.expires_at)
     }
 
+    fn ordering_of(entry: &Entry) -> Option<(String, u64)> {
+        entry
+            .item
+            .as_ref()
+            .and_then(|i| i.ordering.as_ref())
+            .map(|o| (o.key.clone(), o.seq))
+    }
+
     fn unindex(&mut self, key: &Key) {
+        if let Some((order, seq)) = self.map.get(key).and_then(Self::ordering_of) {
+            let at = (key.namespace().to_string(), order);
+            if let Some(items) = self.orders.get_mut(&at) {
+                items.remove(&seq);
+                if items.is_empty() {
+                    self.orders.remove(&at);
+                }
+            }
+        }
         let Some(at) = self.map.get(key).and_then(Self::slot) else {
             return;
         };
@@ -236,6 +269,12 @@ impl Records {
     }
 
     fn index(&mut self, key: &Key) {
+        if let Some((order, seq)) = self.map.get(key).and_then(Self::ordering_of) {
+            self.orders
+                .entry((key.namespace().to_string(), order))
+                .or_default()
+                .insert(seq, key.id().to_string());
+        }
         if let Some(at) = self.map.get(key).and_then(Self::slot) {
             self.due
                 .entry(key.namespace().to_string())
@@ -261,6 +300,46 @@ impl Records {
     fn remove(&mut self, key: &Key) -> Option<Entry> {
         self.unindex(key);
         self.map.remove(key)
+    }
+
+    /// Whether an item of an ordering key is held back (I15): another item
+    /// of its key is held, or an earlier one waits (pending, failed), or is
+    /// dead and blocks.
+    fn held_back(&self, key: &Key) -> bool {
+        let Some(item) = self.map.get(key).and_then(|e| e.item.as_ref()) else {
+            return false;
+        };
+        let Some(ordering) = &item.ordering else {
+            return false;
+        };
+        let at = (key.namespace().to_string(), ordering.key.clone());
+        let Some(items) = self.orders.get(&at) else {
+            return false;
+        };
+        items.iter().any(|(seq, id)| {
+            if id == key.id() {
+                return false;
+            }
+            let Some(other) = Key::new(key.namespace(), id.as_str())
+                .ok()
+                .and_then(|k| self.map.get(&k))
+                .and_then(|e| e.item.as_ref())
+            else {
+                return false;
+            };
+            let earlier = *seq < ordering.seq;
+            match other.wait {
+                Wait::Held => true,
+                Wait::Due => earlier,
+                Wait::Dead => {
+                    earlier
+                        && other
+                            .ordering
+                            .as_ref()
+                            .is_none_or(|o| o.when_dead == crate::WhenDead::Block)
+                }
+            }
+        })
     }
 
     /// The keys of `namespace`'s items due by `now`, oldest first, at most `max`.
@@ -483,6 +562,8 @@ impl Inbox for MemoryStore {
             Some(old) if old.done.is_none() => (old.attempts, old.first_seen),
             _ => (0, now),
         };
+        map.next_seq += 1;
+        let seq = map.next_seq;
         map.insert(
             key.clone(),
             Entry {
@@ -499,6 +580,11 @@ impl Inbox for MemoryStore {
                     last_error: None,
                     takeovers: 0,
                     max_attempts: options.max_attempts,
+                    ordering: options.ordering_key.clone().map(|key| Ordering {
+                        key,
+                        seq,
+                        when_dead: options.when_dead,
+                    }),
                 }),
             },
         );
@@ -514,9 +600,16 @@ impl Inbox for MemoryStore {
         if map.paused.contains(namespace) {
             return Ok(Vec::new());
         }
-        let due = map.due_by(namespace, now, max);
-        let mut taken = Vec::with_capacity(due.len());
+        // Read past at most ORDER_SCAN items held back by their ordering key.
+        let due = map.due_by(namespace, now, max + crate::ORDER_SCAN);
+        let mut taken = Vec::with_capacity(max);
         for key in due {
+            if taken.len() == max {
+                break;
+            }
+            if map.held_back(&key) {
+                continue;
+            }
             let leased = map.change(&key, |entry| {
                 if !entry.is_due(now) {
                     return None;

@@ -238,6 +238,7 @@ pub(crate) fn decode_item(
             takeovers: opt_num(&names.takeovers)?.unwrap_or(0),
             max_attempts: opt_num(&names.max_attempts)?,
         },
+        ordering_key: None,
     }
     .decode(key.namespace())
     .map(Some)

@@ -468,6 +468,12 @@ impl Inbox for DynamoStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
+        if options.ordering_key.is_some() {
+            return Err(Error::config(
+                "ordering keys (CONTRACT.md I15) are not kept by the DynamoDB store yet; \
+                 accept without one, or use SQLite or Postgres",
+            ));
+        }
         let (delay, max_attempts) = accept_columns(options);
         let accepted = self
             .bounded(async {

@@ -37,6 +37,12 @@ impl Inbox for MySqlStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
+        if options.ordering_key.is_some() {
+            return Err(Error::config(
+                "ordering keys (CONTRACT.md I15) are not kept by the MySQL store yet; \
+                 accept without one, or use SQLite or Postgres",
+            ));
+        }
         let accepted = self
             .call(async |ops, conn| ops.accept(conn, key, payload, options).await)
             .await?;
@@ -161,6 +167,7 @@ fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
             .transpose()?,
         payload,
         counts,
+        ordering_key: None,
     }
     .decode(namespace)
 }

@@ -36,7 +36,11 @@ impl Admin for PgStore {
         if columns.is_empty() {
             return Err(missing(format!("no table \"{schema}\".\"{table}\"")));
         }
-        for (column, migration) in [("due_at", "0002_inbox"), ("takeovers", "0003_item_counts")] {
+        for (column, migration) in [
+            ("due_at", "0002_inbox"),
+            ("takeovers", "0003_item_counts"),
+            ("order_key", "0005_ordering"),
+        ] {
             if !columns.iter().any(|c| c == column) {
                 return Err(missing(format!(
                     "table \"{schema}\".\"{table}\" is from before migration {migration}"

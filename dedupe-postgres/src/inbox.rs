@@ -10,7 +10,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken, Wake,
+    Result, Retry, Taken, Wake, WhenDead,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -129,6 +129,7 @@ fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
                 last_error: row.try_get("last_error")?,
                 payload: row.try_get("payload")?,
                 counts: counts(row)?,
+                ordering_key: row.try_get("order_key")?,
             },
         ))
     };
@@ -177,6 +178,8 @@ impl Ops<'_> {
             .bind(payload)
             .bind(delay)
             .bind(max_attempts.map(|m| i32::try_from(m).unwrap_or(i32::MAX)))
+            .bind(options.ordering_key.as_deref())
+            .bind(options.when_dead == WhenDead::Skip)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| self.err(e))?;

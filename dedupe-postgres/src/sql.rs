@@ -81,6 +81,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_item_counts.sql"),
     include_str!("../migrations/0004_paused.sql"),
+    include_str!("../migrations/0005_ordering.sql"),
 ];
 
 /// Rows deleted per `expire()` statement, at most.
@@ -162,7 +163,7 @@ impl Statements {
         let live_row = live("");
         let item = format!(
             "key, wait, attempts, {first} AS first_seen_ms, {expires} AS expires_ms, last_error, payload,
-             takeovers, max_attempts",
+             takeovers, max_attempts, order_key",
             first = ms("first_seen"),
             expires = ms("expires_at")
         );
@@ -368,10 +369,16 @@ impl Statements {
                  )
                  INSERT INTO {t} AS r ({kcols}, state, token, claim_id, fingerprint, expires_at,
                                        completed_at, outcome, attempts, first_seen, payload, wait,
-                                       last_error, due_at, takeovers, max_attempts)
+                                       last_error, due_at, takeovers, max_attempts, order_key,
+                                       order_seq, order_skip)
                  SELECT {bound}, 0, $3::text, NULL, NULL, now() + $5::int8 * interval '1 ms', NULL,
                         NULL, 0, now(), $4::bytea, 1, NULL, now() + $5::int8 * interval '1 ms', 0,
-                        $6::int4
+                        $6::int4, $7::text,
+                        CASE WHEN $7::text IS NULL THEN NULL
+                             ELSE (SELECT coalesce(max(order_seq), 0) + 1 FROM {t}
+                                   WHERE split_part(key, ':', 1) = $1::text
+                                     AND order_key = $7::text) END,
+                        $8::bool
                  WHERE NOT EXISTS (SELECT 1 FROM live)
                  ON CONFLICT ({kcols}) DO UPDATE SET
                     state = 0, token = excluded.token, claim_id = NULL, fingerprint = NULL,
@@ -379,7 +386,9 @@ impl Statements {
                     attempts = CASE WHEN r.state = 0 THEN r.attempts ELSE 0 END,
                     first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END,
                     payload = excluded.payload, wait = 1, last_error = NULL, due_at = excluded.due_at,
-                    takeovers = 0, max_attempts = excluded.max_attempts
+                    takeovers = 0, max_attempts = excluded.max_attempts,
+                    order_key = excluded.order_key, order_seq = excluded.order_seq,
+                    order_skip = excluded.order_skip
                  WHERE r.expires_at <= now() AND r.wait IS NULL
                  RETURNING token, CASE WHEN $5::int8 = 0 THEN {notify}::text END AS woke"
             )
@@ -390,12 +399,23 @@ impl Statements {
             .into(),
             // Leases the oldest due items of a namespace, skipping rows other
             // takers hold: each goes to one taker, and takers never wait on
-            // each other.
+            // each other. An item an item of its ordering key holds back is
+            // passed over (I15): another of the key is held, or an earlier
+            // one (accept order, ties by key) waits, or is dead and not to be
+            // skipped. Two takers racing see the first item of a key either
+            // waiting or held, so neither hands out the second.
             take: format!(
                 "WITH picked AS (
-                    SELECT key, due_at FROM {t}
+                    SELECT key, due_at FROM {t} c
                     WHERE split_part(key, ':', 1) = $1::text AND due_at <= now()
                       AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = $1::text)
+                      AND (c.order_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM {t} o
+                        WHERE split_part(o.key, ':', 1) = $1::text AND o.order_key = c.order_key
+                          AND o.key <> c.key
+                          AND (o.wait = 0
+                               OR ((o.order_seq, o.key) < (c.order_seq, c.key)
+                                   AND (o.wait = 1 OR (o.wait = 2 AND NOT o.order_skip))))))
                     ORDER BY due_at
                     LIMIT $2 FOR UPDATE SKIP LOCKED
                  ), taken AS (

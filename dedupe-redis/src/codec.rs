@@ -112,6 +112,7 @@ fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
             last_error,
             payload: Some(payload),
             counts,
+            ordering_key: None,
         },
         token,
     })

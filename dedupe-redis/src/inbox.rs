@@ -140,6 +140,12 @@ impl Inbox for RedisStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
+        if options.ordering_key.is_some() {
+            return Err(Error::config(
+                "ordering keys (CONTRACT.md I15) are not kept by the Redis store yet; \
+                 accept without one, or use SQLite or Postgres",
+            ));
+        }
         let (delay, max_attempts) = accept_columns(options);
         let token = new_tokens(1).remove(0);
         let mut invocation = self.item_invocation(&SCRIPTS.accept, key)?;

@@ -120,7 +120,11 @@ pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
     }
     // The newest column of each migration that adds some (0003 adds
     // indexes only, which reads do not need).
-    for (column, migration) in [("wait", "0002_inbox"), ("takeovers", "0004_item_counts")] {
+    for (column, migration) in [
+        ("wait", "0002_inbox"),
+        ("takeovers", "0004_item_counts"),
+        ("order_key", "0006_ordering"),
+    ] {
         if !columns.iter().any(|c| c == column) {
             return Err(missing(format!(
                 "table \"{table}\" in {} is from before migration {migration}",

@@ -34,5 +34,6 @@ pub(crate) fn read_item(row: &Row<'_>) -> rusqlite::Result<StoredItem> {
             takeovers: row.get(7)?,
             max_attempts: row.get(8)?,
         },
+        ordering_key: row.get(9)?,
     })
 }

@@ -10,7 +10,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken, Wake,
+    Result, Retry, Taken, Wake, WhenDead, ORDER_SCAN,
 };
 use rusqlite::{named_params, Connection, OptionalExtension};
 
@@ -35,7 +35,7 @@ impl Inbox for SqliteStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
-        let (owned, payload, options) = (key.clone(), payload.to_vec(), *options);
+        let (owned, payload, options) = (key.clone(), payload.to_vec(), options.clone());
         let accepted = self
             .conns()
             .write(1, move |ops, conn| {
@@ -196,6 +196,8 @@ impl Ops<'_> {
                         ":due": now.saturating_add(delay),
                         ":payload": payload,
                         ":max_attempts": max_attempts,
+                        ":order": options.ordering_key.as_deref(),
+                        ":skip": options.when_dead == WhenDead::Skip,
                     },
                     |row| row.get(0),
                 )
@@ -247,6 +249,7 @@ impl Ops<'_> {
                         ":ns": namespace,
                         ":now": now,
                         ":max": i64::try_from(max).unwrap_or(i64::MAX),
+                        ":scan": i64::try_from(ORDER_SCAN).unwrap_or(i64::MAX),
                     },
                     |row| row.get(0),
                 )?

@@ -26,6 +26,8 @@ pub(crate) struct Statements {
     pub(crate) item_counts: String,
     /// `migrations/0005_paused.sql`.
     pub(crate) paused_table: String,
+    /// `migrations/0006_ordering.sql`, for a table without `order_key`.
+    pub(crate) ordering: String,
     pub(crate) pause: String,
     pub(crate) resume: String,
     pub(crate) paused: String,
@@ -43,17 +45,19 @@ pub(crate) struct Statements {
 
 /// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
 /// order by `migrate()`; `{table}` is the store's table.
-pub(crate) const MIGRATIONS: [&str; 5] = [
+pub(crate) const MIGRATIONS: [&str; 6] = [
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_indexes.sql"),
     include_str!("../migrations/0004_item_counts.sql"),
     include_str!("../migrations/0005_paused.sql"),
+    include_str!("../migrations/0006_ordering.sql"),
 ];
 
 /// The item columns an inbox read returns, in the order `read_item` expects.
 pub(crate) const ITEM_COLUMNS: &str =
-    "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts";
+    "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts, \
+     order_key";
 
 /// Rows deleted per `expire()` batch (one write of the writer thread, committed
 /// with the claims queued beside it), so a large purge never holds the write
@@ -78,6 +82,7 @@ impl Statements {
             indexes: MIGRATIONS[2].replace("{table}", table),
             item_counts: MIGRATIONS[3].replace("{table}", table),
             paused_table: MIGRATIONS[4].replace("{table}", table),
+            ordering: MIGRATIONS[5].replace("{table}", table),
             columns: format!("SELECT name FROM pragma_table_info('{table}')"),
             // Inserts a fresh record, or takes over one whose deadline has passed, in one
             // statement. A live record is left alone and no row comes back.
@@ -164,16 +169,22 @@ impl Statements {
             accept: format!(
                 "INSERT INTO {t} AS r (namespace, id, state, token, claim_id, fingerprint, expires_at,
                                        completed_at, outcome, attempts, first_seen, payload, wait, last_error,
-                                       takeovers, max_attempts)
+                                       takeovers, max_attempts, order_key, order_seq, order_skip)
                  VALUES (:ns, :id, 0, :token, NULL, NULL, :due, NULL, NULL, 0, :now, :payload, 1, NULL,
-                         0, :max_attempts)
+                         0, :max_attempts, :order,
+                         CASE WHEN :order IS NULL THEN NULL
+                              ELSE (SELECT coalesce(max(order_seq), 0) + 1 FROM {t}
+                                    WHERE namespace = :ns AND order_key = :order) END,
+                         :skip)
                  ON CONFLICT (namespace, id) DO UPDATE SET
                     state = 0, token = excluded.token, claim_id = NULL, fingerprint = NULL,
                     expires_at = excluded.expires_at, completed_at = NULL, outcome = NULL,
                     attempts = CASE WHEN r.state = 0 THEN r.attempts ELSE 0 END,
                     first_seen = CASE WHEN r.state = 0 THEN r.first_seen ELSE excluded.first_seen END,
                     payload = excluded.payload, wait = 1, last_error = NULL,
-                    takeovers = 0, max_attempts = excluded.max_attempts
+                    takeovers = 0, max_attempts = excluded.max_attempts,
+                    order_key = excluded.order_key, order_seq = excluded.order_seq,
+                    order_skip = excluded.order_skip
                  WHERE r.expires_at <= :now AND r.wait IS NULL
                  RETURNING token"
             ),
@@ -182,12 +193,23 @@ impl Statements {
             ),
             // The oldest due items of a namespace, then each leased with a
             // token of its own, in that order, in one write transaction.
-            // Nothing of a paused namespace (I13).
+            // Nothing of a paused namespace (I13). Of the first `:max` plus
+            // ORDER_SCAN due items, those an item of their ordering key
+            // holds back are passed over (I15): another of the key is held,
+            // or an earlier one waits, or is dead and not to be skipped.
             take_pick: format!(
-                "SELECT id FROM {t}
-                 WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
-                   AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = :ns)
-                 ORDER BY expires_at, id LIMIT :max"
+                "SELECT id FROM (
+                    SELECT id, order_key, order_seq, expires_at FROM {t}
+                    WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
+                      AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = :ns)
+                    ORDER BY expires_at, id LIMIT :max + :scan) AS c
+                 WHERE c.order_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM {t} AS o
+                    WHERE o.namespace = :ns AND o.order_key = c.order_key AND o.id <> c.id
+                      AND (o.wait = 0
+                           OR (o.order_seq < c.order_seq
+                               AND (o.wait = 1 OR (o.wait = 2 AND o.order_skip = 0)))))
+                 ORDER BY c.expires_at, c.id LIMIT :max"
             ),
             pause: format!(
                 "INSERT INTO {p} (namespace, paused_at) VALUES (:ns, :now)
@@ -268,6 +290,7 @@ mod tests {
         conn.execute_batch(&s.indexes).expect("0003");
         conn.execute_batch(&s.item_counts).expect("0004");
         conn.execute_batch(&s.paused_table).expect("0005");
+        conn.execute_batch(&s.ordering).expect("0006");
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");

@@ -184,6 +184,9 @@ impl SqliteStore {
                     tx.execute_batch(&ops.sql.item_counts).map_err(map)?;
                 }
                 tx.execute_batch(&ops.sql.paused_table).map_err(map)?;
+                if !columns.iter().any(|c| c == "order_key") {
+                    tx.execute_batch(&ops.sql.ordering).map_err(map)?;
+                }
                 tx.commit().map_err(map)
             })
             .await

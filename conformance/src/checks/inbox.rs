@@ -1581,3 +1581,327 @@ pub async fn inbox_wake(factory: &dyn StoreFactory) -> CheckResult {
     .await?;
     Ok(Verdict::Passed)
 }
+
+/// The ids a take handed out, sorted.
+fn ids_of(taken: &[Taken]) -> Vec<String> {
+    let mut ids: Vec<String> = taken.iter().map(|t| t.lease.key.id().to_string()).collect();
+    ids.sort();
+    ids
+}
+
+/// Accepts `id` in the `inbox` namespace under ordering key `order`.
+async fn accept_ordered(
+    inbox: &dyn Inbox,
+    id: &str,
+    order: &str,
+    when_dead: dedupe_core::WhenDead,
+) -> Result<(), Failure> {
+    let answer = inbox
+        .accept_with(
+            &item_key(id)?,
+            id.as_bytes(),
+            &AcceptOptions::new()
+                .ordering_key(order)
+                .when_dead(when_dead),
+        )
+        .await?;
+    ensure!(
+        answer == Accepted::New,
+        "accept of {id} answered {answer:?}"
+    );
+    Ok(())
+}
+
+/// I15: items of one ordering key are handed out one at a time, in accept
+/// order: never while another item of the key runs, never before an earlier
+/// one is done (a failed one retrying holds the rest back; a dead one too,
+/// unless it was accepted to be skipped, until it is replayed and done or
+/// forgotten); other keys, and items without one, go on beside them; a
+/// take passes over a few blocked items to the free one behind them. Then
+/// racing takers on their own handles work one key: never two of its items
+/// held at once, done in accept order. Skipped for a store that refuses
+/// ordering keys (a configuration error).
+pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
+    use dedupe_core::WhenDead::{Block, Skip};
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let bad = inbox
+        .accept_with(
+            &item_key("bad-order")?,
+            b"x",
+            &AcceptOptions::new().ordering_key(""),
+        )
+        .await;
+    ensure!(
+        matches!(bad, Err(Error::InvalidConfig { .. })),
+        "an empty ordering key was not refused: {bad:?}"
+    );
+    match inbox
+        .accept_with(
+            &item_key("a1")?,
+            b"a1",
+            &AcceptOptions::new().ordering_key("cus_1"),
+        )
+        .await
+    {
+        Ok(answer) => ensure!(answer == Accepted::New, "accept of a1 answered {answer:?}"),
+        Err(e @ Error::InvalidConfig { .. }) => {
+            return Ok(Verdict::Skipped(format!(
+                "the store refuses ordering keys: {e}"
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    ensure!(
+        inbox.item(&item_key("bad-order")?).await?.is_none(),
+        "a refused accept stored its item"
+    );
+    accept_ordered(&*inbox, "a2", "cus_1", Block).await?;
+    accept_ordered(&*inbox, "a3", "cus_1", Block).await?;
+    accept_ordered(&*inbox, "b1", "cus_2", Block).await?;
+    inbox.accept(&item_key("c1")?, b"c1").await?;
+    let first = take_n(&*inbox, 5, LONG_TTL).await?;
+    ensure!(
+        ids_of(&first) == ["a1", "b1", "c1"],
+        "the first takes handed out {:?}, expected the first of each ordering key and the item without one",
+        ids_of(&first)
+    );
+    let shown = inbox.item(&item_key("a2")?).await?;
+    ensure!(
+        shown.as_ref().and_then(|i| i.ordering_key.as_deref()) == Some("cus_1"),
+        "an item does not show its ordering key: {shown:?}"
+    );
+    let held = |id: &str| {
+        first
+            .iter()
+            .find(|t| t.lease.key.id() == id)
+            .map(|t| t.lease.clone())
+            .ok_or_else(|| Failure::new(format!("{id} was not taken")))
+    };
+    let none = inbox.take("inbox", 10, LONG_TTL).await?;
+    ensure!(
+        none.is_empty(),
+        "a take while the first of each key runs handed out {:?}",
+        ids_of(&none)
+    );
+    store.complete(&held("a1")?, b"done", LONG_TTL).await?;
+    store.complete(&held("b1")?, b"done", LONG_TTL).await?;
+    let second = take_one(
+        &*inbox,
+        LONG_TTL,
+        "the next item of a key was not due after the first was done",
+    )
+    .await?;
+    ensure!(
+        second.lease.key.id() == "a2",
+        "after a1 was done the take handed out {}, expected a2",
+        second.lease.key
+    );
+    // Failed and retrying: a3 waits.
+    inbox
+        .fail(
+            &second.lease,
+            "once",
+            Retry::After(Duration::from_millis(300)),
+        )
+        .await?;
+    let waiting = inbox.take("inbox", 10, LONG_TTL).await?;
+    ensure!(
+        waiting.is_empty(),
+        "a take while a2 retries handed out {:?}",
+        ids_of(&waiting)
+    );
+    let retried = take_one_within(&*inbox, Duration::from_secs(3)).await?;
+    ensure!(
+        retried.lease.key.id() == "a2",
+        "the take after a2's retry delay handed out {}, expected a2",
+        retried.lease.key
+    );
+    // Dead and blocking: a3 waits until the replay is done.
+    inbox.fail(&retried.lease, "poison", Retry::Dead).await?;
+    let blocked = inbox.take("inbox", 10, LONG_TTL).await?;
+    ensure!(
+        blocked.is_empty(),
+        "a take behind a dead item that blocks handed out {:?}",
+        ids_of(&blocked)
+    );
+    ensure!(
+        inbox.replay(&item_key("a2")?).await?,
+        "replay of a2 found nothing"
+    );
+    let replayed = take_one(&*inbox, LONG_TTL, "a replayed item was not due").await?;
+    ensure!(
+        replayed.lease.key.id() == "a2",
+        "after the replay the take handed out {}, expected a2",
+        replayed.lease.key
+    );
+    store.complete(&replayed.lease, b"done", LONG_TTL).await?;
+    let third = take_one(&*inbox, LONG_TTL, "a3 was not due after a2 was done").await?;
+    ensure!(
+        third.lease.key.id() == "a3",
+        "expected a3, got {}",
+        third.lease.key
+    );
+    store.complete(&third.lease, b"done", LONG_TTL).await?;
+    store.complete(&held("c1")?, b"done", LONG_TTL).await?;
+
+    // Skipped when dead: s2 goes on; s1 replayed waits for s2, then runs.
+    accept_ordered(&*inbox, "s1", "cus_3", Skip).await?;
+    accept_ordered(&*inbox, "s2", "cus_3", Skip).await?;
+    let s1 = take_one(&*inbox, LONG_TTL, "s1 was not due").await?;
+    ensure!(
+        s1.lease.key.id() == "s1",
+        "expected s1, got {}",
+        s1.lease.key
+    );
+    inbox.fail(&s1.lease, "poison", Retry::Dead).await?;
+    let s2 = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item behind a dead one accepted to be skipped was held back",
+    )
+    .await?;
+    ensure!(
+        s2.lease.key.id() == "s2",
+        "expected s2, got {}",
+        s2.lease.key
+    );
+    ensure!(
+        inbox.replay(&item_key("s1")?).await?,
+        "replay of s1 found nothing"
+    );
+    let beside = inbox.take("inbox", 10, LONG_TTL).await?;
+    ensure!(
+        beside.is_empty(),
+        "a replayed item ran beside a later item of its key: {:?}",
+        ids_of(&beside)
+    );
+    store.complete(&s2.lease, b"done", LONG_TTL).await?;
+    let again = take_one(
+        &*inbox,
+        LONG_TTL,
+        "the replayed s1 was not due after s2 was done",
+    )
+    .await?;
+    ensure!(
+        again.lease.key.id() == "s1",
+        "expected s1, got {}",
+        again.lease.key
+    );
+    store.complete(&again.lease, b"done", LONG_TTL).await?;
+
+    // A dead item forgotten lets the rest go on.
+    accept_ordered(&*inbox, "f1", "cus_4", Block).await?;
+    accept_ordered(&*inbox, "f2", "cus_4", Block).await?;
+    let f1 = take_one(&*inbox, LONG_TTL, "f1 was not due").await?;
+    inbox.fail(&f1.lease, "poison", Retry::Dead).await?;
+    ensure!(
+        store.forget(&item_key("f1")?).await?,
+        "forget of a dead item found nothing"
+    );
+    let f2 = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item behind a forgotten dead one was held back",
+    )
+    .await?;
+    ensure!(
+        f2.lease.key.id() == "f2",
+        "expected f2, got {}",
+        f2.lease.key
+    );
+    store.complete(&f2.lease, b"done", LONG_TTL).await?;
+
+    // A free item behind blocked ones is handed out.
+    for i in 0..10 {
+        accept_ordered(&*inbox, &format!("hot-{i:02}"), "hot", Block).await?;
+    }
+    let hot = take_one(&*inbox, LONG_TTL, "hot-00 was not due").await?;
+    inbox.accept(&item_key("free")?, b"free").await?;
+    let free = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item behind ten blocked ones was not handed out",
+    )
+    .await?;
+    ensure!(
+        free.lease.key.id() == "free",
+        "expected the free item, got {}",
+        free.lease.key
+    );
+    store.complete(&free.lease, b"done", LONG_TTL).await?;
+
+    // Racing takers on their own handles work the hot key in order.
+    const RACERS: usize = 4;
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let order = Arc::new(std::sync::Mutex::new(vec!["hot-00".to_string()]));
+    store.complete(&hot.lease, b"done", LONG_TTL).await?;
+    running.store(0, std::sync::atomic::Ordering::SeqCst);
+    let mut tasks = Vec::new();
+    for _ in 0..RACERS {
+        let handle = fixture
+            .open_inbox()
+            .await?
+            .ok_or_else(|| Failure::new("the fixture has an inbox but no inbox handles"))?;
+        let store = handle.clone();
+        let (running, order) = (Arc::clone(&running), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(10) {
+                if order.lock().map_or(0, |o| o.len()) == 10 {
+                    return Ok(());
+                }
+                let got = handle.take("inbox", 2, LONG_TTL).await?;
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                for taken in got {
+                    let at_once = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    if at_once > 1 {
+                        return Err(Failure::new(format!(
+                            "{} was handed out while another item of its ordering key ran",
+                            taken.lease.key
+                        )));
+                    }
+                    if let Ok(mut o) = order.lock() {
+                        o.push(taken.lease.key.id().to_string());
+                    }
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    store.complete(&taken.lease, b"done", LONG_TTL).await?;
+                }
+            }
+            Err(Failure::new(
+                "the racing takers did not finish the key within 10 s",
+            ))
+        }));
+    }
+    for task in tasks {
+        task.await
+            .map_err(|e| Failure::new(format!("racer task: {e}")))??;
+    }
+    let done = order.lock().map(|o| o.clone()).unwrap_or_default();
+    let expected: Vec<String> = (0..10).map(|i| format!("hot-{i:02}")).collect();
+    ensure!(
+        done == expected,
+        "racing takers ran the key's items in the order {done:?}"
+    );
+    Ok(Verdict::Passed)
+}
+
+/// Takes one item, waiting up to `within` for one to be due.
+async fn take_one_within(inbox: &dyn Inbox, within: Duration) -> Result<Taken, Failure> {
+    let started = Instant::now();
+    loop {
+        if let Some(taken) = inbox.take("inbox", 1, LONG_TTL).await?.into_iter().next() {
+            return Ok(taken);
+        }
+        ensure!(
+            started.elapsed() < within,
+            "no item was due within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -33,6 +33,8 @@ pub struct StoredItem {
     pub payload: Option<Vec<u8>>,
     /// Its takeovers and its own attempt limit.
     pub counts: StoredCounts,
+    /// Its ordering key (I15), if it has one.
+    pub ordering_key: Option<String>,
 }
 
 /// An item's counters as stored (a row from before they existed reads as
@@ -83,7 +85,8 @@ impl StoredItem {
             self.last_error,
             payload,
         )
-        .with_counts(takeovers, max_attempts))
+        .with_counts(takeovers, max_attempts)
+        .with_ordering_key(self.ordering_key))
     }
 }
 
