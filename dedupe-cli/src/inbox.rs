@@ -65,9 +65,9 @@ pub struct ListArgs {
     #[arg(long, value_name = "N")]
     limit: Option<usize>,
     /// A JSON array of objects (`namespace`, `id`, `state`, `attempts`,
-    /// `max_attempts` (null: the worker's), `takeovers`, `last_error`,
-    /// `due_at`, `due_at_ms`, `accepted_at_ms`, `payload_bytes`) instead of a
-    /// table.
+    /// `max_attempts` (null: the worker's), `takeovers`, `ordering_key`
+    /// (null: none), `last_error`, `due_at`, `due_at_ms`, `accepted_at_ms`,
+    /// `payload_bytes`) instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -160,6 +160,7 @@ fn item_json(item: &Item) -> Value {
         "attempts": item.attempts,
         "max_attempts": item.max_attempts,
         "takeovers": item.takeovers,
+        "ordering_key": item.ordering_key,
         "last_error": item.last_error,
         "due_at": rfc3339(item.due_at),
         "due_at_ms": millis(item.due_at),

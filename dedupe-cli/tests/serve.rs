@@ -1367,3 +1367,94 @@ async fn serve_inbox_takes_the_business_steps_failure_answer() {
         sent.elapsed()
     );
 }
+
+/// `dedupe serve --inbox --order-by /data/object/id` over HTTP, on SQLite:
+/// two events of one Stripe object run one at a time, in the order they
+/// were accepted (the later event delivered first runs first: no guess at
+/// the provider's order), while an event of another object runs beside
+/// them. Each step takes 800 ms; while the first runs, the second of its
+/// object is pending and never started, and the other object's is running
+/// (the test fails without `--order-by`: all three run at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_inbox_runs_one_objects_events_in_accept_order() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("hooks.db").display());
+    let log = dir.path().join("effects.log");
+    let log_arg = log.display().to_string();
+    let serve = Serve::with(
+        &url,
+        800,
+        &[
+            "--unsigned",
+            "hooks",
+            "--inbox",
+            "--workers",
+            "4",
+            "--poll-ms",
+            "50",
+            "--order-by",
+            "/data/object/id",
+            "--effect-log",
+            &log_arg,
+        ],
+        &[],
+    );
+    let http = client();
+    let hooks = format!("{}/hooks", serve.base);
+    let customer = unique("cus");
+    let (updated, created, other) = (unique("evt_upd"), unique("evt_new"), unique("evt_other"));
+    let body = |id: &str, object: &str| {
+        format!(r#"{{"id":"{id}","type":"customer.x","data":{{"object":{{"id":"{object}"}}}}}}"#)
+    };
+    for (id, object, delivery) in [
+        (&updated, customer.as_str(), "d1"),
+        (&created, customer.as_str(), "d2"),
+        (&other, "cus_elsewhere", "d3"),
+    ] {
+        let (status, _, text) = deliver(&http, &hooks, &body(id, object), delivery, &[]).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    }
+    let key = |id: &str| format!("hooks:{id}");
+    eventually(
+        "the first event of the object and the other object's never ran together",
+        async || effects(&log, &key(&updated)) == 1 && effects(&log, &key(&other)) == 1,
+    )
+    .await;
+    // Both are inside their 800 ms: the second event of the object waits.
+    let items = listed(&url, "hooks", None);
+    let state = |id: &str| {
+        items
+            .iter()
+            .find(|item| item["id"] == id)
+            .map(|item| item["state"].clone())
+    };
+    assert_eq!(state(&created), Some("pending".into()), "{items:?}");
+    assert_eq!(
+        effects(&log, &key(&created)),
+        0,
+        "the later event ran beside the first"
+    );
+    assert_eq!(
+        items
+            .iter()
+            .find(|item| item["id"] == created.as_str())
+            .map(|item| item["ordering_key"].clone()),
+        Some(Value::from(customer.as_str())),
+        "{items:?}"
+    );
+    eventually("the second event of the object never ran", async || {
+        effects(&log, &key(&created)) == 1
+    })
+    .await;
+    let order: Vec<String> = std::fs::read_to_string(&log)
+        .expect("effect log")
+        .lines()
+        .filter_map(|l| l.split(' ').next().map(str::to_string))
+        .filter(|k| *k == key(&updated) || *k == key(&created))
+        .collect();
+    assert_eq!(order, vec![key(&updated), key(&created)]);
+    eventually("the items were never all done", async || {
+        listed(&url, "hooks", None).is_empty()
+    })
+    .await;
+}

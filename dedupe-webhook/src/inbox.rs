@@ -199,6 +199,26 @@ impl Webhook {
         self
     }
 
+    /// In inbox mode, the JSON pointer (RFC 6901) of each event's ordering
+    /// key (CONTRACT.md I15): events of one key (Stripe's
+    /// `/data/object/id`, one object; `/data/object/customer`, one
+    /// customer; GitHub's `/repository/full_name`) are processed one at a
+    /// time, in the order they were accepted, and what one that ends dead
+    /// does to the later ones is `when_dead`. A string or a number at the
+    /// pointer is the key (one over 256 bytes is used as its SHA-256); an
+    /// event with nothing there, or a body that is not JSON, is accepted
+    /// without one. Needs a store that keeps ordering keys (SQLite,
+    /// Postgres, memory): elsewhere such an accept is refused (500).
+    pub fn order_by(
+        mut self,
+        pointer: impl Into<String>,
+        when_dead: dedupe_core::WhenDead,
+    ) -> Self {
+        self.order_by = Some(pointer.into());
+        self.accept_options = self.accept_options.when_dead(when_dead);
+        self
+    }
+
     /// Whether this receiver is in inbox mode.
     pub fn is_inbox(&self) -> bool {
         self.inbox.is_some()
@@ -210,9 +230,18 @@ impl Webhook {
         delivery: AcceptedDelivery,
         headers: &HeaderMap,
         options: &dedupe_core::AcceptOptions,
+        order_by: Option<&str>,
     ) -> Response {
         let key = delivery.derived.key.clone();
         let stored = encode(&delivery, headers);
+        let ordered;
+        let options = match order_by.and_then(|pointer| ordering_key(&delivery.payload, pointer)) {
+            Some(order) => {
+                ordered = options.clone().ordering_key(order);
+                &ordered
+            }
+            None => options,
+        };
         match inbox.accept_with(&key, &stored, options).await {
             Ok(Accepted::New) => answer(StatusCode::ACCEPTED, Answer::Queued, &key, None),
             Ok(Accepted::Item(item)) => answer(
@@ -332,5 +361,50 @@ mod tests {
                 Err(other) => proptest::prop_assert!(false, "{other:?}"),
             }
         }
+    }
+}
+
+/// The ordering key at `pointer` in a JSON payload: a string, or a number's
+/// text; one over [`MAX_ORDERING_KEY_BYTES`](dedupe_core::MAX_ORDERING_KEY_BYTES)
+/// as `sha256:<hex>` of it. `None` for a payload that is not JSON or has no
+/// string or number there.
+fn ordering_key(payload: &[u8], pointer: &str) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    let key = match value.pointer(pointer)? {
+        serde_json::Value::String(s) if !s.is_empty() => s.clone(),
+        serde_json::Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    if key.len() > dedupe_core::MAX_ORDERING_KEY_BYTES {
+        return Some(format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(key.as_bytes()))
+        ));
+    }
+    Some(key)
+}
+
+#[cfg(test)]
+mod ordering_tests {
+    use super::ordering_key;
+
+    #[test]
+    fn the_ordering_key_is_read_at_the_pointer() {
+        let event = br#"{"id":"evt_2","data":{"object":{"id":"cus_9","n":7,"o":{}}}}"#;
+        assert_eq!(
+            ordering_key(event, "/data/object/id").as_deref(),
+            Some("cus_9")
+        );
+        assert_eq!(ordering_key(event, "/data/object/n").as_deref(), Some("7"));
+        assert_eq!(ordering_key(event, "/data/object/o"), None);
+        assert_eq!(ordering_key(event, "/data/object/missing"), None);
+        assert_eq!(ordering_key(b"not json", "/id"), None);
+        let long = format!(r#"{{"k":"{}"}}"#, "x".repeat(300));
+        let hashed = ordering_key(long.as_bytes(), "/k").expect("a key");
+        assert!(
+            hashed.starts_with("sha256:") && hashed.len() == 71,
+            "{hashed}"
+        );
     }
 }

@@ -207,6 +207,8 @@ pub struct Webhook {
     pub(crate) inbox: Option<Arc<dyn dedupe_core::Inbox>>,
     /// What each accepted item carries ([`Webhook::with_item_attempts`]).
     pub(crate) accept_options: dedupe_core::AcceptOptions,
+    /// The JSON pointer of each event's ordering key ([`Webhook::order_by`]).
+    pub(crate) order_by: Option<String>,
 }
 
 /// A bound on the deliveries processed at once, which several receivers may
@@ -327,6 +329,7 @@ impl Webhook {
             engine: (engine.clone(), engine.layer()),
             inbox: None,
             accept_options: dedupe_core::AcceptOptions::default(),
+            order_by: None,
         };
         hook.set_engine_body_limit();
         hook
@@ -482,6 +485,7 @@ impl Webhook {
                     accepted,
                     &parts.headers,
                     &self.accept_options,
+                    self.order_by.as_deref(),
                 )
                 .await,
             );

@@ -65,6 +65,17 @@ pub struct ServeArgs {
     /// this process's workers; DynamoDB backs off to 2000 while idle).
     #[arg(long, value_name = "MS", requires = "inbox", value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub(super) poll_ms: Option<u64>,
+    /// Inbox mode: the JSON pointer (RFC 6901) of each event's ordering key,
+    /// e.g. `/data/object/id` for Stripe: events with the same value are
+    /// processed one at a time, in the order they were accepted (an event
+    /// without one runs unordered). Needs SQLite or Postgres.
+    #[arg(long, value_name = "JSON_POINTER", requires = "inbox", value_parser = json_pointer)]
+    pub(super) order_by: Option<String>,
+    /// Inbox mode, with --order-by: a dead event does not hold back the
+    /// later events of its key (by default they wait until it is replayed
+    /// and done, or forgotten).
+    #[arg(long, requires = "order_by")]
+    pub(super) skip_dead: bool,
     /// A signing secret: `ROUTE=SECRET`, where ROUTE is `stripe`, `github`,
     /// `shopify`, `standard` (for /hooks and /hooks/standard) or a --route
     /// name (which otherwise takes its provider's secret); a bare secret is a
@@ -117,4 +128,16 @@ pub struct ServeArgs {
     /// side effect outside the store, counted by tests across processes.
     #[arg(long, value_name = "PATH")]
     pub(super) effect_log: Option<std::path::PathBuf>,
+}
+
+/// A JSON pointer: empty (the whole document, refused: it is no key) or
+/// starting with `/`.
+fn json_pointer(text: &str) -> Result<String, String> {
+    if text.starts_with('/') {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a JSON pointer to a field (it starts with '/', e.g. /data/object/id)"
+        ))
+    }
 }

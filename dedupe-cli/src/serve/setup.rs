@@ -135,8 +135,19 @@ pub(super) fn receivers(
         let mut hook = if let Some(inbox) = inbox {
             // Each item carries the limit, so that servers started with other
             // settings agree on when it is dead.
-            Webhook::inbox(Arc::clone(inbox), provider.rule(name))
-                .with_item_attempts(args.max_attempts)
+            let hook = Webhook::inbox(Arc::clone(inbox), provider.rule(name))
+                .with_item_attempts(args.max_attempts);
+            match &args.order_by {
+                Some(pointer) => hook.order_by(
+                    pointer,
+                    if args.skip_dead {
+                        dedupe_core::WhenDead::Skip
+                    } else {
+                        dedupe_core::WhenDead::Block
+                    },
+                ),
+                None => hook,
+            }
         } else {
             Webhook::new(deduper.clone(), provider.rule(name))
         };
