@@ -471,7 +471,7 @@ impl Inbox for DynamoStore {
         if options.ordering_key.is_some() {
             return Err(Error::config(
                 "ordering keys (CONTRACT.md I15) are not kept by the DynamoDB store yet; \
-                 accept without one, or use SQLite or Postgres",
+                 accept without one, or use SQLite, Postgres or MySQL",
             ));
         }
         let (delay, max_attempts) = accept_columns(options);

@@ -14,7 +14,7 @@ impl Admin for MySqlStore {
     }
 
     /// Reads `information_schema` only: the table in the connection's
-    /// database and the newest column of each migration (`sql::NEWEST_COLUMNS`).
+    /// database and the newest column of each migration (`sql::GATES`).
     async fn check(&self) -> Result<()> {
         let table = self.table_name();
         let failed = |e| Error::retryable("reading the database's tables", Some(Box::new(e) as _));
@@ -34,7 +34,7 @@ impl Admin for MySqlStore {
                 "no table `{table}` in database `{database}`"
             )));
         };
-        for (column, migration) in crate::sql::NEWEST_COLUMNS {
+        for (column, migration) in crate::sql::GATES.into_iter().flatten() {
             if !columns.split(',').any(|c| c == column) {
                 return Err(missing(format!(
                     "table `{table}` in `{database}` is from before migration {migration}"

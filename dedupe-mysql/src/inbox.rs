@@ -11,7 +11,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken, Wake,
+    Result, Retry, Taken, Wake, WhenDead,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
@@ -37,12 +37,6 @@ impl Inbox for MySqlStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
-        if options.ordering_key.is_some() {
-            return Err(Error::config(
-                "ordering keys (CONTRACT.md I15) are not kept by the MySQL store yet; \
-                 accept without one, or use SQLite or Postgres",
-            ));
-        }
         let accepted = self
             .call(async |ops, conn| ops.accept(conn, key, payload, options).await)
             .await?;
@@ -152,9 +146,10 @@ fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
                 takeovers: row.try_get::<i64, _>(at + 7)?,
                 max_attempts: row.try_get::<Option<i64>, _>(at + 8)?,
             },
+            row.try_get::<Option<Vec<u8>>, _>(at + 9)?,
         ))
     };
-    let (id, wait, attempts, accepted_ms, due_ms, last_error, payload, counts) =
+    let (id, wait, attempts, accepted_ms, due_ms, last_error, payload, counts, ordering_key) =
         read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
     StoredItem {
         id: utf8(id, "an inbox item's id")?,
@@ -167,7 +162,9 @@ fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
             .transpose()?,
         payload,
         counts,
-        ordering_key: None,
+        ordering_key: ordering_key
+            .map(|k| utf8(k, "an inbox item's ordering key"))
+            .transpose()?,
     }
     .decode(namespace)
 }
@@ -201,6 +198,11 @@ impl Ops<'_> {
             .bind(payload)
             .bind(delay)
             .bind(max_attempts)
+            .bind(options.ordering_key.as_deref().map(str::as_bytes))
+            .bind(options.ordering_key.as_deref().map(str::as_bytes))
+            .bind(key.namespace().as_bytes())
+            .bind(options.ordering_key.as_deref().map(str::as_bytes))
+            .bind(options.when_dead == WhenDead::Skip)
             .execute(&mut *conn)
             .await
         {

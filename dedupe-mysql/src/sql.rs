@@ -24,7 +24,8 @@ pub(crate) const COLUMNS: &str = "state, token, claim_id, fingerprint, expires_a
 
 /// An inbox item's columns, in the order `inbox::decode_item` reads them.
 pub(crate) const ITEM: &str =
-    "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts";
+    "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts, \
+     order_key";
 
 /// Rows deleted per `expire()` statement: each a short transaction of its
 /// own, so a purge never holds many row locks against claims.
@@ -37,14 +38,19 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_item_counts.sql"),
     include_str!("../migrations/0004_paused.sql"),
+    include_str!("../migrations/0005_ordering.sql"),
 ];
 
-/// The column whose absence says each migration after the first has not
-/// run (MySQL's `ALTER TABLE` has no `IF NOT EXISTS`), in the order of
-/// [`MIGRATIONS`] from the second on. The migrations after these create
-/// what is missing only, and run every time.
-pub(crate) const NEWEST_COLUMNS: [(&str, &str); 2] =
-    [("due_at", "0002_inbox"), ("takeovers", "0003_item_counts")];
+/// For each migration after the first, in the order of [`MIGRATIONS`]: the
+/// column whose absence says it has not run (MySQL's `ALTER TABLE` has no
+/// `IF NOT EXISTS`) and its name; `None` for one that creates only what is
+/// missing, and runs every time.
+pub(crate) const GATES: [Option<(&str, &str)>; 4] = [
+    Some(("due_at", "0002_inbox")),
+    Some(("takeovers", "0003_item_counts")),
+    None,
+    Some(("order_key", "0005_ordering")),
+];
 
 /// The statements for one table.
 #[derive(Debug)]
@@ -164,9 +170,16 @@ impl Statements {
             accept: format!(
                 "INSERT INTO {t} (namespace, id, state, token, claim_id, fingerprint, expires_at,
                                   completed_at, outcome, attempts, first_seen, payload, wait,
-                                  last_error, due_at, takeovers, max_attempts)
+                                  last_error, due_at, takeovers, max_attempts, order_key,
+                                  order_seq, order_skip)
                  VALUES (?, ?, 0, ?, NULL, NULL, {now} + ?, NULL, NULL, 0, {now}, ?, 1, NULL,
-                         {now} + ?, 0, ?)
+                         {now} + ?, 0, ?, ?,
+                         IF(? IS NULL, NULL,
+                            (SELECT coalesce(max(s.order_seq), 0) + 1
+                             FROM (SELECT order_seq FROM {t}
+                                   WHERE namespace = ? AND order_key = ?
+                                     AND wait IN (0, 1, 2)) AS s)),
+                         ?)
                  ON DUPLICATE KEY UPDATE
                     attempts     = IF({gone}, IF(state = 0, attempts, 0), attempts),
                     first_seen   = IF({gone}, IF(state = 0, first_seen, VALUES(first_seen)), first_seen),
@@ -180,6 +193,9 @@ impl Statements {
                     due_at       = IF({ours}, VALUES(due_at), due_at),
                     takeovers    = IF({ours}, 0, takeovers),
                     max_attempts = IF({ours}, VALUES(max_attempts), max_attempts),
+                    order_key    = IF({ours}, VALUES(order_key), order_key),
+                    order_seq    = IF({ours}, VALUES(order_seq), order_seq),
+                    order_skip   = IF({ours}, VALUES(order_skip), order_skip),
                     state        = IF({ours}, 0, state),
                     expires_at   = IF({ours}, VALUES(expires_at), expires_at),
                     wait         = IF({ours}, 1, wait)",
@@ -220,11 +236,24 @@ impl Statements {
             // them out, skipping rows other takers hold: each goes to one
             // taker, and takers never wait on each other. The caller leases
             // them in the same transaction.
+            // An item an item of its ordering key holds back is passed
+            // over (I15): another of the key is held, or an earlier one
+            // (accept order, ties by id) waits, or is dead and not to be
+            // skipped. The look is a plain read of the snapshot: an item it
+            // sees waiting or held holds the next one back either way.
             pick: format!(
                 "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts, first_seen
-                 FROM {t} FORCE INDEX (due)
+                 FROM {t} AS c FORCE INDEX (due)
                  WHERE namespace = ? AND due_at <= {now}
                    AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = ?)
+                   AND (c.order_key IS NULL OR NOT EXISTS (
+                     SELECT 1 FROM {t} AS o
+                     WHERE o.namespace = c.namespace AND o.order_key = c.order_key
+                       AND o.wait IN (0, 1, 2) AND o.id <> c.id
+                       AND (o.wait = 0
+                            OR ((o.order_seq < c.order_seq
+                                 OR (o.order_seq = c.order_seq AND o.id < c.id))
+                                AND (o.wait = 1 OR (o.wait = 2 AND o.order_skip = 0))))))
                  ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
             ),
             // An item failed so under this token already (the same fail sent

@@ -151,8 +151,14 @@ impl MySqlStore {
                 .execute(&self.pool)
                 .await
                 .map_err(map)?;
-            let (altering, creating) = later.split_at(crate::sql::NEWEST_COLUMNS.len());
-            for (migration, (column, _)) in altering.iter().zip(crate::sql::NEWEST_COLUMNS) {
+            for (migration, gate) in later.iter().zip(crate::sql::GATES) {
+                let Some((column, _)) = gate else {
+                    sqlx::query(sqlx::AssertSqlSafe(migration.as_str()))
+                        .execute(&self.pool)
+                        .await
+                        .map_err(map)?;
+                    continue;
+                };
                 let has: i64 =
                     sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.has_column.as_str()))
                         .bind(column)
@@ -172,12 +178,6 @@ impl MySqlStore {
                         other.map_err(map)?;
                     }
                 }
-            }
-            for migration in creating {
-                sqlx::query(sqlx::AssertSqlSafe(migration.as_str()))
-                    .execute(&self.pool)
-                    .await
-                    .map_err(map)?;
             }
             let packet: u64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS UNSIGNED)")
                 .fetch_one(&self.pool)

@@ -377,7 +377,7 @@ impl Statements {
                         CASE WHEN $7::text IS NULL THEN NULL
                              ELSE (SELECT coalesce(max(order_seq), 0) + 1 FROM {t}
                                    WHERE split_part(key, ':', 1) = $1::text
-                                     AND order_key = $7::text) END,
+                                     AND order_key = $7::text AND wait IS NOT NULL) END,
                         $8::bool
                  WHERE NOT EXISTS (SELECT 1 FROM live)
                  ON CONFLICT ({kcols}) DO UPDATE SET
@@ -412,7 +412,7 @@ impl Statements {
                       AND (c.order_key IS NULL OR NOT EXISTS (
                         SELECT 1 FROM {t} o
                         WHERE split_part(o.key, ':', 1) = $1::text AND o.order_key = c.order_key
-                          AND o.key <> c.key
+                          AND o.wait IS NOT NULL AND o.key <> c.key
                           AND (o.wait = 0
                                OR ((o.order_seq, o.key) < (c.order_seq, c.key)
                                    AND (o.wait = 1 OR (o.wait = 2 AND NOT o.order_skip))))))

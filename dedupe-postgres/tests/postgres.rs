@@ -612,11 +612,21 @@ async fn migrate_makes_a_table_with_byte_order_keys_and_one_index() {
     .fetch_all(store.pool())
     .await
     .expect("indexes");
-    // Besides the primary key, only the inbox's partial index, which holds
-    // no record and covers no column a claim or a completion changes.
+    // Besides the primary key, only the inbox's partial indexes, which hold
+    // no record and cover no column a claim or a completion changes.
     let (due, def) = indexes.remove(0);
     assert_eq!(due, "dedupe_records_due");
     assert!(def.contains("WHERE (due_at IS NOT NULL)"), "{def}");
+    assert!(
+        !def.contains("expires_at") && !def.contains("state"),
+        "{def}"
+    );
+    let (order, def) = indexes.remove(0);
+    assert_eq!(order, "dedupe_records_order");
+    assert!(
+        def.contains("WHERE ((order_key IS NOT NULL) AND (wait IS NOT NULL))"),
+        "{def}"
+    );
     assert!(
         !def.contains("expires_at") && !def.contains("state"),
         "{def}"

@@ -143,7 +143,7 @@ impl Inbox for RedisStore {
         if options.ordering_key.is_some() {
             return Err(Error::config(
                 "ordering keys (CONTRACT.md I15) are not kept by the Redis store yet; \
-                 accept without one, or use SQLite or Postgres",
+                 accept without one, or use SQLite, Postgres or MySQL",
             ));
         }
         let (delay, max_attempts) = accept_columns(options);

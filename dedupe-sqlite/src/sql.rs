@@ -174,7 +174,8 @@ impl Statements {
                          0, :max_attempts, :order,
                          CASE WHEN :order IS NULL THEN NULL
                               ELSE (SELECT coalesce(max(order_seq), 0) + 1 FROM {t}
-                                    WHERE namespace = :ns AND order_key = :order) END,
+                                    WHERE namespace = :ns AND order_key = :order
+                                      AND wait IS NOT NULL) END,
                          :skip)
                  ON CONFLICT (namespace, id) DO UPDATE SET
                     state = 0, token = excluded.token, claim_id = NULL, fingerprint = NULL,
@@ -205,7 +206,8 @@ impl Statements {
                     ORDER BY expires_at, id LIMIT :max + :scan) AS c
                  WHERE c.order_key IS NULL OR NOT EXISTS (
                     SELECT 1 FROM {t} AS o
-                    WHERE o.namespace = :ns AND o.order_key = c.order_key AND o.id <> c.id
+                    WHERE o.namespace = :ns AND o.order_key = c.order_key AND o.wait IS NOT NULL
+                      AND o.id <> c.id
                       AND (o.wait = 0
                            OR (o.order_seq < c.order_seq
                                AND (o.wait = 1 OR (o.wait = 2 AND o.order_skip = 0)))))

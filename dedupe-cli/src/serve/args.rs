@@ -68,7 +68,7 @@ pub struct ServeArgs {
     /// Inbox mode: the JSON pointer (RFC 6901) of each event's ordering key,
     /// e.g. `/data/object/id` for Stripe: events with the same value are
     /// processed one at a time, in the order they were accepted (an event
-    /// without one runs unordered). Needs SQLite or Postgres.
+    /// without one runs unordered). Needs SQLite, Postgres or MySQL.
     #[arg(long, value_name = "JSON_POINTER", requires = "inbox", value_parser = json_pointer)]
     pub(super) order_by: Option<String>,
     /// Inbox mode, with --order-by: a dead event does not hold back the
