@@ -910,3 +910,36 @@ fn records_on_redis_and_dynamodb_local() {
     let (_server, endpoint) = dynamo_server(Emulator::DynamoDbLocal);
     records_are_listed_a_page_at_a_time(&format!("dynamodb://records?endpoint={endpoint}"));
 }
+
+/// The ordered workload on the default stores: items under 64 ordering keys
+/// taken and completed by four tasks, with no error and no raw row (raw
+/// drivers keep no ordering keys), beside the plain work row.
+#[test]
+fn bench_ordered_rows_on_the_default_stores() {
+    let (ok, out) = dedupe(&[
+        "bench",
+        "--workload",
+        "work,ordered",
+        "--concurrency",
+        "4",
+        "--duration",
+        "200ms",
+        "--warmup",
+        "30ms",
+        "--inbox-items",
+        "400",
+        "--json",
+    ]);
+    assert!(ok, "{out}");
+    let rows = bench_rows(&out);
+    let ordered: Vec<_> = rows
+        .iter()
+        .filter(|row| row["workload"] == "ordered")
+        .collect();
+    assert_eq!(ordered.len(), 2, "{out}");
+    for row in ordered {
+        assert!(row["ops_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{row}");
+        assert_eq!(row["errors"], 0, "{row}");
+        assert!(row["raw_ops_per_sec"].is_null(), "{row}");
+    }
+}

@@ -13,11 +13,13 @@ pub struct BenchArgs {
     /// (claim then complete), batch (claim_many of --batch new keys), mixed
     /// (cycle on keys that repeat with --dup-ratio), accept (inbox accepts of
     /// new keys), work (inbox take-and-complete of --inbox-items accepted
-    /// first), start (accept-to-start latency of an idle inbox: items
+    /// first), ordered (the same with each item under one of 64 ordering
+    /// keys: at most one item of a key is held at a time; stores that keep
+    /// ordering keys only), start (accept-to-start latency of an idle inbox: items
     /// accepted one at a time while that many InboxWorkers with the default
     /// settings wait, 0 to 300 ms apart; give it a --duration of 30s for a
     /// p99), inbox
-    /// (accept, work, start).
+    /// (accept, work, ordered, start).
     #[arg(
         long,
         value_delimiter = ',',
@@ -96,6 +98,11 @@ pub enum Workload {
     Accept,
     /// Inbox take-and-complete, one item a take.
     Work,
+    /// Inbox take-and-complete of items under 64 ordering keys.
+    Ordered,
+    /// Inbox accepts under 64 ordering keys: the `ordered` row's items.
+    #[value(skip)]
+    AcceptOrdered,
     /// Accept-to-start latency of an idle inbox's workers.
     Start,
     /// `accept` then `work` (expanded before the run).
@@ -112,6 +119,8 @@ impl Workload {
             Workload::Mixed => "mixed",
             Workload::Accept => "accept",
             Workload::Work => "work",
+            Workload::Ordered => "ordered",
+            Workload::AcceptOrdered => "accept-ordered",
             Workload::Start => "start",
             Workload::Inbox => "inbox",
         }

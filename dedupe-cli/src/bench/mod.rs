@@ -137,7 +137,10 @@ async fn handles_row(
             dup_ratio: args.dup_ratio,
         })
     };
-    let inbox = matches!(workload, Workload::Accept | Workload::Work);
+    let inbox = matches!(
+        workload,
+        Workload::Accept | Workload::Work | Workload::Ordered
+    );
     let mut sides = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         sides.push(match raw {
@@ -149,7 +152,7 @@ async fn handles_row(
     // The warm-up runs on keys of its own, then the same handles measure.
     let (_, _, sides) = run_row(sides, stream("warm"), args.warmup_limits(), None).await;
     let mut sides = sides;
-    if workload == Workload::Work {
+    if matches!(workload, Workload::Work | Workload::Ordered) {
         // The items the row works through, accepted uncounted
         // on the same handles, after the warm-up (which takes
         // what earlier rows left).
@@ -158,7 +161,11 @@ async fn handles_row(
             done_keys: 0,
             batch: 1,
             next: AtomicU64::new(0),
-            workload: Workload::Accept,
+            workload: if workload == Workload::Ordered {
+                Workload::AcceptOrdered
+            } else {
+                Workload::Accept
+            },
             dup_ratio: 0.0,
         });
         let limits = Limits {
@@ -211,6 +218,8 @@ async fn measure_store(
                         // No single statement does what a worker's wake-up
                         // does: the start workload has no raw side.
                         (_, Some(_)) if workload == Workload::Start => continue,
+                        // Raw drivers keep no ordering keys.
+                        (_, Some(_)) if workload == Workload::Ordered => continue,
                         (_, Some(raw)) => Some(raw),
                         (_, None) => continue,
                     };
@@ -232,7 +241,17 @@ async fn measure_store(
                         )
                         .await?
                     } else {
-                        handles_row(opener, raw, args, workload, concurrency, &label).await?
+                        match handles_row(opener, raw, args, workload, concurrency, &label).await {
+                            // A store that keeps no ordering keys has no
+                            // `ordered` row.
+                            Err(Error::InvalidConfig { reason })
+                                if workload == Workload::Ordered =>
+                            {
+                                eprintln!("{shown}: no ordered row: {reason}");
+                                continue;
+                            }
+                            other => other?,
+                        }
                     };
                     doubles.extend(judge(&measured, workload, &format!("{shown} {mode}")));
                     if let Some(e) = &measured.first_error {
@@ -275,7 +294,12 @@ pub async fn bench(mut args: BenchArgs) -> Result<bool, Error> {
         .workload
         .iter()
         .flat_map(|w| match w {
-            Workload::Inbox => vec![Workload::Accept, Workload::Work, Workload::Start],
+            Workload::Inbox => vec![
+                Workload::Accept,
+                Workload::Work,
+                Workload::Ordered,
+                Workload::Start,
+            ],
             other => vec![*other],
         })
         .collect();

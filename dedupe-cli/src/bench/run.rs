@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupe_core::{ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, Key};
+use dedupe_core::{AcceptOptions, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, Key};
 use dedupe_url::{Opener, Target};
 use hdrhistogram::Histogram;
 
@@ -53,12 +53,13 @@ impl KeyStream {
             Workload::Claim
             | Workload::Cycle
             | Workload::Accept
+            | Workload::AcceptOrdered
             | Workload::Inbox
             | Workload::Start => {
                 vec![format!("{}-{i}", self.label)]
             }
             // A take chooses its item.
-            Workload::Work => Vec::new(),
+            Workload::Work | Workload::Ordered => Vec::new(),
         }
     }
 }
@@ -124,18 +125,26 @@ impl Side {
                 Ok(won)
             }
             Side::Inbox(inbox) => match workload {
-                Workload::Work => match inbox.take("bench", 1, LEASE).await?.pop() {
-                    Some(taken) => {
-                        inbox.complete(&taken.lease, b"ok", RETENTION).await?;
-                        Ok(vec![taken.lease.key.id().to_string()])
+                Workload::Work | Workload::Ordered => {
+                    match inbox.take("bench", 1, LEASE).await?.pop() {
+                        Some(taken) => {
+                            inbox.complete(&taken.lease, b"ok", RETENTION).await?;
+                            Ok(vec![taken.lease.key.id().to_string()])
+                        }
+                        None => Ok(Vec::new()),
                     }
-                    None => Ok(Vec::new()),
-                },
+                }
                 _ => {
                     let mut won = Vec::new();
                     for k in keys {
                         let key = Key::new("bench", k.as_str())?;
-                        if inbox.accept(&key, PAYLOAD).await?.is_new() {
+                        let mut options = AcceptOptions::new();
+                        if workload == Workload::AcceptOrdered {
+                            // One of 64 keys, drawn from the key.
+                            let h = k.bytes().fold(0u64, |h, b| splitmix(h ^ u64::from(b)));
+                            options = options.ordering_key(format!("o{}", h % 64));
+                        }
+                        if inbox.accept_with(&key, PAYLOAD, &options).await?.is_new() {
                             won.push(k.clone());
                         }
                     }
