@@ -75,6 +75,7 @@ impl Statements {
         check_identifier("table", table)?;
         let t = format!("\"{table}\"");
         let p = format!("\"{table}_paused\"");
+        let order_index = format!("\"{table}_order\"");
         Ok(Self {
             table: table.to_string(),
             records: MIGRATIONS[0].replace("{table}", table),
@@ -173,7 +174,8 @@ impl Statements {
                  VALUES (:ns, :id, 0, :token, NULL, NULL, :due, NULL, NULL, 0, :now, :payload, 1, NULL,
                          0, :max_attempts, :order,
                          CASE WHEN :order IS NULL THEN NULL
-                              ELSE (SELECT coalesce(max(order_seq), 0) + 1 FROM {t}
+                              ELSE (SELECT coalesce(max(order_seq), 0) + 1
+                                    FROM {t} INDEXED BY {order_index}
                                     WHERE namespace = :ns AND order_key = :order
                                       AND wait IS NOT NULL) END,
                          :skip)
@@ -197,7 +199,11 @@ impl Statements {
             // Nothing of a paused namespace (I13). Of the first `:max` plus
             // ORDER_SCAN due items, those an item of their ordering key
             // holds back are passed over (I15): another of the key is held,
-            // or an earlier one waits, or is dead and not to be skipped.
+            // or an earlier one waits, or is dead and not to be skipped. The
+            // look goes through the ordering index by name: without
+            // statistics the planner read every item of the namespace
+            // instead, 47 takes a second against 1,136 for plain items
+            // (bench/README.md, 2026-12-06).
             take_pick: format!(
                 "SELECT id FROM (
                     SELECT id, order_key, order_seq, expires_at FROM {t}
@@ -205,7 +211,7 @@ impl Statements {
                       AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = :ns)
                     ORDER BY expires_at, id LIMIT :max + :scan) AS c
                  WHERE c.order_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM {t} AS o
+                    SELECT 1 FROM {t} AS o INDEXED BY {order_index}
                     WHERE o.namespace = :ns AND o.order_key = c.order_key AND o.wait IS NOT NULL
                       AND o.id <> c.id
                       AND (o.wait = 0
@@ -316,6 +322,44 @@ mod tests {
             .map(|(_, sql)| sql)
             .collect();
         (plan, used)
+    }
+
+    /// A take's look at the other items of an ordering key goes through the
+    /// ordering index, never through every item of the namespace (the plan
+    /// SQLite chose unprompted: 47 takes a second instead of 1,136).
+    #[test]
+    fn the_take_looks_at_a_keys_items_through_the_ordering_index() {
+        let s = Statements::new("records").expect("statements");
+        let conn = rusqlite::Connection::open_in_memory().expect("open");
+        for migration in [
+            &s.records,
+            &s.inbox_columns,
+            &s.indexes,
+            &s.item_counts,
+            &s.paused_table,
+            &s.ordering,
+        ] {
+            conn.execute_batch(migration).expect("migration");
+        }
+        for sql in [&s.take_pick, &s.accept] {
+            let mut stmt = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .expect("explain");
+            // Every parameter unbound: NULL, which the plan does not depend on.
+            let plan = stmt
+                .raw_query()
+                .mapped(|row| row.get::<_, String>(3))
+                .map(|r| r.expect("row"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(
+                plan.contains("USING INDEX records_order (namespace=? AND order_key=?)")
+                    || plan.contains(
+                        "USING COVERING INDEX records_order (namespace=? AND order_key=?)"
+                    ),
+                "{plan}"
+            );
+        }
     }
 
     /// `expire()` finds expired records by the index that holds no items: a

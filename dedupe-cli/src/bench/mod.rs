@@ -141,6 +141,20 @@ async fn handles_row(
         workload,
         Workload::Accept | Workload::Work | Workload::Ordered
     );
+    if workload == Workload::Ordered && raw.is_none() {
+        // A store that keeps no ordering keys refuses the first accept
+        // with one (`InvalidConfig`, which skips the row); the probe item
+        // is one more for the row to take.
+        let probe = inbox_handle(opener).await?;
+        let key = dedupe_core::Key::new("bench", label("probe"))?;
+        probe
+            .accept_with(
+                &key,
+                b"probe",
+                &dedupe_core::AcceptOptions::new().ordering_key("probe"),
+            )
+            .await?;
+    }
     let mut sides = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         sides.push(match raw {

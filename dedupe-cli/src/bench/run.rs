@@ -230,7 +230,12 @@ pub(crate) async fn run_row(
                     let t = Instant::now();
                     match side.op(workload, &keys).await {
                         // Nothing left to take: this task's part of the row is done.
-                        Ok(won) if workload == Workload::Work && won.is_empty() => break,
+                        Ok(won)
+                            if matches!(workload, Workload::Work | Workload::Ordered)
+                                && won.is_empty() =>
+                        {
+                            break
+                        }
                         Ok(won) => {
                             if let Some(h) = m.latency.as_mut() {
                                 let _ = h.record(t.elapsed().as_micros().max(1) as u64);
