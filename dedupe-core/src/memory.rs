@@ -225,6 +225,8 @@ struct Records {
     /// Per namespace and ordering key, the items that have one, by accept
     /// order (I15).
     orders: HashMap<(String, String), BTreeMap<u64, String>>,
+    /// Per namespace and ordering key, how many of its items a worker holds.
+    held: HashMap<(String, String), usize>,
     /// The accept order's next number.
     next_seq: u64,
 }
@@ -239,17 +241,25 @@ impl Records {
             .map(|_| entry.expires_at)
     }
 
-    fn ordering_of(entry: &Entry) -> Option<(String, u64)> {
-        entry
-            .item
+    /// An item's ordering key, its number, and whether a worker holds it.
+    fn ordering_of(entry: &Entry) -> Option<(String, u64, bool)> {
+        let item = entry.item.as_ref()?;
+        item.ordering
             .as_ref()
-            .and_then(|i| i.ordering.as_ref())
-            .map(|o| (o.key.clone(), o.seq))
+            .map(|o| (o.key.clone(), o.seq, item.wait == Wait::Held))
     }
 
     fn unindex(&mut self, key: &Key) {
-        if let Some((order, seq)) = self.map.get(key).and_then(Self::ordering_of) {
+        if let Some((order, seq, held)) = self.map.get(key).and_then(Self::ordering_of) {
             let at = (key.namespace().to_string(), order);
+            if held {
+                if let Some(n) = self.held.get_mut(&at) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.held.remove(&at);
+                    }
+                }
+            }
             if let Some(items) = self.orders.get_mut(&at) {
                 items.remove(&seq);
                 if items.is_empty() {
@@ -269,9 +279,13 @@ impl Records {
     }
 
     fn index(&mut self, key: &Key) {
-        if let Some((order, seq)) = self.map.get(key).and_then(Self::ordering_of) {
+        if let Some((order, seq, held)) = self.map.get(key).and_then(Self::ordering_of) {
+            let at = (key.namespace().to_string(), order);
+            if held {
+                *self.held.entry(at.clone()).or_default() += 1;
+            }
             self.orders
-                .entry((key.namespace().to_string(), order))
+                .entry(at)
                 .or_default()
                 .insert(seq, key.id().to_string());
         }
@@ -306,20 +320,23 @@ impl Records {
     /// of its key is held, or an earlier one waits (pending, failed), or is
     /// dead and blocks.
     fn held_back(&self, key: &Key) -> bool {
-        let Some(item) = self.map.get(key).and_then(|e| e.item.as_ref()) else {
+        let Some(entry) = self.map.get(key) else {
             return false;
         };
-        let Some(ordering) = &item.ordering else {
+        let Some((order, seq, held)) = Self::ordering_of(entry) else {
             return false;
         };
-        let at = (key.namespace().to_string(), ordering.key.clone());
+        let at = (key.namespace().to_string(), order);
+        // Another item of the key held (a held item itself is a takeover).
+        if self.held.get(&at).copied().unwrap_or(0) > usize::from(held) {
+            return true;
+        }
         let Some(items) = self.orders.get(&at) else {
             return false;
         };
-        items.iter().any(|(seq, id)| {
-            if id == key.id() {
-                return false;
-            }
+        // An earlier item waiting, or dead and blocking; the first earlier
+        // item usually settles it.
+        items.range(..seq).any(|(_, id)| {
             let Some(other) = Key::new(key.namespace(), id.as_str())
                 .ok()
                 .and_then(|k| self.map.get(&k))
@@ -327,17 +344,12 @@ impl Records {
             else {
                 return false;
             };
-            let earlier = *seq < ordering.seq;
             match other.wait {
-                Wait::Held => true,
-                Wait::Due => earlier,
-                Wait::Dead => {
-                    earlier
-                        && other
-                            .ordering
-                            .as_ref()
-                            .is_none_or(|o| o.when_dead == crate::WhenDead::Block)
-                }
+                Wait::Held | Wait::Due => true,
+                Wait::Dead => other
+                    .ordering
+                    .as_ref()
+                    .is_none_or(|o| o.when_dead == crate::WhenDead::Block),
             }
         })
     }

@@ -7,5 +7,5 @@
 ALTER TABLE "{table}" ADD COLUMN order_key TEXT;
 ALTER TABLE "{table}" ADD COLUMN order_seq INTEGER;
 ALTER TABLE "{table}" ADD COLUMN order_skip INTEGER NOT NULL DEFAULT 0;
-CREATE INDEX IF NOT EXISTS "{table}_order" ON "{table}" (namespace, order_key, order_seq)
+CREATE INDEX IF NOT EXISTS "{table}_order" ON "{table}" (namespace, order_key, wait, order_seq)
     WHERE order_key IS NOT NULL AND wait IS NOT NULL;
