@@ -1008,20 +1008,6 @@ async fn a_table_from_before_the_inbox_is_migrated() {
     assert_eq!(taken[0].payload, b"payload");
 }
 
-/// Whether `signal` is raised within 5 s of `change` (listening from before it).
-async fn wakes<T>(
-    signal: &tokio::sync::Notify,
-    change: impl std::future::Future<Output = Result<T, Error>>,
-) -> bool {
-    let woken = signal.notified();
-    tokio::pin!(woken);
-    woken.as_mut().enable();
-    change.await.expect("the change");
-    tokio::time::timeout(Duration::from_secs(5), woken)
-        .await
-        .is_ok()
-}
-
 /// Push wake-ups outlive their connection: with the `LISTEN` connection
 /// killed by the server, the store connects and listens again, and
 /// accepts made through another pool wake the workers as before. Three
@@ -1045,7 +1031,12 @@ async fn wake_ups_come_back_after_the_listener_is_killed() {
     assert!(wake.everywhere, "Postgres pushes its wake-ups");
     let signal = wake.signal.expect("a signal");
     assert!(
-        wakes(&signal, accepting.accept(&key("before"), b"{}")).await,
+        dedupe_testkit::wakes(
+            &signal,
+            Duration::from_secs(5),
+            accepting.accept(&key("before"), b"{}")
+        )
+        .await,
         "another pool's accept did not wake the listening store"
     );
     let admin = PgPool::connect(&url).await.expect("admin pool");
@@ -1075,8 +1066,9 @@ async fn wake_ups_come_back_after_the_listener_is_killed() {
     assert!(listening_again, "the store did not listen again");
     for round in 0..3 {
         assert!(
-            wakes(
+            dedupe_testkit::wakes(
                 &signal,
+                Duration::from_secs(5),
                 accepting.accept(&key(&format!("after-{round}")), b"{}")
             )
             .await,

@@ -228,26 +228,7 @@ impl RedisBuilder {
         let link = match self.target {
             Target::Conn(conn) => Link::new(conn, None),
             Target::Url(url) => {
-                let bad_url =
-                    |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
-                use redis::IntoConnectionInfo;
-                let info = url
-                    .as_str()
-                    .into_connection_info()
-                    .map_err(bad_url)?
-                    .set_tcp_settings(crate::conn::tcp_settings(timeout));
-                let client = match self.root_cert {
-                    #[cfg(feature = "tls")]
-                    Some(pem) => redis::Client::build_with_tls(
-                        info,
-                        redis::TlsCertificates {
-                            client_tls: None,
-                            root_cert: Some(pem),
-                        },
-                    )
-                    .map_err(bad_url)?,
-                    _ => redis::Client::open(info).map_err(bad_url)?,
-                };
+                let client = client_for(&url, self.root_cert.as_deref(), timeout)?;
                 let config = ConnectionManagerConfig::new()
                     .set_number_of_retries(2)
                     .set_min_delay(Duration::from_millis(50))
@@ -275,26 +256,7 @@ impl RedisBuilder {
             }
             Target::Cluster(urls) => {
                 for url in &urls {
-                    use redis::IntoConnectionInfo;
-                    let bad_url =
-                        |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
-                    let info = url
-                        .as_str()
-                        .into_connection_info()
-                        .map_err(bad_url)?
-                        .set_tcp_settings(crate::conn::tcp_settings(timeout));
-                    wake_clients.push(match &self.root_cert {
-                        #[cfg(feature = "tls")]
-                        Some(pem) => redis::Client::build_with_tls(
-                            info,
-                            redis::TlsCertificates {
-                                client_tls: None,
-                                root_cert: Some(pem.clone()),
-                            },
-                        )
-                        .map_err(bad_url)?,
-                        _ => redis::Client::open(info).map_err(bad_url)?,
-                    });
+                    wake_clients.push(client_for(url, self.root_cert.as_deref(), timeout)?);
                 }
                 let builder = ClusterClientBuilder::new(urls.iter().map(String::as_str));
                 #[cfg(feature = "tls")]
@@ -334,11 +296,12 @@ impl RedisBuilder {
         };
         let (_, mut conn) = link.get();
         crate::server::preflight(&mut conn, self.allow_eviction, map).await?;
-        let wake = (!wake_clients.is_empty()).then(|| {
-            crate::wake::subscribe(wake_clients, crate::wake::channel(&self.prefix), timeout)
-        });
+        let wake_channel = crate::wake::channel(&self.prefix);
+        let wake = (!wake_clients.is_empty())
+            .then(|| crate::wake::subscribe(wake_clients, wake_channel.clone(), timeout));
         Ok(RedisStore {
             wake,
+            wake_channel,
             link,
             hash_tags: self.hash_tags,
             prefix: self.prefix,
@@ -357,5 +320,28 @@ impl RedisBuilder {
                     link,
                 }),
         })
+    }
+}
+
+/// A client of one server at `url`, with the store's TCP settings, trusting
+/// `root_cert` (PEM) for `rediss://` where given.
+fn client_for(url: &str, root_cert: Option<&[u8]>, timeout: Duration) -> Result<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let bad_url = |e: redis::RedisError| Error::config(format!("redis URL {url:?}: {e}"));
+    let info = url
+        .into_connection_info()
+        .map_err(bad_url)?
+        .set_tcp_settings(crate::conn::tcp_settings(timeout));
+    match root_cert {
+        #[cfg(feature = "tls")]
+        Some(pem) => redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            },
+        )
+        .map_err(bad_url),
+        _ => redis::Client::open(info).map_err(bad_url),
     }
 }

@@ -88,7 +88,7 @@ impl RedisStore {
         let mut invocation = script.prepare_invoke();
         invocation
             .key(self.paused_key(namespace)?)
-            .arg(crate::wake::channel(&self.prefix))
+            .arg(self.wake_channel.as_str())
             .arg(namespace);
         let answer = if writes {
             let (answer, acked) = self.write(invocation, &probe).await?;
@@ -154,7 +154,7 @@ impl Inbox for RedisStore {
             .arg(token.as_str())
             .arg(delay)
             .arg(max_attempts.map_or_else(|| "-".to_string(), |m| m.to_string()))
-            .arg(crate::wake::channel(&self.prefix))
+            .arg(self.wake_channel.as_str())
             .arg(key.namespace());
         let (answer, acked) = self.write(invocation, key).await?;
         match parts(answer) {
@@ -404,7 +404,7 @@ impl Inbox for RedisStore {
     async fn replay(&self, key: &Key) -> Result<bool> {
         let mut invocation = self.item_invocation(&SCRIPTS.replay, key)?;
         invocation
-            .arg(crate::wake::channel(&self.prefix))
+            .arg(self.wake_channel.as_str())
             .arg(key.namespace());
         let (answer, acked) = self.write(invocation, key).await?;
         match Self::code(answer, key, "replay")? {

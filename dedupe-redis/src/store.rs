@@ -98,6 +98,8 @@ pub struct RedisStore {
     /// The pub/sub connection that wakes this process's workers (I14);
     /// `None` on a connection the caller made.
     pub(crate) wake: Option<dedupe_core::backend::Subscription>,
+    /// The channel the scripts publish wake-ups on (`<prefix>wake`).
+    pub(crate) wake_channel: String,
 }
 
 impl RedisStore {
@@ -248,7 +250,7 @@ impl DedupeStore for RedisStore {
         invocation
             .arg(lease.token.as_str())
             .arg(lease.key.id())
-            .arg(crate::wake::channel(&self.prefix))
+            .arg(self.wake_channel.as_str())
             .arg(lease.key.namespace());
         let (answer, acked) = self.write(invocation, &lease.key).await?;
         match parts(answer) {

@@ -958,20 +958,6 @@ async fn a_full_noeviction_server_answers_retryable_errors() {
         .is_some());
 }
 
-/// Whether `signal` is raised within 5 s of `change` (listening from before it).
-async fn wakes<T>(
-    signal: &tokio::sync::Notify,
-    change: impl std::future::Future<Output = Result<T, Error>>,
-) -> bool {
-    let woken = signal.notified();
-    tokio::pin!(woken);
-    woken.as_mut().enable();
-    change.await.expect("the change");
-    tokio::time::timeout(Duration::from_secs(5), woken)
-        .await
-        .is_ok()
-}
-
 /// Push wake-ups outlive their connection: with the pub/sub connection
 /// killed (`CLIENT KILL TYPE pubsub`), the store subscribes again and
 /// accepts made through another store wake its workers as before. Three
@@ -988,7 +974,12 @@ async fn wake_ups_come_back_after_the_subscriber_is_killed() {
     assert!(wake.everywhere, "Redis pushes its wake-ups");
     let signal = wake.signal.expect("a signal");
     assert!(
-        wakes(&signal, accepting.accept(&key("before"), b"{}")).await,
+        dedupe_testkit::wakes(
+            &signal,
+            Duration::from_secs(5),
+            accepting.accept(&key("before"), b"{}")
+        )
+        .await,
         "another store's accept did not wake the listening store"
     );
     assert_eq!(
@@ -1002,8 +993,9 @@ async fn wake_ups_come_back_after_the_subscriber_is_killed() {
     assert!(subscribed_again, "the store did not subscribe again");
     for round in 0..3 {
         assert!(
-            wakes(
+            dedupe_testkit::wakes(
                 &signal,
+                Duration::from_secs(5),
                 accepting.accept(&key(&format!("after-{round}")), b"{}")
             )
             .await,

@@ -40,6 +40,21 @@ where
     false
 }
 
+/// Whether `signal` (an inbox's wake-up, `Inbox::wake`) is raised within
+/// `limit` of `change`, listening from before it; panics when the change
+/// fails.
+pub async fn wakes<T, E: std::fmt::Debug>(
+    signal: &tokio::sync::Notify,
+    limit: Duration,
+    change: impl Future<Output = Result<T, E>>,
+) -> bool {
+    let woken = signal.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    change.await.expect("the change");
+    tokio::time::timeout(limit, woken).await.is_ok()
+}
+
 /// Asserts that `applied` (a SQL store's `MIGRATIONS`) is every file of the
 /// crate's `folder` (its `migrations/`), in the order of their numbers
 /// (`0001_what.sql`, `0002_...`), text for text: a file added but not
