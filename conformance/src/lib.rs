@@ -119,6 +119,7 @@ macro_rules! __with_check_names {
             inbox_pause,
             inbox_wake,
             inbox_ordering,
+            inbox_dead_retention,
         }
     };
 }

@@ -165,6 +165,13 @@ enum Flaw {
     OrderIgnored,
     /// Every item is accepted to be skipped when dead.
     DeadAlwaysSkipped,
+    /// A dead item is kept until forgotten, whatever retention its fail gave.
+    DeadKeptForever,
+    /// `expire()` removes every dead item, its retention passed or not.
+    DeadExpiresAtOnce,
+    /// A replay leaves the dead item's retention: `expire()` removes the
+    /// replayed item when it passes.
+    ReplayKeepsDeadRetention,
 }
 
 impl Flaw {
@@ -208,6 +215,9 @@ impl Flaw {
                 | Flaw::WakeOneNamespace
                 | Flaw::OrderIgnored
                 | Flaw::DeadAlwaysSkipped
+                | Flaw::DeadKeptForever
+                | Flaw::DeadExpiresAtOnce
+                | Flaw::ReplayKeepsDeadRetention
         )
     }
 }
@@ -229,6 +239,9 @@ struct Broken {
     paused: Arc<Mutex<HashSet<String>>>,
     /// Signals raised beside the store (`WakeOnAcceptOnly`).
     wakeups: dedupe_core::backend::Wakeups,
+    /// The retention deadline each item got when it died
+    /// (`ReplayKeepsDeadRetention`).
+    died: Arc<Mutex<HashMap<Key, SystemTime>>>,
 }
 
 impl Broken {
@@ -463,7 +476,31 @@ impl DedupeStore for Broken {
                 }
             }
         }
-        let removed = self.inner.expire().await?;
+        let mut removed = 0;
+        if matches!(
+            self.flaw,
+            Flaw::DeadExpiresAtOnce | Flaw::ReplayKeepsDeadRetention
+        ) {
+            let now = SystemTime::now();
+            let page = self
+                .inner
+                .list(&ItemQuery {
+                    limit: dedupe_core::MAX_PAGE,
+                    ..ItemQuery::new("inbox")
+                })
+                .await?;
+            let died = self.died.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            for item in page.items {
+                let gone = match self.flaw {
+                    Flaw::DeadExpiresAtOnce => item.status == ItemStatus::Dead,
+                    _ => died.get(&item.key).is_some_and(|at| *at <= now),
+                };
+                if gone && self.inner.forget(&item.key).await? {
+                    removed += 1;
+                }
+            }
+        }
+        removed += self.inner.expire().await?;
         let keys: Vec<Key> = self.physical().iter().cloned().collect();
         for k in keys {
             if self.inner.get(&k).await?.is_none() {
@@ -543,6 +580,7 @@ impl StoreFactory for BrokenFactory {
             spent: Arc::default(),
             paused: Arc::default(),
             wakeups: Default::default(),
+            died: Arc::default(),
         })))
     }
 }
@@ -793,6 +831,20 @@ impl Inbox for Broken {
             }
             (Flaw::FailDelayDoubled, Retry::After(delay)) => {
                 self.inner.fail(lease, error, Retry::After(delay * 2)).await
+            }
+            (Flaw::DeadKeptForever, Retry::Dead { .. }) => {
+                retry.validate()?;
+                self.inner
+                    .fail(lease, error, Retry::Dead { keep: None })
+                    .await
+            }
+            (Flaw::ReplayKeepsDeadRetention, Retry::Dead { keep: Some(keep) }) => {
+                self.inner.fail(lease, error, retry).await?;
+                self.died
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(lease.key.clone(), SystemTime::now() + keep);
+                Ok(())
             }
             _ => self.inner.fail(lease, error, retry).await,
         }
@@ -1105,6 +1157,9 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::WakeOneNamespace, &["inbox_wake"]),
     (Flaw::OrderIgnored, &["inbox_ordering"]),
     (Flaw::DeadAlwaysSkipped, &["inbox_ordering"]),
+    (Flaw::DeadKeptForever, &["inbox_dead_retention"]),
+    (Flaw::DeadExpiresAtOnce, &["inbox_dead_retention"]),
+    (Flaw::ReplayKeepsDeadRetention, &["inbox_dead_retention"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -1200,6 +1255,9 @@ broken_store_tests!(
     rejects_one_wake_up_for_every_namespace => WakeOneNamespace,
     rejects_ordering_keys_ignored => OrderIgnored,
     rejects_dead_items_always_skipped => DeadAlwaysSkipped,
+    rejects_dead_items_kept_forever => DeadKeptForever,
+    rejects_dead_items_expired_at_once => DeadExpiresAtOnce,
+    rejects_a_replay_keeping_the_dead_retention => ReplayKeepsDeadRetention,
     rejects_a_hand_back_spending_an_attempt => HandBackSpendsAttempt,
     rejects_takeovers_not_counted => TakeoverNotCounted,
     rejects_not_before_ignored => NotBeforeIgnored,

@@ -340,13 +340,59 @@ impl Taken {
     }
 }
 
+/// How long a dead item is kept by default before `expire()` may remove it
+/// (CONTRACT.md I16): 35 days, the same as a done record, so an operator
+/// back from a long weekend (or a provider's month of manual resends) still
+/// finds the dead letters to replay.
+pub const DEAD_RETENTION: Duration = Duration::from_secs(35 * 24 * 3600);
+
 /// What [`Inbox::fail`] does with the item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retry {
     /// Due again this long from now.
     After(Duration),
-    /// Dead: never taken again until [`Inbox::replay`]ed.
-    Dead,
+    /// Dead: never taken again until [`Inbox::replay`]ed, and kept for
+    /// `keep` from now (then removed by [`expire`](crate::DedupeStore::expire)
+    /// or the store's own expiry, CONTRACT.md I16), or until forgotten when
+    /// `keep` is `None`.
+    Dead {
+        /// The dead letter's retention (at most [`MAX_TTL`](crate::MAX_TTL)).
+        keep: Option<Duration>,
+    },
+}
+
+impl Retry {
+    /// Dead, kept for the default [`DEAD_RETENTION`].
+    pub const fn dead() -> Self {
+        Retry::Dead {
+            keep: Some(DEAD_RETENTION),
+        }
+    }
+
+    /// Checks the delay or the retention against
+    /// [`MIN_TTL`](crate::MIN_TTL)`..=`[`MAX_TTL`](crate::MAX_TTL):
+    /// otherwise `InvalidConfig`, and a store writes nothing.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Retry::After(delay) => crate::claim::check_ttl("retry delay", *delay),
+            Retry::Dead { keep: Some(keep) } => crate::claim::check_ttl("dead retention", *keep),
+            Retry::Dead { keep: None } => Ok(()),
+        }
+    }
+
+    /// The dead item's retention deadline from `now` (`None`: kept until
+    /// forgotten, or not dead).
+    pub fn dead_until(&self, now: SystemTime) -> Option<SystemTime> {
+        match self {
+            Retry::Dead { keep: Some(keep) } => Some(now + *keep),
+            _ => None,
+        }
+    }
+
+    /// Whether the item is dead.
+    pub fn is_dead(&self) -> bool {
+        matches!(self, Retry::Dead { .. })
+    }
 }
 
 /// Which items [`Inbox::list`] shows: one namespace, optionally one status,
@@ -442,8 +488,10 @@ pub struct InboxCounts {
 /// [`DedupeStore`] it extends: a completed item is a done record (later
 /// claims and accepts of its key answer it as a duplicate), and a claim of a
 /// key the inbox holds answers `InFlight` (the inbox owns it until it is
-/// done). Pending, failed and dead items never expire; only a completion's
-/// retention or [`forget`](crate::DedupeStore::forget) ends them.
+/// done). Pending, running and failed items never expire; only a completion's
+/// retention or [`forget`](crate::DedupeStore::forget) ends them. A dead item
+/// is kept for the retention its [`fail`](Inbox::fail) gave it
+/// ([`Retry::Dead`], CONTRACT.md I16).
 ///
 /// ```
 /// use std::time::Duration;

@@ -196,6 +196,7 @@ pub struct InboxWorker {
     max_attempts: u32,
     max_takeovers: u32,
     max_snooze: Duration,
+    dead_retention: Option<Duration>,
     backoff: Backoff,
     concurrency: usize,
     /// Set by [`with_poll_interval`](Self::with_poll_interval); otherwise
@@ -234,6 +235,7 @@ impl InboxWorker {
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
             max_takeovers: Self::DEFAULT_MAX_TAKEOVERS,
             max_snooze: Self::DEFAULT_MAX_SNOOZE,
+            dead_retention: Some(crate::DEAD_RETENTION),
             backoff: Backoff::default(),
             concurrency: Self::DEFAULT_CONCURRENCY,
             poll: None,
@@ -269,6 +271,17 @@ impl InboxWorker {
     /// that snoozes forever still ends in the dead letters.
     pub fn with_max_snooze(mut self, window: Duration) -> Self {
         self.max_snooze = window;
+        self
+    }
+
+    /// How long the items this worker fails dead are kept before `expire()`
+    /// may remove them (default [`DEAD_RETENTION`](crate::DEAD_RETENTION),
+    /// 35 days; `None`: until replayed or forgotten). A retention outside
+    /// [`MIN_TTL`](crate::MIN_TTL)`..=`[`MAX_TTL`](crate::MAX_TTL) is refused
+    /// by the store at the fail (the item then stays held and is taken over
+    /// when its lease passes), so set it within.
+    pub fn with_dead_retention(mut self, keep: Option<Duration>) -> Self {
+        self.dead_retention = keep;
         self
     }
 
@@ -451,7 +464,7 @@ impl InboxWorker {
                 "quarantined: its workers died holding it {} times (max_takeovers {})",
                 item.takeovers, self.max_takeovers
             );
-            self.fail(&lease, &error, Retry::Dead).await;
+            self.fail(&lease, &error, self.dead()).await;
             return;
         }
         let store: Arc<dyn DedupeStore> = Arc::clone(&self.inbox) as Arc<dyn DedupeStore>;
@@ -505,10 +518,17 @@ impl InboxWorker {
     /// that asks for `then` does.
     fn retry(&self, attempt: u32, max_attempts: u32, then: Then) -> Retry {
         match then {
-            Then::Dead => Retry::Dead,
-            _ if attempt >= max_attempts => Retry::Dead,
+            Then::Dead => self.dead(),
+            _ if attempt >= max_attempts => self.dead(),
             Then::Backoff => Retry::After(self.backoff.delay(attempt)),
             Then::After(delay) | Then::Snooze(delay) => Retry::After(delay),
+        }
+    }
+
+    /// Dead, kept for this worker's retention.
+    fn dead(&self) -> Retry {
+        Retry::Dead {
+            keep: self.dead_retention,
         }
     }
 
@@ -516,7 +536,7 @@ impl InboxWorker {
     /// due again.
     fn failed(&self, lease: &Lease, error: &str, retry: Retry) {
         match retry {
-            Retry::Dead => {
+            Retry::Dead { .. } => {
                 tracing::error!(key = %lease.key, attempt = lease.attempt, error, "item dead")
             }
             Retry::After(delay) => {
@@ -1232,6 +1252,70 @@ mod tests {
         let plain = item("plain").await;
         assert!(plain.attempts >= 3, "the backoff's retries ran");
         assert_eq!(plain.last_error.as_deref(), Some("500: try again"));
+    }
+
+    /// The dead letters a worker leaves get its `dead_retention`: those of
+    /// a worker set to 300 ms are removed by the `expire()` after it (not by
+    /// one before), those of a worker keeping them are not, and the default
+    /// is [`DEAD_RETENTION`](crate::DEAD_RETENTION).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_items_keep_the_workers_retention() {
+        let inbox = MemoryStore::new();
+        for ns in ["short", "kept", "default"] {
+            inbox
+                .accept(&Key::new(ns, "poison").expect("in the test"), b"x")
+                .await
+                .expect("in the test");
+        }
+        let deduper = Deduper::new(inbox.clone());
+        let base = |ns: &str| {
+            InboxWorker::new(&deduper, inbox.clone(), ns)
+                .with_poll_interval(Duration::from_millis(5))
+        };
+        assert_eq!(base("x").dead_retention, Some(crate::DEAD_RETENTION));
+        let workers = [
+            base("short").with_dead_retention(Some(Duration::from_millis(300))),
+            base("kept").with_dead_retention(None),
+            base("default"),
+        ];
+        let mut running = Vec::new();
+        for worker in &workers {
+            running.push(Running::start(worker, |_| async {
+                Err::<Vec<u8>, _>(WorkFailure::permanent("never"))
+            }));
+        }
+        let mut died = SystemTime::now();
+        for ns in ["short", "kept", "default"] {
+            let key = Key::new(ns, "poison").expect("in the test");
+            let dead = item_when(&inbox, &key, |i| i.status == ItemStatus::Dead).await;
+            if ns == "short" {
+                died = dead.due_at;
+            }
+        }
+        for r in running {
+            r.stop(Duration::from_secs(1)).await;
+        }
+        let there = |ns: &'static str| {
+            let inbox = inbox.clone();
+            async move {
+                inbox
+                    .item(&Key::new(ns, "poison").expect("in the test"))
+                    .await
+                    .expect("in the test")
+                    .is_some()
+            }
+        };
+        if SystemTime::now() < died + Duration::from_millis(250) {
+            assert_eq!(inbox.expire().await.expect("in the test"), 0);
+            assert!(there("short").await, "removed before its retention");
+        }
+        let past = (died + Duration::from_millis(320))
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::sleep(past).await;
+        assert_eq!(inbox.expire().await.expect("in the test"), 1);
+        assert!(!there("short").await, "kept past its retention");
+        assert!(there("kept").await && there("default").await);
     }
 
     /// A snooze spends no attempt: an item allowed two attempts snoozes five

@@ -53,8 +53,8 @@ pub use error::{BoxError, Error, Result};
 pub use expire_task::{spawn_expire_task, ExpireTask};
 pub use inbox::{
     AcceptOptions, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry,
-    Taken, WhenDead, MAX_ERROR_BYTES, MAX_ORDERING_KEY_BYTES, MAX_PAGE, MAX_PAYLOAD_BYTES,
-    MAX_TAKE, ORDER_SCAN,
+    Taken, WhenDead, DEAD_RETENTION, MAX_ERROR_BYTES, MAX_ORDERING_KEY_BYTES, MAX_PAGE,
+    MAX_PAYLOAD_BYTES, MAX_TAKE, ORDER_SCAN,
 };
 pub use inbox_worker::{Backoff, InboxWorker, WorkFailure};
 pub use key::{

@@ -32,6 +32,9 @@ struct ItemEntry {
     /// Its ordering key, its place in the key's accept order, and what it
     /// does dead (I15).
     ordering: Option<Ordering>,
+    /// Dead: when its retention ends and `expire()` removes it (I16);
+    /// `None` kept until forgotten.
+    dead_until: Option<SystemTime>,
 }
 
 #[derive(Debug, Clone)]
@@ -67,6 +70,15 @@ impl Entry {
     /// Live: inside its lease or retention; an inbox item always (until done).
     fn is_live(&self, now: SystemTime) -> bool {
         self.item.is_some() || self.expires_at > now
+    }
+
+    /// Gone at `expire()`: a record past its lease or retention, or a dead
+    /// item past its own retention (I16).
+    fn is_expired(&self, now: SystemTime) -> bool {
+        match &self.item {
+            None => self.expires_at <= now,
+            Some(item) => item.wait == Wait::Dead && item.dead_until.is_some_and(|at| at <= now),
+        }
     }
 
     /// Held by `lease`: its token, in flight, before the deadline (an item:
@@ -121,7 +133,7 @@ impl Entry {
     fn failed_by(&self, lease: &Lease, error: &str, retry: Retry) -> bool {
         let wait = match retry {
             Retry::After(_) => Wait::Due,
-            Retry::Dead => Wait::Dead,
+            Retry::Dead { .. } => Wait::Dead,
         };
         self.token == lease.token
             && self
@@ -500,10 +512,16 @@ impl DedupeStore for MemoryStore {
     async fn expire(&self) -> Result<u64> {
         let now = SystemTime::now();
         let mut map = self.lock();
-        let before = map.map.len();
-        // Items are always live: the due index is left as it is.
-        map.map.retain(|_, entry| entry.is_live(now));
-        Ok((before - map.map.len()) as u64)
+        let gone: Vec<Key> = map
+            .map
+            .iter()
+            .filter(|(_, entry)| entry.is_expired(now))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &gone {
+            map.remove(key);
+        }
+        Ok(gone.len() as u64)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
@@ -597,6 +615,7 @@ impl Inbox for MemoryStore {
                         seq,
                         when_dead: options.when_dead,
                     }),
+                    dead_until: None,
                 }),
             },
         );
@@ -677,9 +696,7 @@ impl Inbox for MemoryStore {
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        if let Retry::After(delay) = retry {
-            check_ttl("retry delay", delay)?;
-        }
+        retry.validate()?;
         let error = cut_error(error);
         let now = SystemTime::now();
         let mut map = self.lock();
@@ -693,11 +710,12 @@ impl Inbox for MemoryStore {
                 map.change(&lease.key, |entry| {
                     let (wait, due) = match retry {
                         Retry::After(delay) => (Wait::Due, now + delay),
-                        Retry::Dead => (Wait::Dead, now),
+                        Retry::Dead { .. } => (Wait::Dead, now),
                     };
                     if let Some(item) = entry.item.as_mut() {
                         item.last_error = Some(error);
                         item.wait = wait;
+                        item.dead_until = retry.dead_until(now);
                     }
                     entry.expires_at = due;
                 });
@@ -746,6 +764,7 @@ impl Inbox for MemoryStore {
             map.change(key, |entry| {
                 if let Some(item) = entry.item.as_mut() {
                     item.wait = Wait::Due;
+                    item.dead_until = None;
                 }
                 entry.expires_at = now;
             });

@@ -299,7 +299,7 @@ impl<S: Inbox> Inbox for TracedStore<S> {
         measure("fail", started, &result, |_, count| count("ok"));
         finish(&span, result, |()| match retry {
             Retry::After(delay) => format!("due in {delay:?}"),
-            Retry::Dead => "dead".into(),
+            Retry::Dead { .. } => "dead".into(),
         })
     }
 

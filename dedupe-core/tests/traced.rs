@@ -72,7 +72,7 @@ async fn every_inbox_call_is_a_span_with_its_answer() {
         .await
         .expect("in the test");
     inbox
-        .fail(&taken[0].lease, "boom", Retry::Dead)
+        .fail(&taken[0].lease, "boom", Retry::dead())
         .await
         .expect("in the test");
     inbox.item(&key).await.expect("in the test");

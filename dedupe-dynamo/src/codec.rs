@@ -75,6 +75,10 @@ pub struct AttributeNames {
     /// An inbox item's own attempt limit, set at accept; absent: the
     /// worker's (default `ma`).
     pub max_attempts: String,
+    /// A dead item's retention deadline, epoch milliseconds: `expire()`
+    /// removes it past then (the TTL attribute is set too); absent: kept
+    /// until forgotten (default `du`).
+    pub dead_until: String,
 }
 
 impl Default for AttributeNames {
@@ -99,13 +103,14 @@ impl Default for AttributeNames {
             list_key: "ik".into(),
             takeovers: "to".into(),
             max_attempts: "ma".into(),
+            dead_until: "du".into(),
         }
     }
 }
 
 impl AttributeNames {
     /// Placeholders (`#pk`, ...) paired with the names they stand for.
-    fn pairs(&self) -> [(&'static str, &str); 19] {
+    fn pairs(&self) -> [(&'static str, &str); 20] {
         [
             ("#pk", &self.partition_key),
             ("#st", &self.state),
@@ -126,6 +131,7 @@ impl AttributeNames {
             ("#ik", &self.list_key),
             ("#to", &self.takeovers),
             ("#ma", &self.max_attempts),
+            ("#du", &self.dead_until),
         ]
     }
 

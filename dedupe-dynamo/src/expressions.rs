@@ -42,12 +42,14 @@ pub(crate) const COMPLETE: &str =
 pub(crate) const EXTEND: &str = "SET #dl = :until, #ex = :exp";
 
 /// `expire()`'s scan filter, projection, and delete condition (never a record
-/// claimed again since the scan).
-/// Inbox items never expire: both leave them.
-pub(crate) const SCAN: &str = "#dl <= :now AND attribute_not_exists(#wt)";
-pub(crate) const PROJECTION: &str = "#pk, #tk, #dl";
+/// claimed again since the scan). Inbox items expire only dead, past their
+/// retention (I16): [`DEAD_UNCHANGED`] deletes one, never one replayed since.
+pub(crate) const SCAN: &str =
+    "(#dl <= :now AND attribute_not_exists(#wt)) OR (#wt = :two AND #du <= :now)";
+pub(crate) const PROJECTION: &str = "#pk, #tk, #dl, #wt";
 pub(crate) const UNCHANGED: &str =
     "#tk = :tk AND #dl = :dl AND #dl <= :now AND attribute_not_exists(#wt)";
+pub(crate) const DEAD_UNCHANGED: &str = "#tk = :tk AND #wt = :two AND #du <= :now";
 
 /// An inbox item held by this token: running, its deadline ahead.
 pub(crate) const ITEM_HELD: &str = "#tk = :tk AND #wt = :zero AND #dl > :now";
@@ -61,15 +63,19 @@ pub(crate) const LEASE: &str =
 pub(crate) const LEASE_TAKEOVER: &str = "SET #tk = :tk, #dl = :until, #at = #at + :one, \
      #wt = :zero, #iq = :q, #ik = :lk, #to = if_not_exists(#to, :zero) + :one";
 
-/// An item made due again by a replay: waiting.
-pub(crate) const WAITING: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk";
+/// An item made due again by a replay: waiting, its dead retention gone.
+pub(crate) const WAITING: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk REMOVE #du, #ex";
 /// An item given back by its worker (a release): waiting, the attempt its
 /// take counted taken back (I9).
 pub(crate) const GIVEN_BACK: &str =
     "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #at = #at - :one";
 /// A failure with a retry, and a dead one (out of the due index).
 pub(crate) const FAIL_RETRY: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #le = :le";
+/// Dead kept until forgotten, or until `:du` (`expire()`, and the TTL at
+/// `:exp`, I16).
 pub(crate) const FAIL_DEAD: &str = "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le REMOVE #iq";
+pub(crate) const FAIL_DEAD_UNTIL: &str =
+    "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le, #du = :du, #ex = :exp REMOVE #iq";
 /// A heartbeat of a held item (no TTL: items never expire).
 pub(crate) const ITEM_EXTEND: &str = "SET #dl = :until, #iq = :q";
 /// What replay makes due: a dead item, or a failed one.
@@ -82,7 +88,7 @@ pub(crate) const OLDEST_QUERY: &str = "#iq = :q";
 
 /// Every set of expressions one request carries: their attribute names are
 /// worked out once, when the store is built, not on every request.
-pub(crate) const REQUESTS: [&[&str]; 20] = [
+pub(crate) const REQUESTS: [&[&str]; 22] = [
     &[FRESH],
     &[TAKEOVER],
     &[COMPLETE, HELD],
@@ -95,6 +101,8 @@ pub(crate) const REQUESTS: [&[&str]; 20] = [
     &[WAITING, REPLAYABLE],
     &[FAIL_RETRY, ITEM_HELD],
     &[FAIL_DEAD, ITEM_HELD],
+    &[FAIL_DEAD_UNTIL, ITEM_HELD],
+    &[DEAD_UNCHANGED],
     &[ITEM_EXTEND, ITEM_HELD],
     &[DUE_QUERY],
     &[LIST_QUERY],

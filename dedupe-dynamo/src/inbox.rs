@@ -1,5 +1,6 @@
 //! The inbox on DynamoDB: an item is its key's record with a wait, a payload
-//! and a last error, and no TTL attribute (items never expire). Two sparse
+//! and a last error, and no TTL attribute while it may run (a dead item has
+//! one, and `du`, at the end of its retention, I16). Two sparse
 //! global secondary indexes find items without scanning the table:
 //!
 //! - `dedupe_due` (partition `iq`, sort `dl`, keys only): `<namespace>|w` on
@@ -670,9 +671,7 @@ impl Inbox for DynamoStore {
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        if let Retry::After(delay) = retry {
-            check_ttl("retry delay", delay)?;
-        }
+        retry.validate()?;
         let error = cut_error(error);
         self.bounded(async {
             let now = self.now_ms();
@@ -694,11 +693,19 @@ impl Inbox for DynamoStore {
                     vals.insert(":lk".into(), list_key(ItemStatus::Failed, key));
                     FAIL_RETRY
                 }
-                Retry::Dead => {
+                Retry::Dead { keep } => {
                     vals.insert(":two".into(), n(2));
                     vals.insert(":due".into(), n(now));
                     vals.insert(":lk".into(), list_key(ItemStatus::Dead, key));
-                    FAIL_DEAD
+                    match keep {
+                        Some(keep) => {
+                            let until = now.saturating_add(duration_millis(keep));
+                            vals.insert(":du".into(), n(until));
+                            vals.insert(":exp".into(), n(DynamoStore::ttl_seconds(until)));
+                            FAIL_DEAD_UNTIL
+                        }
+                        None => FAIL_DEAD,
+                    }
                 }
             };
             let old = match self.update(key, update, ITEM_HELD, vals, false).await? {
@@ -721,7 +728,7 @@ impl Inbox for DynamoStore {
             let same = record.token == lease.token
                 && item.last_error.as_deref() == Some(error.as_str())
                 && match retry {
-                    Retry::Dead => item.status == ItemStatus::Dead,
+                    Retry::Dead { .. } => item.status == ItemStatus::Dead,
                     Retry::After(_) => item.status == ItemStatus::Failed,
                 };
             if same {

@@ -406,6 +406,7 @@ impl DedupeStore for DynamoStore {
                 .projection_expression(PROJECTION)
                 .set_expression_attribute_names(self.names(&[SCAN, PROJECTION]))
                 .expression_attribute_values(":now", n(self.now_ms()))
+                .expression_attribute_values(":two", n(2))
                 .set_exclusive_start_key(start.take())
                 .limit(100)
                 .send()
@@ -425,19 +426,28 @@ impl DedupeStore for DynamoStore {
                     tokio::time::sleep(wait).await;
                 }
                 issued += 1;
-                let gone = self
+                // A dead item past its retention (I16), still dead under the
+                // token read; or a record still as read, expired.
+                let delete = self
                     .inner
                     .client
                     .delete_item()
                     .table_name(&self.inner.table)
                     .key(&names.partition_key, pk.clone())
-                    .condition_expression(UNCHANGED)
-                    .set_expression_attribute_names(self.names(&[UNCHANGED]))
                     .expression_attribute_values(":tk", tk.clone())
-                    .expression_attribute_values(":dl", dl.clone())
-                    .expression_attribute_values(":now", n(self.now_ms()))
-                    .send()
-                    .await;
+                    .expression_attribute_values(":now", n(self.now_ms()));
+                let delete = if item.contains_key(&names.wait) {
+                    delete
+                        .condition_expression(DEAD_UNCHANGED)
+                        .set_expression_attribute_names(self.names(&[DEAD_UNCHANGED]))
+                        .expression_attribute_values(":two", n(2))
+                } else {
+                    delete
+                        .condition_expression(UNCHANGED)
+                        .set_expression_attribute_names(self.names(&[UNCHANGED]))
+                        .expression_attribute_values(":dl", dl.clone())
+                };
+                let gone = delete.send().await;
                 match gone {
                     Ok(_) => removed += 1,
                     Err(e) if is_condition_failure(&e) => {}

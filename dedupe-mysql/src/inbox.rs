@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I14) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I16) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
@@ -59,9 +59,7 @@ impl Inbox for MySqlStore {
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        if let Retry::After(delay) = retry {
-            check_ttl("retry delay", delay)?;
-        }
+        retry.validate()?;
         self.call(async |ops, conn| ops.fail(conn, lease, error, retry).await)
             .await
     }
@@ -173,7 +171,7 @@ fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::fatal(format!("{what} is not UTF-8"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I14).
+/// The inbox's statements (CONTRACT.md I1 to I16).
 impl Ops<'_> {
     /// The upsert, then the row read back: its token says whether this
     /// accept wrote it.
@@ -387,7 +385,12 @@ impl Ops<'_> {
     ) -> Result<()> {
         let (wait, delay) = match retry {
             Retry::After(delay) => (1i8, delay),
-            Retry::Dead => (2i8, Duration::ZERO),
+            Retry::Dead { .. } => (2i8, Duration::ZERO),
+        };
+        // NULL (kept until forgotten, or not dead) makes `now + ?` NULL.
+        let keep = match retry {
+            Retry::Dead { keep } => keep.map(duration_millis),
+            Retry::After(_) => None,
         };
         let error = cut_error(error);
         let delay = duration_millis(delay);
@@ -396,6 +399,7 @@ impl Ops<'_> {
             .bind(delay)
             .bind(wait)
             .bind(delay)
+            .bind(keep)
             .bind(wait);
         let statement = statement
             .bind(lease.key.namespace().as_bytes())

@@ -435,19 +435,24 @@ impl Ops<'_> {
         }
     }
 
+    /// Records past their deadline, then dead items past their retention
+    /// (I16), a batch a statement.
     pub(crate) async fn expire(&self, conn: &mut MySqlConnection) -> Result<u64> {
         let mut removed = 0;
-        loop {
-            let n = sqlx::query(sqlx::AssertSqlSafe(self.sql.expire_batch.as_str()))
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected();
-            removed += n;
-            if n < EXPIRE_BATCH {
-                return Ok(removed);
+        for statement in [&self.sql.expire_batch, &self.sql.expire_dead_batch] {
+            loop {
+                let n = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .rows_affected();
+                removed += n;
+                if n < EXPIRE_BATCH {
+                    break;
+                }
             }
         }
+        Ok(removed)
     }
 
     pub(crate) async fn get(

@@ -39,17 +39,19 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_item_counts.sql"),
     include_str!("../migrations/0004_paused.sql"),
     include_str!("../migrations/0005_ordering.sql"),
+    include_str!("../migrations/0006_dead_retention.sql"),
 ];
 
 /// For each migration after the first, in the order of [`MIGRATIONS`]: the
 /// column whose absence says it has not run (MySQL's `ALTER TABLE` has no
 /// `IF NOT EXISTS`) and its name; `None` for one that creates only what is
 /// missing, and runs every time.
-pub(crate) const GATES: [Option<(&str, &str)>; 4] = [
+pub(crate) const GATES: [Option<(&str, &str)>; 5] = [
     Some(("due_at", "0002_inbox")),
     Some(("takeovers", "0003_item_counts")),
     None,
     Some(("order_key", "0005_ordering")),
+    Some(("dead_until", "0006_dead_retention")),
 ];
 
 /// The statements for one table.
@@ -63,6 +65,7 @@ pub(crate) struct Statements {
     pub(crate) release: String,
     pub(crate) extend: String,
     pub(crate) expire_batch: String,
+    pub(crate) expire_dead_batch: String,
     pub(crate) forget: String,
     pub(crate) forget_read: String,
     pub(crate) has_column: String,
@@ -146,6 +149,11 @@ impl Statements {
             expire_batch: format!(
                 "DELETE FROM {t} WHERE expires_at <= {now} AND wait IS NULL
                  ORDER BY expires_at LIMIT {EXPIRE_BATCH}"
+            ),
+            // Dead items past their retention (I16), by the `dead` index.
+            expire_dead_batch: format!(
+                "DELETE FROM {t} WHERE dead_until <= {now} AND wait = 2
+                 ORDER BY dead_until LIMIT {EXPIRE_BATCH}"
             ),
             forget: format!("DELETE FROM {t} WHERE namespace = ? AND id = ? AND token = ?"),
             // The token and whether the row is live, undecoded: a record
@@ -263,6 +271,7 @@ impl Statements {
                 "UPDATE {t} SET last_error = ?,
                         expires_at = IF(wait = 0, {now} + ?, expires_at),
                         due_at = IF(wait <> 0, due_at, IF(? = 2, NULL, {now} + ?)),
+                        dead_until = IF(wait <> 0, dead_until, {now} + ?),
                         wait = ?
                  WHERE namespace = ? AND id = ? AND token = ?
                    AND ((wait = 0 AND expires_at > {now}) OR (wait = ? AND last_error = ?))"
@@ -280,7 +289,7 @@ impl Statements {
                  ORDER BY id LIMIT ?"
             ),
             replay: format!(
-                "UPDATE {t} SET expires_at = {now}, due_at = {now}, wait = 1
+                "UPDATE {t} SET expires_at = {now}, due_at = {now}, dead_until = NULL, wait = 1
                  WHERE namespace = ? AND id = ? AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
             ),
             counts: format!(

@@ -40,6 +40,7 @@ impl Admin for PgStore {
             ("due_at", "0002_inbox"),
             ("takeovers", "0003_item_counts"),
             ("order_key", "0005_ordering"),
+            ("dead_until", "0006_dead_retention"),
         ] {
             if !columns.iter().any(|c| c == column) {
                 return Err(missing(format!(

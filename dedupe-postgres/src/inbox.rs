@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I14) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I16) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection of the store's.
 
 use std::time::Duration;
@@ -54,9 +54,7 @@ impl Inbox for PgStore {
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        if let Retry::After(delay) = retry {
-            check_ttl("retry delay", delay)?;
-        }
+        retry.validate()?;
         self.call(async |ops, conn| ops.fail(conn, lease, error, retry).await)
             .await
     }
@@ -160,7 +158,7 @@ fn id_in<'k>(namespace: &str, joined: &'k str) -> Result<&'k str> {
         .ok_or_else(|| Error::fatal(format!("an inbox row of another namespace: {joined}"), None))
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I14), one statement each.
+/// The inbox's statements (CONTRACT.md I1 to I16), one statement each.
 impl Ops<'_> {
     pub(crate) async fn accept(
         &self,
@@ -271,7 +269,11 @@ impl Ops<'_> {
     ) -> Result<()> {
         let (wait, delay) = match retry {
             Retry::After(delay) => (1i16, delay),
-            Retry::Dead => (2i16, Duration::ZERO),
+            Retry::Dead { .. } => (2i16, Duration::ZERO),
+        };
+        let keep = match retry {
+            Retry::Dead { keep } => keep,
+            Retry::After(_) => None,
         };
         let changed = sqlx::query(text(&self.sql.fail))
             .bind(lease.key.namespace())
@@ -280,6 +282,7 @@ impl Ops<'_> {
             .bind(wait)
             .bind(delay)
             .bind(cut_error(error))
+            .bind(keep)
             .execute(conn)
             .await
             .map_err(|e| self.err(e))?

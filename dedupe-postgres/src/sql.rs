@@ -82,6 +82,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0003_item_counts.sql"),
     include_str!("../migrations/0004_paused.sql"),
     include_str!("../migrations/0005_ordering.sql"),
+    include_str!("../migrations/0006_dead_retention.sql"),
 ];
 
 /// Rows deleted per `expire()` statement, at most.
@@ -353,7 +354,8 @@ impl Statements {
                     SELECT ctid FROM {t}
                     WHERE ctid >= format('(%s,0)', $1::int8)::tid
                       AND ctid < format('(%s,0)', $2::int8)::tid
-                      AND expires_at <= now() AND wait IS NULL
+                      AND ((expires_at <= now() AND wait IS NULL)
+                           OR (wait = 2 AND dead_until <= now()))
                     LIMIT $3 FOR UPDATE SKIP LOCKED))"
             )
             .into(),
@@ -455,7 +457,9 @@ impl Statements {
                 "UPDATE {t} SET wait = $4::int2, last_error = $6::text,
                         expires_at = CASE WHEN wait = 0 THEN now() + $5::interval ELSE expires_at END,
                         due_at = CASE WHEN wait <> 0 THEN due_at
-                                      WHEN $4::int2 = 2 THEN NULL ELSE now() + $5::interval END
+                                      WHEN $4::int2 = 2 THEN NULL ELSE now() + $5::interval END,
+                        dead_until = CASE WHEN wait <> 0 THEN dead_until
+                                          WHEN $4::int2 = 2 THEN now() + $7::interval END
                  WHERE {is_bound} AND token = $3
                    AND ((wait = 0 AND expires_at > now()) OR (wait = $4::int2 AND last_error = $6::text))"
             )
@@ -474,7 +478,7 @@ impl Statements {
             )
             .into(),
             replay: format!(
-                "UPDATE {t} SET wait = 1, expires_at = now(), due_at = now()
+                "UPDATE {t} SET wait = 1, expires_at = now(), due_at = now(), dead_until = NULL
                  WHERE {is_bound} AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))
                  RETURNING {notify}"
             )

@@ -42,7 +42,7 @@ const STATUSES: [(ItemStatus, char); 4] = [
 impl RedisStore {
     /// The index keys of `namespace`, or the configuration error of a Cluster
     /// store without hash tags.
-    fn inbox_keys(&self, namespace: &str) -> Result<[String; 3]> {
+    fn inbox_keys(&self, namespace: &str) -> Result<[String; 4]> {
         self.index_keys(namespace).ok_or_else(|| {
             Error::config(
                 "the inbox on a Redis Cluster needs namespace_hash_tags(true) (URL: \
@@ -181,7 +181,7 @@ impl Inbox for RedisStore {
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
         check_take(max, lease)?;
-        let [wait, held, ids] = self.inbox_keys(namespace)?;
+        let [wait, held, ids, dead] = self.inbox_keys(namespace)?;
         let probe = Key::new(namespace, "-").map_err(|e| Error::config(e.to_string()))?;
         let mut invocation = SCRIPTS.take.prepare_invoke();
         invocation
@@ -189,6 +189,7 @@ impl Inbox for RedisStore {
             .key(held)
             .key(ids)
             .key(self.paused_key(namespace)?)
+            .key(dead)
             .arg(self.record_base(namespace))
             .arg(max)
             .arg(duration_millis(lease));
@@ -291,18 +292,21 @@ impl Inbox for RedisStore {
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        let delay = match retry {
-            Retry::After(delay) => {
-                check_ttl("retry delay", delay)?;
-                duration_millis(delay).to_string()
-            }
-            Retry::Dead => String::new(),
+        retry.validate()?;
+        let (delay, keep) = match retry {
+            Retry::After(delay) => (duration_millis(delay).to_string(), String::new()),
+            Retry::Dead { keep } => (
+                String::new(),
+                keep.map(|keep| duration_millis(keep).to_string())
+                    .unwrap_or_default(),
+            ),
         };
         let mut invocation = self.item_invocation(&SCRIPTS.fail, &lease.key)?;
         invocation
             .arg(lease.token.as_str())
             .arg(cut_error(error))
-            .arg(delay);
+            .arg(delay)
+            .arg(keep);
         let (answer, acked) = self.write(invocation, &lease.key).await?;
         match Self::code(answer, &lease.key, "fail")? {
             1 => self.replicated(acked, "failure", "fail again (it answers Ok again)"),
@@ -334,7 +338,7 @@ impl Inbox for RedisStore {
     /// and left out when it no longer matches the filter.
     async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
         query.validate()?;
-        let [_, _, ids] = self.inbox_keys(&query.namespace)?;
+        let [_, _, ids, _] = self.inbox_keys(&query.namespace)?;
         let probe = Key::new(&query.namespace, "-").map_err(|e| Error::config(e.to_string()))?;
         let letters: String = STATUSES
             .iter()
@@ -447,10 +451,10 @@ impl Inbox for RedisStore {
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
-        let [wait, _, ids] = self.inbox_keys(namespace)?;
+        let [wait, _, ids, dead] = self.inbox_keys(namespace)?;
         let probe = Key::new(namespace, "-").map_err(|e| Error::config(e.to_string()))?;
         let mut invocation = SCRIPTS.counts.prepare_invoke();
-        invocation.key(wait).key(ids);
+        invocation.key(wait).key(ids).key(dead);
         let Value::Array(values) = self.run(invocation, &probe).await? else {
             return Err(Self::unexpected(&probe, "counts"));
         };

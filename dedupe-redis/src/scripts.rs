@@ -52,7 +52,7 @@ end
 "#;
 
 /// Shared by every script: inbox items, their decoder, encoder and index.
-/// `ks` are the namespace's index keys `{waiting, held, ids}`.
+/// `ks` are the namespace's index keys `{waiting, held, ids, dead}`.
 const ITEM: &str = r#"
 local function is_item(v)
   local p = string.sub(v, 1, 3)
@@ -112,11 +112,15 @@ local function reindex(ks, id, old, new)
   else redis.call('ZREM', ks[1], id) end
   if new and new.wait == 0 then redis.call('ZADD', ks[2], num(new.due), id)
   else redis.call('ZREM', ks[2], id) end
+  -- A dead item's retention entry (see FAIL) goes when it stops being dead.
+  if old and old.wait == 2 and not (new and new.wait == 2) then redis.call('ZREM', ks[4], id) end
 end
--- The item at the record key `KEYS[1]`, written with its index (`KEYS[2..4]`, `ARGV[id_at]` its id).
+-- The item at the record key `KEYS[1]`, written with its index
+-- (`KEYS[2..5]`), `id` its id. The write drops any TTL the key had (a dead
+-- item's retention).
 local function iput(id, old, new)
   if new then redis.call('SET', KEYS[1], iencode(new)) else redis.call('DEL', KEYS[1]) end
-  reindex({KEYS[2], KEYS[3], KEYS[4]}, id, old, new)
+  reindex({KEYS[2], KEYS[3], KEYS[4], KEYS[5]}, id, old, new)
 end
 -- The inbox item `v` (a record key's value) as a call under token `tk`
 -- finds it: the decoded item when it carries that token, else nil and the
@@ -276,7 +280,7 @@ if v and is_item(v) then
   local r, code = iheld(v)
   if not r then return code end
   redis.call('SET', KEYS[1], encode('1', now + keep, num(now), r.attempts, r.accepted, r.token, '', '', ARGV[3]), 'PX', keep)
-  reindex({KEYS[2], KEYS[3], KEYS[4]}, ARGV[4], r, nil)
+  reindex({KEYS[2], KEYS[3], KEYS[4], KEYS[5]}, ARGV[4], r, nil)
   return 1
 end
 local r, code = held(v)
@@ -421,6 +425,11 @@ if old then
   if r.expires > now then return {3, old} end
   if r.state == '0' then attempts, first = r.attempts, r.first end
 end
+-- A dead item of this id that expired leaves its index entries: dropped.
+if not old and redis.call('ZSCORE', KEYS[5], ARGV[1]) then
+  redis.call('ZREM', KEYS[5], ARGV[1])
+  redis.call('ZREM', KEYS[4], 'd:' .. ARGV[1])
+end
 local max = false
 if ARGV[5] ~= '-' then max = tonumber(ARGV[5]) end
 iput(ARGV[1], nil, { wait = 1, due = now + tonumber(ARGV[4]), attempts = attempts, accepted = first,
@@ -429,8 +438,10 @@ if tonumber(ARGV[4]) == 0 then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
 return {1}
 "#;
 
-/// KEYS the index keys {waiting, held, ids} and the namespace's pause key
-/// (`<base>|paused`: a paused namespace hands out nothing, I13); ARGV the record keys' base
+/// KEYS the index keys {waiting, held, ids}, the namespace's pause key
+/// (`<base>|paused`: a paused namespace hands out nothing, I13) and its
+/// `dead` set (up to 16 entries past their retention are dropped, with their
+/// `ids` entries: their keys expired, I16); ARGV the record keys' base
 /// (`<prefix><namespace>:`), max, lease ms, then `max` tokens. Leases the
 /// due items, oldest due first: the first `max` (and a few more, so that
 /// items that do not decode cannot hold the queue) of the waiting set due by
@@ -442,8 +453,12 @@ return {1}
 /// per item taken: id, token, deadline, attempt, payload, last error (nil
 /// when none), takeovers, attempt limit (`-` when none).
 const TAKE: &str = r#"
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', num(now), 'LIMIT', 0, 16)) do
+  redis.call('ZREM', KEYS[5], id)
+  redis.call('ZREM', KEYS[3], 'd:' .. id)
+end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {0} end
-local ks = {KEYS[1], KEYS[2], KEYS[3]}
+local ks = {KEYS[1], KEYS[2], KEYS[3], KEYS[5]}
 local max, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local function due(k)
   return redis.call('ZRANGEBYSCORE', k, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, max + 8)
@@ -490,9 +505,13 @@ return out
 "#;
 
 /// KEYS record, then the index keys; ARGV id, token, error, delay ms (`''`:
-/// dead). `1` failed as asked (or failed so by this lease already: the same
-/// fail sent again), `0` lease lost, `-1` corrupt, `-2` the lease is a
-/// claim's, not an item's.
+/// dead), a dead item's retention ms (`''`: kept until forgotten). `1`
+/// failed as asked (or failed so by this lease already: the same fail sent
+/// again), `0` lease lost, `-1` corrupt, `-2` the lease is a claim's, not an
+/// item's. A dead item with a retention expires with it (`PEXPIREAT`, I16)
+/// and is entered in the namespace's `dead` set at its deadline (`+inf`
+/// when kept): COUNTS leaves out the entries past their deadline, and TAKE
+/// and ACCEPT drop them with the `ids` entry of the key that expired.
 const FAIL: &str = r#"
 local r, code = leased_item(redis.call('GET', KEYS[1]), ARGV[2])
 if not r then return code end
@@ -506,6 +525,14 @@ new.err = ARGV[3]
 if ARGV[4] == '' then new.wait, new.due = 2, now
 else new.wait, new.due = 1, now + tonumber(ARGV[4]) end
 iput(ARGV[1], r, new)
+if new.wait == 2 then
+  if ARGV[5] == '' then redis.call('ZADD', KEYS[5], '+inf', ARGV[1])
+  else
+    local until_ms = now + tonumber(ARGV[5])
+    redis.call('PEXPIREAT', KEYS[1], num(until_ms))
+    redis.call('ZADD', KEYS[5], num(until_ms), ARGV[1])
+  end
+end
 return 1
 "#;
 
@@ -569,13 +596,16 @@ for i = 2, #ARGV do out[#out + 1] = redis.call('GET', ARGV[1] .. ARGV[i]) end
 return out
 "#;
 
-/// KEYS waiting, ids. Pending, running, failed and dead counts, then the
-/// oldest due time of a waiting item (nil when none).
+/// KEYS waiting, ids, dead. Pending, running, failed and dead counts, then
+/// the oldest due time of a waiting item (nil when none). The dead items
+/// past their retention have expired but may keep their `ids` entries until
+/// a take drops them: they are not counted.
 const COUNTS: &str = r#"
 local out = {}
 for _, st in ipairs({'p', 'r', 'f', 'd'}) do
   out[#out + 1] = redis.call('ZLEXCOUNT', KEYS[2], '[' .. st .. ':', '(' .. st .. ';')
 end
+out[4] = out[4] - redis.call('ZCOUNT', KEYS[3], '-inf', num(now))
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 out[5] = first[2] or false
 return out

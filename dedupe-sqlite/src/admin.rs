@@ -124,6 +124,7 @@ pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
         ("wait", "0002_inbox"),
         ("takeovers", "0004_item_counts"),
         ("order_key", "0006_ordering"),
+        ("dead_until", "0007_dead_retention"),
     ] {
         if !columns.iter().any(|c| c == column) {
             return Err(missing(format!(

@@ -1,4 +1,4 @@
-//! The inbox (CONTRACT.md I1 to I14) in the records table: its `Inbox`
+//! The inbox (CONTRACT.md I1 to I16) in the records table: its `Inbox`
 //! implementation, and the statements it runs on a connection.
 
 use std::time::Duration;
@@ -73,9 +73,7 @@ impl Inbox for SqliteStore {
     }
 
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
-        if let Retry::After(delay) = retry {
-            check_ttl("retry delay", delay)?;
-        }
+        retry.validate()?;
         let (lease, error) = (lease.clone(), error.to_string());
         self.conns()
             .write(1, move |ops, conn| ops.fail(conn, &lease, &error, retry))
@@ -153,7 +151,7 @@ impl Inbox for SqliteStore {
     }
 }
 
-/// The inbox's statements (CONTRACT.md I1 to I14), each one statement on the
+/// The inbox's statements (CONTRACT.md I1 to I16), each one statement on the
 /// caller's connection (writes in the writer's transaction).
 impl Ops<'_> {
     /// Pauses (or resumes) the namespace; `true` when that changed anything.
@@ -346,7 +344,11 @@ impl Ops<'_> {
         let now = backend::now_millis();
         let (wait, due) = match retry {
             Retry::After(delay) => (1, deadline(now, delay)),
-            Retry::Dead => (2, now),
+            Retry::Dead { .. } => (2, now),
+        };
+        let dead_until = match retry {
+            Retry::Dead { keep: Some(keep) } => Some(deadline(now, keep)),
+            _ => None,
         };
         let changed = conn
             .prepare_cached(&self.sql.fail)
@@ -359,6 +361,7 @@ impl Ops<'_> {
                     ":wait": wait,
                     ":due": due,
                     ":error": cut_error(error),
+                    ":dead_until": dead_until,
                 })
             })
             .map_err(|e| self.err(e))?;

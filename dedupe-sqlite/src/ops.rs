@@ -239,9 +239,15 @@ impl Ops<'_> {
         })
     }
 
-    /// Deletes one batch of expired rows; answers how many.
-    pub(crate) fn expire_batch(&self, conn: &Connection, now: i64) -> Result<u64> {
-        conn.prepare_cached(&self.sql.expire_batch)
+    /// Deletes one batch of expired rows (records past their deadline, or
+    /// with `dead` dead items past their retention); answers how many.
+    pub(crate) fn expire_batch(&self, conn: &Connection, now: i64, dead: bool) -> Result<u64> {
+        let sql = if dead {
+            &self.sql.expire_dead_batch
+        } else {
+            &self.sql.expire_batch
+        };
+        conn.prepare_cached(sql)
             .and_then(|mut stmt| stmt.execute(named_params! {":now": now, ":batch": EXPIRE_BATCH}))
             .map(|n| n as u64)
             .map_err(|e| self.err(e))

@@ -28,6 +28,11 @@ pub(crate) struct Statements {
     pub(crate) paused_table: String,
     /// `migrations/0006_ordering.sql`, for a table without `order_key`.
     pub(crate) ordering: String,
+    /// `migrations/0007_dead_retention.sql`, for a table without
+    /// `dead_until`.
+    pub(crate) dead_retention: String,
+    /// Dead items past their retention, a batch at a time (I16).
+    pub(crate) expire_dead_batch: String,
     pub(crate) pause: String,
     pub(crate) resume: String,
     pub(crate) paused: String,
@@ -45,13 +50,14 @@ pub(crate) struct Statements {
 
 /// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
 /// order by `migrate()`; `{table}` is the store's table.
-pub(crate) const MIGRATIONS: [&str; 6] = [
+pub(crate) const MIGRATIONS: [&str; 7] = [
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_indexes.sql"),
     include_str!("../migrations/0004_item_counts.sql"),
     include_str!("../migrations/0005_paused.sql"),
     include_str!("../migrations/0006_ordering.sql"),
+    include_str!("../migrations/0007_dead_retention.sql"),
 ];
 
 /// The item columns an inbox read returns, in the order `read_item` expects.
@@ -84,6 +90,7 @@ impl Statements {
             item_counts: MIGRATIONS[3].replace("{table}", table),
             paused_table: MIGRATIONS[4].replace("{table}", table),
             ordering: MIGRATIONS[5].replace("{table}", table),
+            dead_retention: MIGRATIONS[6].replace("{table}", table),
             columns: format!("SELECT name FROM pragma_table_info('{table}')"),
             // Inserts a fresh record, or takes over one whose deadline has passed, in one
             // statement. A live record is left alone and no row comes back.
@@ -159,6 +166,12 @@ impl Statements {
             expire_batch: format!(
                 "DELETE FROM {t} WHERE (namespace, id) IN
                     (SELECT namespace, id FROM {t} WHERE expires_at <= :now AND wait IS NULL LIMIT :batch)"
+            ),
+            // Through the index of dead items with a retention (0007).
+            expire_dead_batch: format!(
+                "DELETE FROM {t} WHERE (namespace, id) IN
+                    (SELECT namespace, id FROM {t}
+                      WHERE wait = 2 AND dead_until IS NOT NULL AND dead_until <= :now LIMIT :batch)"
             ),
             forget: format!(
                 "DELETE FROM {t} WHERE namespace = :ns AND id = :id
@@ -240,7 +253,8 @@ impl Statements {
             // again) matches too, and is left as it is.
             fail: format!(
                 "UPDATE {t} SET wait = :wait, last_error = :error,
-                        expires_at = CASE WHEN wait = 0 THEN :due ELSE expires_at END
+                        expires_at = CASE WHEN wait = 0 THEN :due ELSE expires_at END,
+                        dead_until = CASE WHEN wait = 0 THEN :dead_until ELSE dead_until END
                  WHERE namespace = :ns AND id = :id AND token = :token
                    AND ((wait = 0 AND expires_at > :now) OR (wait = :wait AND last_error = :error))"
             ),
@@ -256,7 +270,7 @@ impl Statements {
                  ORDER BY id LIMIT :limit"
             ),
             replay: format!(
-                "UPDATE {t} SET wait = 1, expires_at = :now
+                "UPDATE {t} SET wait = 1, expires_at = :now, dead_until = NULL
                  WHERE namespace = :ns AND id = :id
                    AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
             ),
@@ -302,6 +316,7 @@ mod tests {
         conn.execute_batch(&s.item_counts).expect("0004");
         conn.execute_batch(&s.paused_table).expect("0005");
         conn.execute_batch(&s.ordering).expect("0006");
+        conn.execute_batch(&s.dead_retention).expect("0007");
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");
@@ -372,6 +387,21 @@ mod tests {
         assert!(
             !used.is_empty() && used.iter().all(|sql| sql.ends_with("WHERE wait IS NULL")),
             "expire() reads {used:?}:\n{plan}"
+        );
+    }
+
+    /// `expire()` finds dead items past their retention by the index of dead
+    /// items that have one: records and waiting items cost it nothing.
+    #[test]
+    fn expire_of_dead_items_reads_their_index() {
+        let s = Statements::new("records").expect("statements");
+        let (plan, used) = plan(&s.expire_dead_batch);
+        assert!(
+            !used.is_empty()
+                && used
+                    .iter()
+                    .all(|sql| sql.ends_with("WHERE wait = 2 AND dead_until IS NOT NULL")),
+            "expire() of dead items reads {used:?}:\n{plan}"
         );
     }
 }

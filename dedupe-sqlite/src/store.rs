@@ -187,6 +187,9 @@ impl SqliteStore {
                 if !columns.iter().any(|c| c == "order_key") {
                     tx.execute_batch(&ops.sql.ordering).map_err(map)?;
                 }
+                if !columns.iter().any(|c| c == "dead_until") {
+                    tx.execute_batch(&ops.sql.dead_retention).map_err(map)?;
+                }
                 tx.commit().map_err(map)
             })
             .await
@@ -349,22 +352,27 @@ impl DedupeStore for SqliteStore {
     async fn expire(&self) -> Result<u64> {
         let now = to_millis(SystemTime::now());
         let mut removed = 0;
-        loop {
-            // One batch at a time through the writer thread: each joins the
-            // group of the writes queued beside it (one commit for all), and
-            // the writes queued while it runs go in the next group, before the
-            // next batch, so claims are never blocked for long.
-            let n = self
-                .conns()
-                .write(EXPIRE_BATCH.unsigned_abs() as usize, move |ops, conn| {
-                    ops.expire_batch(conn, now)
-                })
-                .await?;
-            removed += n;
-            if n < EXPIRE_BATCH as u64 {
-                return Ok(removed);
+        // Records past their deadline, then dead items past their retention
+        // (I16), each through its own index.
+        for dead in [false, true] {
+            loop {
+                // One batch at a time through the writer thread: each joins the
+                // group of the writes queued beside it (one commit for all), and
+                // the writes queued while it runs go in the next group, before the
+                // next batch, so claims are never blocked for long.
+                let n = self
+                    .conns()
+                    .write(EXPIRE_BATCH.unsigned_abs() as usize, move |ops, conn| {
+                        ops.expire_batch(conn, now, dead)
+                    })
+                    .await?;
+                removed += n;
+                if n < EXPIRE_BATCH as u64 {
+                    break;
+                }
             }
         }
+        Ok(removed)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {

@@ -942,10 +942,12 @@ async fn a_table_from_before_the_inbox_is_migrated() {
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .expect("indexes");
     // The index over every row `expire()` read before gives way to one that
-    // leaves items out; the ordering keys' index holds items only.
+    // leaves items out; the ordering keys' index holds items only, and the
+    // dead items' retention index dead items only.
     assert_eq!(
         indexes,
         [
+            "dedupe_records_dead",
             "dedupe_records_due",
             "dedupe_records_expiry",
             "dedupe_records_order"

@@ -1,4 +1,4 @@
-//! The inbox rules (CONTRACT.md, I1 to I14), for a store whose fixture offers
+//! The inbox rules (CONTRACT.md, I1 to I16), for a store whose fixture offers
 //! an [`Inbox`](dedupe_core::Inbox); skipped for one that does not.
 
 use dedupe_core::{AcceptOptions, Accepted, Inbox, ItemQuery, ItemStatus, Retry, Taken};
@@ -339,7 +339,7 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
     )?;
     expect_lease_lost(
         "a fail after the worker's lease passed",
-        inbox.fail(&stale.lease, "late", Retry::Dead).await,
+        inbox.fail(&stale.lease, "late", Retry::dead()).await,
     )?;
     expect_lease_lost(
         "an extend after the worker's lease passed",
@@ -363,7 +363,7 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
     )?;
     expect_lease_lost(
         "a stale worker's fail",
-        inbox.fail(&stale.lease, "stale", Retry::Dead).await,
+        inbox.fail(&stale.lease, "stale", Retry::dead()).await,
     )?;
     expect_lease_lost(
         "a stale worker's extend",
@@ -502,7 +502,7 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         "a released item was not due again at once",
     )
     .await?;
-    inbox.fail(&third.lease, "for good", Retry::Dead).await?;
+    inbox.fail(&third.lease, "for good", Retry::dead()).await?;
     let dead = inbox
         .item(&k)
         .await?
@@ -599,7 +599,7 @@ pub async fn inbox_items_never_expire(factory: &dyn StoreFactory) -> CheckResult
         if t.lease.key == pending {
             store.release(&t.lease).await?;
         } else if t.lease.key == dead {
-            inbox.fail(&t.lease, "parked", Retry::Dead).await?;
+            inbox.fail(&t.lease, "parked", Retry::dead()).await?;
         } else {
             let short = store.extend(&t.lease, SHORT_TTL).await?;
             latest = latest.max(short.deadline);
@@ -678,7 +678,7 @@ pub async fn inbox_list_and_counts(factory: &dyn StoreFactory) -> CheckResult {
                     .fail(&t.lease, "later", Retry::After(LONG_TTL))
                     .await?
             }
-            2 => inbox.fail(&t.lease, "dead", Retry::Dead).await?,
+            2 => inbox.fail(&t.lease, "dead", Retry::dead()).await?,
             // A completed item is a done record, no longer listed.
             3 => {
                 fixture
@@ -1152,7 +1152,7 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
     )?;
     expect_lease_lost(
         "a second fail of the same lease deciding dead",
-        inbox.fail(&lease, "boom", Retry::Dead).await,
+        inbox.fail(&lease, "boom", Retry::dead()).await,
     )?;
 
     let dying = item_key("dead-twice")?;
@@ -1160,8 +1160,8 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
     let lease = take_one(&*inbox, LONG_TTL, "a due item was not taken")
         .await?
         .lease;
-    inbox.fail(&lease, "gone", Retry::Dead).await?;
-    if let Err(e) = inbox.fail(&lease, "gone", Retry::Dead).await {
+    inbox.fail(&lease, "gone", Retry::dead()).await?;
+    if let Err(e) = inbox.fail(&lease, "gone", Retry::dead()).await {
         return Err(Failure::new(format!(
             "a fail deciding dead sent again answered {e:?}, expected Ok"
         )));
@@ -1207,7 +1207,7 @@ pub async fn inbox_calls_asked_twice(factory: &dyn StoreFactory) -> CheckResult 
     )?;
     expect_lease_lost(
         "a fail of a lease whose item was taken again",
-        inbox.fail(&old, "late", Retry::Dead).await,
+        inbox.fail(&old, "late", Retry::dead()).await,
     )?;
     store.complete(&new, b"done", LONG_TTL).await?;
     if let Err(e) = store.complete(&new, b"done", LONG_TTL).await {
@@ -1547,7 +1547,7 @@ pub async fn inbox_wake(factory: &dyn StoreFactory) -> CheckResult {
     )
     .await?;
     let again = take_one(&*inbox, LONG_TTL, "an item given back was not due").await?;
-    inbox.fail(&again.lease, "poison", Retry::Dead).await?;
+    inbox.fail(&again.lease, "poison", Retry::dead()).await?;
     let replayed = expect_wake(&signal, &format!("{whose} replay"), other.replay(&first)).await?;
     ensure!(
         replayed,
@@ -1719,7 +1719,7 @@ pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
         retried.lease.key
     );
     // Dead and blocking: a3 waits until the replay is done.
-    inbox.fail(&retried.lease, "poison", Retry::Dead).await?;
+    inbox.fail(&retried.lease, "poison", Retry::dead()).await?;
     let blocked = inbox.take("inbox", 10, LONG_TTL).await?;
     ensure!(
         blocked.is_empty(),
@@ -1755,7 +1755,7 @@ pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
         "expected s1, got {}",
         s1.lease.key
     );
-    inbox.fail(&s1.lease, "poison", Retry::Dead).await?;
+    inbox.fail(&s1.lease, "poison", Retry::dead()).await?;
     let s2 = take_one(
         &*inbox,
         LONG_TTL,
@@ -1795,7 +1795,7 @@ pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
     accept_ordered(&*inbox, "f1", "cus_4", Block).await?;
     accept_ordered(&*inbox, "f2", "cus_4", Block).await?;
     let f1 = take_one(&*inbox, LONG_TTL, "f1 was not due").await?;
-    inbox.fail(&f1.lease, "poison", Retry::Dead).await?;
+    inbox.fail(&f1.lease, "poison", Retry::dead()).await?;
     ensure!(
         store.forget(&item_key("f1")?).await?,
         "forget of a dead item found nothing"
@@ -1904,4 +1904,122 @@ async fn take_one_within(inbox: &dyn Inbox, within: Duration) -> Result<Taken, F
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// I16: a dead item is kept for the retention its fail gave it, and no
+/// longer. Four items die: one kept 2 s, one kept 10 minutes, one kept until
+/// forgotten, and one kept 2 s but replayed before then. Before the 2 s pass,
+/// `expire()` removes none of them; past it, the first is gone (after
+/// `expire()` where the store needs one: `item`, `list` and `counts` no
+/// longer show it, and an accept of its key is new), the others stay. A
+/// retention of zero or past `MAX_TTL` is `InvalidConfig`, nothing changed.
+pub async fn inbox_dead_retention(factory: &dyn StoreFactory) -> CheckResult {
+    const KEEP: Duration = Duration::from_secs(2);
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let names = ["soon", "long", "kept", "replayed"];
+    for name in names {
+        inbox.accept(&item_key(name)?, name.as_bytes()).await?;
+    }
+    let taken = take_n(&*inbox, 4, LONG_TTL).await?;
+    ensure!(taken.len() == 4, "{} of 4 due items taken", taken.len());
+    for bad in [
+        Duration::ZERO,
+        dedupe_core::MAX_TTL + Duration::from_secs(1),
+    ] {
+        let refused = inbox
+            .fail(&taken[0].lease, "never", Retry::Dead { keep: Some(bad) })
+            .await;
+        ensure!(
+            matches!(refused, Err(Error::InvalidConfig { .. })),
+            "a fail with a dead retention of {bad:?} answered {refused:?}, expected InvalidConfig"
+        );
+    }
+    ensure!(
+        inbox
+            .item(&taken[0].lease.key)
+            .await?
+            .is_some_and(|i| i.status == ItemStatus::Running),
+        "a refused fail changed the item"
+    );
+    let mut deadline = SystemTime::now();
+    for t in &taken {
+        let keep = match t.lease.key.id() {
+            "long" => Some(LONG_TTL),
+            "kept" => None,
+            _ => Some(KEEP),
+        };
+        inbox.fail(&t.lease, "gone", Retry::Dead { keep }).await?;
+        let died = inbox
+            .item(&t.lease.key)
+            .await?
+            .filter(|i| i.status == ItemStatus::Dead)
+            .ok_or_else(|| Failure::new(format!("{}: not dead after its fail", t.lease.key)))?;
+        if keep == Some(KEEP) {
+            deadline = deadline.max(died.due_at + KEEP);
+        }
+    }
+    ensure!(
+        inbox.replay(&item_key("replayed")?).await?,
+        "a replay of a dead item answered false"
+    );
+    if store.capabilities().explicit_expire {
+        let removed = store.expire().await?;
+        ensure!(
+            removed == 0,
+            "expire() removed {removed} before any dead item's retention passed"
+        );
+    }
+    ensure!(
+        SystemTime::now() < deadline,
+        "the checks before the retention took longer than it ({KEEP:?}): the store is too slow \
+         for this check to judge"
+    );
+    for name in names {
+        ensure!(
+            inbox.item(&item_key(name)?).await?.is_some(),
+            "{name}: gone before its retention passed"
+        );
+    }
+    wait_past(deadline).await?;
+    if store.capabilities().explicit_expire {
+        let removed = store.expire().await?;
+        ensure!(
+            removed == 1,
+            "expire() past the retention removed {removed}, expected 1 (the dead item kept {KEEP:?})"
+        );
+    }
+    ensure!(
+        inbox.item(&item_key("soon")?).await?.is_none(),
+        "a dead item is still there past its retention"
+    );
+    for name in ["long", "kept", "replayed"] {
+        ensure!(
+            inbox.item(&item_key(name)?).await?.is_some(),
+            "{name}: removed with the dead item whose retention passed"
+        );
+    }
+    let dead: Vec<String> = inbox
+        .list(&ItemQuery::new("inbox").status(ItemStatus::Dead))
+        .await?
+        .items
+        .iter()
+        .map(|i| i.key.id().to_string())
+        .collect();
+    ensure!(
+        dead == ["kept", "long"],
+        "the dead letters listed past the retention are {dead:?}, expected [\"kept\", \"long\"]"
+    );
+    let counts = inbox.counts("inbox").await?;
+    ensure!(
+        counts.dead == 2 && counts.failed == 1,
+        "counts past the retention: {counts:?}, expected 2 dead and 1 failed (the replayed one)"
+    );
+    let again = inbox.accept(&item_key("soon")?, b"again").await?;
+    ensure!(
+        again == Accepted::New,
+        "an accept of an expired dead item's key answered {again:?}, expected New"
+    );
+    Ok(Verdict::Passed)
 }

@@ -58,6 +58,17 @@ pub struct ServeArgs {
         requires = "inbox"
     )]
     pub(super) max_snooze_secs: u64,
+    /// Inbox mode: how long a dead item is kept for an operator to replay,
+    /// in seconds, before `dedupe purge` (`expire()`) may remove it; 0 keeps
+    /// dead items until they are replayed or forgotten. Default 35 days.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 35 * 86_400,
+        requires = "inbox",
+        value_parser = clap::value_parser!(u64).range(0..=10 * 365 * 86_400)
+    )]
+    pub(super) dead_retention_secs: u64,
     /// Inbox mode: the longest an idle worker waits before looking for work
     /// when nothing woke it, in milliseconds: what a missed wake-up costs at
     /// most. By default 2000 on Postgres and Redis (every process's accepts

@@ -42,6 +42,10 @@ pub(super) fn spawn(
                     .with_concurrency(args.workers)
                     .with_max_attempts(args.max_attempts)
                     .with_max_snooze(Duration::from_secs(args.max_snooze_secs))
+                    .with_dead_retention(
+                        (args.dead_retention_secs > 0)
+                            .then(|| Duration::from_secs(args.dead_retention_secs)),
+                    )
                     .with_backoff(dedupe_core::Backoff {
                         first: Duration::from_millis(args.retry_backoff_ms),
                         max: Duration::from_secs(600),
