@@ -120,6 +120,7 @@ macro_rules! __with_check_names {
             inbox_wake,
             inbox_ordering,
             inbox_dead_retention,
+            inbox_error_history,
         }
     };
 }

@@ -172,6 +172,12 @@ enum Flaw {
     /// A replay leaves the dead item's retention: `expire()` removes the
     /// replayed item when it passes.
     ReplayKeepsDeadRetention,
+    /// The failure history keeps the first five failures, not the last.
+    HistoryKeepsFirst,
+    /// A hand-back (release) is written into the failure history.
+    HistoryCountsReleases,
+    /// The failure history holds the last failure only.
+    HistoryOnlyLast,
 }
 
 impl Flaw {
@@ -218,6 +224,9 @@ impl Flaw {
                 | Flaw::DeadKeptForever
                 | Flaw::DeadExpiresAtOnce
                 | Flaw::ReplayKeepsDeadRetention
+                | Flaw::HistoryKeepsFirst
+                | Flaw::HistoryCountsReleases
+                | Flaw::HistoryOnlyLast
         )
     }
 }
@@ -242,6 +251,9 @@ struct Broken {
     /// The retention deadline each item got when it died
     /// (`ReplayKeepsDeadRetention`).
     died: Arc<Mutex<HashMap<Key, SystemTime>>>,
+    /// Every failure (and, for `HistoryCountsReleases`, hand-back) of each
+    /// item, for the history flaws.
+    failures: Arc<Mutex<HashMap<Key, Vec<dedupe_core::FailedAttempt>>>>,
 }
 
 impl Broken {
@@ -264,6 +276,21 @@ impl Broken {
             key: self.inner_key(&lease.key),
             ..lease.clone()
         }
+    }
+
+    /// Notes a failure of `lease`'s attempt beside the store (the history
+    /// flaws).
+    fn log_failure(&self, lease: &Lease, error: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(lease.key.clone())
+            .or_default()
+            .push(dedupe_core::FailedAttempt::new(
+                lease.attempt,
+                SystemTime::now(),
+                error,
+            ));
     }
 
     fn physical(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
@@ -404,6 +431,11 @@ impl DedupeStore for Broken {
                 Ok(())
             }
             Flaw::ReleaseKeepsRecord => Ok(()),
+            Flaw::HistoryCountsReleases if self.inner.item(&lease.key).await?.is_some() => {
+                self.inner.release(&lease).await?;
+                self.log_failure(&lease, "given back");
+                Ok(())
+            }
             Flaw::HandBackSpendsAttempt if self.inner.item(&lease.key).await?.is_some() => {
                 self.inner.release(&lease).await?;
                 *self
@@ -581,6 +613,7 @@ impl StoreFactory for BrokenFactory {
             paused: Arc::default(),
             wakeups: Default::default(),
             died: Arc::default(),
+            failures: Arc::default(),
         })))
     }
 }
@@ -829,6 +862,11 @@ impl Inbox for Broken {
             {
                 Err(Error::lease_lost(&lease.key))
             }
+            (Flaw::HistoryKeepsFirst | Flaw::HistoryCountsReleases, _) => {
+                self.inner.fail(lease, error, retry).await?;
+                self.log_failure(lease, &dedupe_core::backend::cut_error(error));
+                Ok(())
+            }
             (Flaw::FailDelayDoubled, Retry::After(delay)) => {
                 self.inner.fail(lease, error, Retry::After(delay * 2)).await
             }
@@ -853,6 +891,25 @@ impl Inbox for Broken {
     async fn item(&self, key: &Key) -> Result<Option<Item>> {
         let mut item = self.inner.item(key).await?;
         if let Some(item) = item.as_mut() {
+            let all = self
+                .failures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(key)
+                .cloned()
+                .unwrap_or_default();
+            match self.flaw {
+                Flaw::HistoryKeepsFirst => item.errors = all.into_iter().take(5).collect(),
+                Flaw::HistoryCountsReleases => {
+                    let skip = all.len().saturating_sub(5);
+                    item.errors = all.into_iter().skip(skip).collect();
+                }
+                Flaw::HistoryOnlyLast => {
+                    let last = item.errors.pop();
+                    item.errors = last.into_iter().collect();
+                }
+                _ => {}
+            }
             let spent = self.spent.lock().unwrap_or_else(|e| e.into_inner());
             item.attempts += spent.get(key).copied().unwrap_or(0);
             if self.flaw == Flaw::TakeoverNotCounted {
@@ -1160,6 +1217,9 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::DeadKeptForever, &["inbox_dead_retention"]),
     (Flaw::DeadExpiresAtOnce, &["inbox_dead_retention"]),
     (Flaw::ReplayKeepsDeadRetention, &["inbox_dead_retention"]),
+    (Flaw::HistoryKeepsFirst, &["inbox_error_history"]),
+    (Flaw::HistoryCountsReleases, &["inbox_error_history"]),
+    (Flaw::HistoryOnlyLast, &["inbox_error_history"]),
 ];
 
 async fn assert_rejected(flaw: Flaw) {
@@ -1258,6 +1318,9 @@ broken_store_tests!(
     rejects_dead_items_kept_forever => DeadKeptForever,
     rejects_dead_items_expired_at_once => DeadExpiresAtOnce,
     rejects_a_replay_keeping_the_dead_retention => ReplayKeepsDeadRetention,
+    rejects_a_history_of_the_first_failures => HistoryKeepsFirst,
+    rejects_hand_backs_in_the_history => HistoryCountsReleases,
+    rejects_a_history_of_the_last_failure_only => HistoryOnlyLast,
     rejects_a_hand_back_spending_an_attempt => HandBackSpendsAttempt,
     rejects_takeovers_not_counted => TakeoverNotCounted,
     rejects_not_before_ignored => NotBeforeIgnored,

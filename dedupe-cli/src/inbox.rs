@@ -66,8 +66,9 @@ pub struct ListArgs {
     limit: Option<usize>,
     /// A JSON array of objects (`namespace`, `id`, `state`, `attempts`,
     /// `max_attempts` (null: the worker's), `takeovers`, `ordering_key`
-    /// (null: none), `last_error`, `due_at`, `due_at_ms`, `accepted_at_ms`,
-    /// `payload_bytes`) instead of a table.
+    /// (null: none), `last_error`, `errors` (the last five failures, oldest
+    /// first: `attempt`, `at_ms`, `error`), `due_at`, `due_at_ms`,
+    /// `accepted_at_ms`, `payload_bytes`) instead of a table.
     #[arg(long)]
     json: bool,
 }
@@ -162,6 +163,11 @@ fn item_json(item: &Item) -> Value {
         "takeovers": item.takeovers,
         "ordering_key": item.ordering_key,
         "last_error": item.last_error,
+        "errors": item.errors.iter().map(|e| json!({
+            "attempt": e.attempt,
+            "at_ms": millis(e.at),
+            "error": e.error,
+        })).collect::<Vec<_>>(),
         "due_at": rfc3339(item.due_at),
         "due_at_ms": millis(item.due_at),
         "accepted_at_ms": millis(item.accepted_at),

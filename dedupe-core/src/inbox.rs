@@ -18,6 +18,35 @@ pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
 /// character boundary.
 pub const MAX_ERROR_BYTES: usize = 1024;
 
+/// How many of its failures an item keeps ([`Item::errors`]): the last
+/// five, oldest first.
+pub const ERROR_HISTORY: usize = 5;
+
+/// One failed attempt of an item, as its history keeps it
+/// ([`Item::errors`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailedAttempt {
+    /// The attempt that failed (a quarantine's fail counts the attempt of
+    /// the take that found the item poisoned).
+    pub attempt: u32,
+    /// When it failed, on the store's clock.
+    pub at: SystemTime,
+    /// Its error, as [`Inbox::fail`] kept it (cut to [`MAX_ERROR_BYTES`]).
+    pub error: String,
+}
+
+impl FailedAttempt {
+    /// A failed attempt (for store authors).
+    pub fn new(attempt: u32, at: SystemTime, error: impl Into<String>) -> Self {
+        Self {
+            attempt,
+            at,
+            error: error.into(),
+        }
+    }
+}
+
 /// Most items one [`Inbox::take`] hands out.
 pub const MAX_TAKE: usize = 100;
 
@@ -96,6 +125,10 @@ pub struct Item {
     pub max_attempts: Option<u32>,
     /// Its ordering key ([`AcceptOptions::ordering_key`]), if it has one.
     pub ordering_key: Option<String>,
+    /// Its last [`ERROR_HISTORY`] failures, oldest first (the last one's
+    /// error is `last_error`); empty when it never failed. Items that failed
+    /// before a store kept the history show none of those failures.
+    pub errors: Vec<FailedAttempt>,
 }
 
 impl Item {
@@ -121,6 +154,7 @@ impl Item {
             takeovers: 0,
             max_attempts: None,
             ordering_key: None,
+            errors: Vec::new(),
         }
     }
 
@@ -135,6 +169,12 @@ impl Item {
     /// Sets its ordering key (for store authors).
     pub fn with_ordering_key(mut self, key: Option<String>) -> Self {
         self.ordering_key = key;
+        self
+    }
+
+    /// Sets its failure history, oldest first (for store authors).
+    pub fn with_errors(mut self, errors: Vec<FailedAttempt>) -> Self {
+        self.errors = errors;
         self
     }
 }

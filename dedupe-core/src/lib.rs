@@ -52,9 +52,9 @@ pub use deduper::{Deduper, HandleError, Handled, OnFailure};
 pub use error::{BoxError, Error, Result};
 pub use expire_task::{spawn_expire_task, ExpireTask};
 pub use inbox::{
-    AcceptOptions, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry,
-    Taken, WhenDead, DEAD_RETENTION, MAX_ERROR_BYTES, MAX_ORDERING_KEY_BYTES, MAX_PAGE,
-    MAX_PAYLOAD_BYTES, MAX_TAKE, ORDER_SCAN,
+    AcceptOptions, Accepted, FailedAttempt, Inbox, InboxCounts, Item, ItemPage, ItemQuery,
+    ItemStatus, Retry, Taken, WhenDead, DEAD_RETENTION, ERROR_HISTORY, MAX_ERROR_BYTES,
+    MAX_ORDERING_KEY_BYTES, MAX_PAGE, MAX_PAYLOAD_BYTES, MAX_TAKE, ORDER_SCAN,
 };
 pub use inbox_worker::{Backoff, InboxWorker, WorkFailure};
 pub use key::{

@@ -35,6 +35,8 @@ struct ItemEntry {
     /// Dead: when its retention ends and `expire()` removes it (I16);
     /// `None` kept until forgotten.
     dead_until: Option<SystemTime>,
+    /// Its last failures, oldest first (I5).
+    errors: std::collections::VecDeque<crate::FailedAttempt>,
 }
 
 #[derive(Debug, Clone)]
@@ -109,7 +111,8 @@ impl Entry {
                 item.payload.clone(),
             )
             .with_counts(item.takeovers, item.max_attempts)
-            .with_ordering_key(item.ordering.as_ref().map(|o| o.key.clone())),
+            .with_ordering_key(item.ordering.as_ref().map(|o| o.key.clone()))
+            .with_errors(item.errors.iter().cloned().collect()),
         )
     }
 
@@ -342,6 +345,11 @@ impl Records {
         // Another item of the key held (a held item itself is a takeover).
         if self.held.get(&at).copied().unwrap_or(0) > usize::from(held) {
             return true;
+        }
+        // Held itself, past its lease: the takeover comes first, whatever
+        // waits before it (an earlier item replayed while it ran).
+        if held {
+            return false;
         }
         let Some(items) = self.orders.get(&at) else {
             return false;
@@ -616,6 +624,7 @@ impl Inbox for MemoryStore {
                         when_dead: options.when_dead,
                     }),
                     dead_until: None,
+                    errors: Default::default(),
                 }),
             },
         );
@@ -712,7 +721,16 @@ impl Inbox for MemoryStore {
                         Retry::After(delay) => (Wait::Due, now + delay),
                         Retry::Dead { .. } => (Wait::Dead, now),
                     };
+                    let attempt = entry.attempts;
                     if let Some(item) = entry.item.as_mut() {
+                        item.errors.push_back(crate::FailedAttempt::new(
+                            attempt,
+                            now,
+                            error.as_str(),
+                        ));
+                        if item.errors.len() > crate::ERROR_HISTORY {
+                            item.errors.pop_front();
+                        }
                         item.last_error = Some(error);
                         item.wait = wait;
                         item.dead_until = retry.dead_until(now);

@@ -79,6 +79,9 @@ pub struct AttributeNames {
     /// removes it past then (the TTL attribute is set too); absent: kept
     /// until forgotten (default `du`).
     pub dead_until: String,
+    /// An inbox item's failure history, a JSON array of `[attempt, ms,
+    /// error]`, its last five failures (default `eh`).
+    pub errors: String,
 }
 
 impl Default for AttributeNames {
@@ -104,13 +107,14 @@ impl Default for AttributeNames {
             takeovers: "to".into(),
             max_attempts: "ma".into(),
             dead_until: "du".into(),
+            errors: "eh".into(),
         }
     }
 }
 
 impl AttributeNames {
     /// Placeholders (`#pk`, ...) paired with the names they stand for.
-    fn pairs(&self) -> [(&'static str, &str); 20] {
+    fn pairs(&self) -> [(&'static str, &str); 21] {
         [
             ("#pk", &self.partition_key),
             ("#st", &self.state),
@@ -132,6 +136,7 @@ impl AttributeNames {
             ("#to", &self.takeovers),
             ("#ma", &self.max_attempts),
             ("#du", &self.dead_until),
+            ("#eh", &self.errors),
         ]
     }
 
@@ -232,6 +237,11 @@ pub(crate) fn decode_item(
             Some(_) => num(name).map(Some),
         }
     };
+    let errors = match item.get(&names.errors) {
+        None => None,
+        Some(AttributeValue::S(v)) => Some(v.clone()),
+        Some(_) => return Err(corrupt(&names.errors)),
+    };
     dedupe_core::backend::StoredItem {
         id: key.id().to_string(),
         wait: num(&names.wait)?,
@@ -245,6 +255,7 @@ pub(crate) fn decode_item(
             max_attempts: opt_num(&names.max_attempts)?,
         },
         ordering_key: None,
+        errors,
     }
     .decode(key.namespace())
     .map(Some)

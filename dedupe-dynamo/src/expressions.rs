@@ -70,12 +70,14 @@ pub(crate) const WAITING: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :l
 pub(crate) const GIVEN_BACK: &str =
     "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #at = #at - :one";
 /// A failure with a retry, and a dead one (out of the due index).
-pub(crate) const FAIL_RETRY: &str = "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #le = :le";
+pub(crate) const FAIL_RETRY: &str =
+    "SET #wt = :one, #dl = :due, #iq = :q, #ik = :lk, #le = :le, #eh = :eh";
 /// Dead kept until forgotten, or until `:du` (`expire()`, and the TTL at
 /// `:exp`, I16).
-pub(crate) const FAIL_DEAD: &str = "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le REMOVE #iq";
-pub(crate) const FAIL_DEAD_UNTIL: &str =
-    "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le, #du = :du, #ex = :exp REMOVE #iq";
+pub(crate) const FAIL_DEAD: &str =
+    "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le, #eh = :eh REMOVE #iq";
+pub(crate) const FAIL_DEAD_UNTIL: &str = "SET #wt = :two, #dl = :due, #ik = :lk, #le = :le, \
+     #eh = :eh, #du = :du, #ex = :exp REMOVE #iq";
 /// A heartbeat of a held item (no TTL: items never expire).
 pub(crate) const ITEM_EXTEND: &str = "SET #dl = :until, #iq = :q";
 /// What replay makes due: a dead item, or a failed one.

@@ -28,6 +28,7 @@ use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure, Select,
+    TransactWriteItem,
 };
 use dedupe_core::backend::{
     self, check_ttl, duration_millis, from_millis, to_millis, StoredCounts, StoredRecord,
@@ -460,19 +461,50 @@ impl DynamoStore {
 
 /// Every call bounded by the store's timeout; deadlines by the caller's
 /// clock, checked against DynamoDB's as claims are.
-#[async_trait]
-impl Inbox for DynamoStore {
-    async fn accept_with(
+impl DynamoStore {
+    /// Accepts `payload` under `key` in one DynamoDB transaction with the
+    /// caller's `items` (at most 99; the outbox half, CONTRACT.md I1): when
+    /// the answer is `New`, the items were written with the item; any other
+    /// answer (`Item`, `Done`, `InFlight`) means none of them was. An error
+    /// other than a timeout means none was; after a timeout the transaction
+    /// may have committed: accept again (a `New` whose transaction the SDK
+    /// sent twice is recognised by the item's token). An item of the
+    /// caller's whose own condition fails cancels the whole transaction: a
+    /// non-retryable error naming the item. `accept_with` is this with no
+    /// items (a plain conditional `PutItem`).
+    ///
+    /// ```no_run
+    /// # async fn demo(store: dedupe_dynamo::DynamoStore) -> dedupe_core::Result<()> {
+    /// use dedupe_dynamo::aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+    /// use dedupe_core::{AcceptOptions, Key};
+    ///
+    /// let charge = Put::builder()
+    ///     .table_name("charges")
+    ///     .item("charge_id", AttributeValue::S("ch_17".into()))
+    ///     .build()
+    ///     .expect("table and item are set");
+    /// let key = Key::new("receipts", "ch_17")?;
+    /// let items = [TransactWriteItem::builder().put(charge).build()];
+    /// let accepted = store
+    ///     .accept_with_writes(&key, b"send the receipt", &AcceptOptions::new(), &items)
+    ///     .await?;
+    /// // New: the charge and the queued receipt committed together.
+    /// assert!(accepted.is_new());
+    /// # Ok(()) }
+    /// ```
+    #[tracing::instrument(name = "dedupe.accept_with_writes", skip_all, fields(store = "dynamodb", key = %key, items = items.len()), err)]
+    pub async fn accept_with_writes(
         &self,
         key: &Key,
         payload: &[u8],
         options: &AcceptOptions,
+        items: &[TransactWriteItem],
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
         if options.ordering_key.is_some() {
             return Err(Error::config(
                 "ordering keys (CONTRACT.md I15) are not kept by the DynamoDB store yet; \
-                 accept without one, or use SQLite, Postgres or MySQL",
+                 accept without one, or use SQLite, Postgres, MySQL or Redis",
             ));
         }
         let (delay, max_attempts) = accept_columns(options);
@@ -520,7 +552,12 @@ impl Inbox for DynamoStore {
                             ]),
                         ),
                     };
-                    let old = match self.put(item, condition, vals).await? {
+                    let written = if items.is_empty() {
+                        self.put(item, condition, vals).await?
+                    } else {
+                        self.transact_put(item, condition, vals, items).await?
+                    };
+                    let old = match written {
                         Written::Won => return Ok(Accepted::New),
                         Written::Conflict => {
                             tokio::time::sleep(Duration::from_millis(5 << round.min(5))).await;
@@ -560,6 +597,18 @@ impl Inbox for DynamoStore {
             self.inner.wakeups.raise(key.namespace());
         }
         Ok(accepted)
+    }
+}
+
+#[async_trait]
+impl Inbox for DynamoStore {
+    async fn accept_with(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        self.accept_with_writes(key, payload, options, &[]).await
     }
 
     /// Two queries of the due index (waiting, and held past the lease),
@@ -670,17 +719,35 @@ impl Inbox for DynamoStore {
         .await
     }
 
+    /// Two requests: the item is read (strongly consistent) for its failure
+    /// history, then updated with the failure appended, fenced by the lease
+    /// (no other worker can fail it meanwhile: a takeover changes the token,
+    /// and the update's condition fails).
     async fn fail(&self, lease: &Lease, error: &str, retry: Retry) -> Result<()> {
         retry.validate()?;
         let error = cut_error(error);
         self.bounded(async {
-            let now = self.now_ms();
             let key = &lease.key;
+            let history = match self.read(key).await? {
+                Some(item) => match item.get(&self.inner.names.errors) {
+                    Some(AttributeValue::S(text)) => Some(text.clone()),
+                    None => None,
+                    Some(_) => return Err(Error::corrupt(key, "an item's failure history")),
+                },
+                None => None,
+            };
+            let now = self.now_ms();
+            let history = backend::push_error(
+                key,
+                history.as_deref(),
+                dedupe_core::FailedAttempt::new(lease.attempt, from_millis(now), error.as_str()),
+            )?;
             let mut vals = values([
                 (":tk", s(lease.token.as_str())),
                 (":zero", n(0)),
                 (":now", n(now)),
                 (":le", s(&error)),
+                (":eh", s(&history)),
             ]);
             let update = match retry {
                 Retry::After(delay) => {

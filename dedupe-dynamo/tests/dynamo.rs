@@ -494,6 +494,116 @@ async fn transactions_commit_with_the_callers_items(emulator: Emulator) {
     assert!(store.get(&key("txn-many")).await.expect("get").is_none());
 }
 
+/// The outbox half on DynamoDB: an accept with the caller's items commits
+/// both (`New`), or neither: a second accept of the key answers the item and
+/// writes none of its items; a caller's item whose condition fails cancels
+/// the accept too (no item, the key new). A transaction whose answer is lost
+/// after it committed (the SDK sends it again) answers `New` once, with one
+/// item and the caller's write.
+async fn accepts_commit_with_the_callers_items(emulator: Emulator) {
+    use dedupe_core::{AcceptOptions, Accepted, Inbox};
+    let setup = Setup::start(emulator).await;
+    let (store, client) = (&setup.store, setup.client());
+    let orders_table = unique_table("orders");
+    Setup::store_on(&setup.endpoint, &orders_table)
+        .create_table_if_missing()
+        .await
+        .expect("orders table");
+    let k = key("outbox");
+    let accepted = store
+        .accept_with_writes(
+            &k,
+            b"receipt",
+            &AcceptOptions::new(),
+            &[order(&orders_table, "o1")],
+        )
+        .await
+        .expect("accept_with_writes");
+    assert_eq!(accepted, Accepted::New, "{emulator:?}");
+    assert!(exists(&client, &orders_table, "order:o1").await);
+    assert!(store.item(&k).await.expect("item").is_some());
+    let again = store
+        .accept_with_writes(
+            &k,
+            b"twice",
+            &AcceptOptions::new(),
+            &[order(&orders_table, "o2")],
+        )
+        .await
+        .expect("accept_with_writes again");
+    assert!(
+        matches!(again, Accepted::Item(_)),
+        "{emulator:?}: {again:?}"
+    );
+    assert!(!exists(&client, &orders_table, "order:o2").await);
+
+    // The caller's own condition fails (order o1 exists): the whole
+    // transaction is cancelled, the item with it.
+    let refused_key = key("outbox-refused");
+    let refused = store
+        .accept_with_writes(
+            &refused_key,
+            b"never",
+            &AcceptOptions::new(),
+            &[order(&orders_table, "o1")],
+        )
+        .await
+        .expect_err("the order exists");
+    assert!(refused.to_string().contains("your item 0"), "{refused}");
+    assert!(store.item(&refused_key).await.expect("item").is_none());
+    assert_eq!(
+        store.accept(&refused_key, b"later").await.expect("accept"),
+        Accepted::New
+    );
+
+    // The answer of a committed transaction lost: the SDK sends it again.
+    let (proxy, via) = dedupe_testkit::proxied(&setup.endpoint)
+        .await
+        .expect("proxy");
+    let through = DynamoStore::builder(client_for_endpoint(&via, REGION, TIMEOUT))
+        .table(&setup.table)
+        .min_lease(dedupe_core::MIN_TTL)
+        .build()
+        .expect("store");
+    let lost = key("outbox-lost");
+    proxy.lose_next_answer();
+    let answer = through
+        .accept_with_writes(
+            &lost,
+            b"once",
+            &AcceptOptions::new(),
+            &[order(&orders_table, "lost")],
+        )
+        .await;
+    assert!(!proxy.answer_pending_loss(), "no answer was lost");
+    assert_eq!(
+        answer.expect("the resent transaction"),
+        Accepted::New,
+        "{emulator:?}"
+    );
+    assert!(exists(&client, &orders_table, "order:lost").await);
+    let taken = store
+        .take("dynamo", 10, Duration::from_secs(30))
+        .await
+        .expect("take");
+    let ids: Vec<&str> = taken.iter().map(|t| t.lease.key.id()).collect();
+    assert_eq!(
+        ids.iter().filter(|id| **id == "outbox-lost").count(),
+        1,
+        "{ids:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_with_writes_on_dynamodb_local() {
+    accepts_commit_with_the_callers_items(Emulator::DynamoDbLocal).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_with_writes_on_moto() {
+    accepts_commit_with_the_callers_items(Emulator::Moto).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_on_dynamodb_local() {
     transactions_commit_with_the_callers_items(Emulator::DynamoDbLocal).await;

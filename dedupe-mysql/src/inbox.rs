@@ -19,6 +19,56 @@ use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
 use crate::ops::{Ops, TxError, DEADLOCK_RETRIES};
 use crate::store::MySqlStore;
 
+impl MySqlStore {
+    /// Accepts `payload` under `key` inside the caller's transaction
+    /// (`&mut *tx`: the outbox half, CONTRACT.md I1 and "Transactions"): the
+    /// item and the application's own writes commit together or not at all.
+    /// "Charge recorded, follow-up queued": both, or neither. Answers as
+    /// [`Inbox::accept_with`] does. The item is taken only once the
+    /// transaction commits; a rollback, or a connection lost before the
+    /// commit, leaves no item, so the key is new again. A concurrent accept
+    /// of the key waits on its row until this transaction ends, then answers
+    /// the item (commit) or stores its own (rollback). This process's
+    /// workers are woken at once (before your commit: they find the item at
+    /// their next poll, 250 ms by default, if they look too early), other
+    /// processes' at their poll. Not bounded by the store's timeout; a
+    /// deadlock rolled the caller's whole transaction back and is answered
+    /// as a retryable error.
+    ///
+    /// ```no_run
+    /// use dedupe_core::{AcceptOptions, Error, Key};
+    /// use dedupe_mysql::MySqlStore;
+    /// # async fn run() -> dedupe_core::Result<()> {
+    /// let store = MySqlStore::connect("mysql://localhost/app").await?;
+    /// let driver = |e| Error::retryable("transaction", Some(Box::new(e) as _));
+    /// let mut tx = store.pool().begin().await.map_err(driver)?;
+    /// dedupe_mysql::sqlx::query("INSERT INTO charges (id) VALUES ('ch_1')")
+    ///     .execute(&mut *tx)
+    ///     .await
+    ///     .map_err(driver)?;
+    /// let key = Key::new("receipts", "ch_1")?;
+    /// store.accept_in(&mut tx, &key, b"send the receipt", &AcceptOptions::new()).await?;
+    /// tx.commit().await.map_err(driver)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[tracing::instrument(name = "dedupe.accept_in", skip_all, fields(store = "mysql", key = %key), err)]
+    pub async fn accept_in(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        let accepted = self.ops(true).accept(conn, key, payload, options).await?;
+        if accepted.is_new() {
+            self.wakeups.raise(key.namespace());
+        }
+        Ok(accepted)
+    }
+}
+
 /// The inbox in the records table (migration 0002): an item is a row with a
 /// payload and a `wait` state (0 held by a worker, 1 due, 2 dead). `accept`
 /// is the claim's upsert with the item's columns; `take` locks the oldest
@@ -145,10 +195,21 @@ fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
                 max_attempts: row.try_get::<Option<i64>, _>(at + 8)?,
             },
             row.try_get::<Option<Vec<u8>>, _>(at + 9)?,
+            row.try_get::<Option<String>, _>(at + 10)?,
         ))
     };
-    let (id, wait, attempts, accepted_ms, due_ms, last_error, payload, counts, ordering_key) =
-        read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+    let (
+        id,
+        wait,
+        attempts,
+        accepted_ms,
+        due_ms,
+        last_error,
+        payload,
+        counts,
+        ordering_key,
+        errors,
+    ) = read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
     StoredItem {
         id: utf8(id, "an inbox item's id")?,
         wait,
@@ -163,6 +224,7 @@ fn decode_item(namespace: &str, row: &MySqlRow, at: usize) -> Result<Item> {
         ordering_key: ordering_key
             .map(|k| utf8(k, "an inbox item's ordering key"))
             .transpose()?,
+        errors,
     }
     .decode(namespace)
 }
@@ -400,6 +462,7 @@ impl Ops<'_> {
             .bind(wait)
             .bind(delay)
             .bind(keep)
+            .bind(error.as_str())
             .bind(wait);
         let statement = statement
             .bind(lease.key.namespace().as_bytes())

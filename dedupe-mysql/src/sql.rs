@@ -5,7 +5,7 @@
 //! no session time zone, DST hour or 2038 limit can shift a deadline.
 
 use dedupe_core::backend::check_identifier;
-use dedupe_core::Result;
+use dedupe_core::{Result, ERROR_HISTORY};
 
 /// The server's time in milliseconds: `UTC_TIMESTAMP(3)` is the statement's
 /// start, the same at every use in one statement, and in UTC whatever the
@@ -25,7 +25,7 @@ pub(crate) const COLUMNS: &str = "state, token, claim_id, fingerprint, expires_a
 /// An inbox item's columns, in the order `inbox::decode_item` reads them.
 pub(crate) const ITEM: &str =
     "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts, \
-     order_key";
+     order_key, CAST(errors AS CHAR) AS errors";
 
 /// Rows deleted per `expire()` statement: each a short transaction of its
 /// own, so a purge never holds many row locks against claims.
@@ -40,18 +40,20 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_paused.sql"),
     include_str!("../migrations/0005_ordering.sql"),
     include_str!("../migrations/0006_dead_retention.sql"),
+    include_str!("../migrations/0007_error_history.sql"),
 ];
 
 /// For each migration after the first, in the order of [`MIGRATIONS`]: the
 /// column whose absence says it has not run (MySQL's `ALTER TABLE` has no
 /// `IF NOT EXISTS`) and its name; `None` for one that creates only what is
 /// missing, and runs every time.
-pub(crate) const GATES: [Option<(&str, &str)>; 5] = [
+pub(crate) const GATES: [Option<(&str, &str)>; 6] = [
     Some(("due_at", "0002_inbox")),
     Some(("takeovers", "0003_item_counts")),
     None,
     Some(("order_key", "0005_ordering")),
     Some(("dead_until", "0006_dead_retention")),
+    Some(("errors", "0007_error_history")),
 ];
 
 /// The statements for one table.
@@ -259,8 +261,9 @@ impl Statements {
                      WHERE o.namespace = c.namespace AND o.order_key = c.order_key
                        AND o.wait IN (0, 1, 2) AND o.id <> c.id
                        AND (o.wait = 0
-                            OR ((o.order_seq < c.order_seq
-                                 OR (o.order_seq = c.order_seq AND o.id < c.id))
+                            OR (c.wait <> 0
+                                AND (o.order_seq < c.order_seq
+                                     OR (o.order_seq = c.order_seq AND o.id < c.id))
                                 AND (o.wait = 1 OR (o.wait = 2 AND o.order_skip = 0))))))
                  ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
             ),
@@ -272,6 +275,11 @@ impl Statements {
                         expires_at = IF(wait = 0, {now} + ?, expires_at),
                         due_at = IF(wait <> 0, due_at, IF(? = 2, NULL, {now} + ?)),
                         dead_until = IF(wait <> 0, dead_until, {now} + ?),
+                        errors = IF(wait <> 0, errors,
+                            JSON_ARRAY_APPEND(
+                                IF(JSON_LENGTH(COALESCE(errors, '[]')) >= {ERROR_HISTORY},
+                                   JSON_REMOVE(errors, '$[0]'), COALESCE(errors, '[]')),
+                                '$', JSON_ARRAY(attempts, {now}, ?))),
                         wait = ?
                  WHERE namespace = ? AND id = ? AND token = ?
                    AND ((wait = 0 AND expires_at > {now}) OR (wait = ? AND last_error = ?))"

@@ -234,7 +234,7 @@ impl MySqlStore {
         self.ops(true).release(conn, lease).await
     }
 
-    fn ops(&self, in_transaction: bool) -> Ops<'_> {
+    pub(crate) fn ops(&self, in_transaction: bool) -> Ops<'_> {
         Ops {
             sql: &self.sql,
             timeout: self.timeout,
@@ -298,6 +298,16 @@ impl dedupe_sqlx::Transactional for MySqlStore {
 
     async fn release_in(&self, conn: &mut MySqlConnection, lease: &Lease) -> Result<()> {
         MySqlStore::release_in(self, conn, lease).await
+    }
+
+    async fn accept_in(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        payload: &[u8],
+        options: &dedupe_core::AcceptOptions,
+    ) -> Result<dedupe_core::Accepted> {
+        MySqlStore::accept_in(self, conn, key, payload, options).await
     }
 }
 

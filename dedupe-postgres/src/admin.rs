@@ -41,6 +41,7 @@ impl Admin for PgStore {
             ("takeovers", "0003_item_counts"),
             ("order_key", "0005_ordering"),
             ("dead_until", "0006_dead_retention"),
+            ("errors", "0007_error_history"),
         ] {
             if !columns.iter().any(|c| c == column) {
                 return Err(missing(format!(

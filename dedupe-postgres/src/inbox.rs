@@ -19,6 +19,50 @@ use crate::ops::Ops;
 use crate::sql::{text, Sql};
 use crate::store::PgStore;
 
+impl PgStore {
+    /// Accepts `payload` under `key` on the caller's connection or
+    /// transaction (`&mut *tx`: the outbox half, CONTRACT.md I1 and
+    /// "Transactions"): the item and the application's own writes commit
+    /// together or not at all. "Charge recorded, follow-up queued": both, or
+    /// neither. Answers as [`Inbox::accept_with`] does. The item is taken
+    /// only once the transaction commits, and workers are woken then (the
+    /// `NOTIFY` is sent at the commit, and never on a rollback); a rollback,
+    /// or a connection lost before the commit, leaves no item, so the key is
+    /// new again. A concurrent accept of the key waits on its row until this
+    /// transaction ends, then answers the item (commit) or stores its own
+    /// (rollback). Not bounded by the store's timeout: the caller owns the
+    /// transaction.
+    ///
+    /// ```no_run
+    /// use dedupe_core::{AcceptOptions, Error, Key};
+    /// use dedupe_postgres::PgStore;
+    /// # async fn run() -> dedupe_core::Result<()> {
+    /// let store = PgStore::connect("postgres://localhost/app").await?;
+    /// let driver = |e| Error::retryable("transaction", Some(Box::new(e) as _));
+    /// let mut tx = store.pool().begin().await.map_err(driver)?;
+    /// dedupe_postgres::sqlx::query("INSERT INTO charges (id) VALUES ('ch_1')")
+    ///     .execute(&mut *tx)
+    ///     .await
+    ///     .map_err(driver)?;
+    /// let key = Key::new("receipts", "ch_1")?;
+    /// store.accept_in(&mut tx, &key, b"send the receipt", &AcceptOptions::new()).await?;
+    /// tx.commit().await.map_err(driver)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[tracing::instrument(name = "dedupe.accept_in", skip_all, fields(store = "postgres", key = %key), err)]
+    pub async fn accept_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        self.ops().accept(conn, key, payload, options).await
+    }
+}
+
 /// The inbox in the records table (migration 0002): an item is a row with a
 /// payload and a `wait` state (0 held by a worker, 1 due at `expires_at`, 2
 /// dead). `accept` is the claim's statement with the item's columns; `take`
@@ -128,6 +172,7 @@ fn decode_item(namespace: &str, row: &PgRow) -> Result<Item> {
                 payload: row.try_get("payload")?,
                 counts: counts(row)?,
                 ordering_key: row.try_get("order_key")?,
+                errors: row.try_get("errors")?,
             },
         ))
     };

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use dedupe_core::backend::check_identifier;
-use dedupe_core::{Result, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES};
+use dedupe_core::{Result, ERROR_HISTORY, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES};
 use sqlx::AssertSqlSafe;
 
 /// Milliseconds since the epoch of a timestamptz column, as int8.
@@ -83,6 +83,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0004_paused.sql"),
     include_str!("../migrations/0005_ordering.sql"),
     include_str!("../migrations/0006_dead_retention.sql"),
+    include_str!("../migrations/0007_error_history.sql"),
 ];
 
 /// Rows deleted per `expire()` statement, at most.
@@ -162,9 +163,12 @@ impl Statements {
         let is_bound = format!("key = {BOUND}");
         let input = INPUT;
         let live_row = live("");
+        // The statement's time in ms since the epoch (a failure's, in the
+        // item's history).
+        let now_ms = ms("now()");
         let item = format!(
             "key, wait, attempts, {first} AS first_seen_ms, {expires} AS expires_ms, last_error, payload,
-             takeovers, max_attempts, order_key",
+             takeovers, max_attempts, order_key, errors::text AS errors",
             first = ms("first_seen"),
             expires = ms("expires_at")
         );
@@ -416,7 +420,8 @@ impl Statements {
                         WHERE split_part(o.key, ':', 1) = $1::text AND o.order_key = c.order_key
                           AND o.wait IS NOT NULL AND o.key <> c.key
                           AND (o.wait = 0
-                               OR ((o.order_seq, o.key) < (c.order_seq, c.key)
+                               OR (c.wait <> 0
+                                   AND (o.order_seq, o.key) < (c.order_seq, c.key)
                                    AND (o.wait = 1 OR (o.wait = 2 AND NOT o.order_skip))))))
                     ORDER BY due_at
                     LIMIT $2 FOR UPDATE SKIP LOCKED
@@ -459,7 +464,12 @@ impl Statements {
                         due_at = CASE WHEN wait <> 0 THEN due_at
                                       WHEN $4::int2 = 2 THEN NULL ELSE now() + $5::interval END,
                         dead_until = CASE WHEN wait <> 0 THEN dead_until
-                                          WHEN $4::int2 = 2 THEN now() + $7::interval END
+                                          WHEN $4::int2 = 2 THEN now() + $7::interval END,
+                        errors = CASE WHEN wait <> 0 THEN errors
+                            ELSE (CASE WHEN jsonb_array_length(coalesce(errors, '[]')) >= {ERROR_HISTORY}
+                                       THEN errors - 0 ELSE coalesce(errors, '[]'::jsonb) END)
+                                 || jsonb_build_array(jsonb_build_array(attempts, {now_ms}, $6::text))
+                        END
                  WHERE {is_bound} AND token = $3
                    AND ((wait = 0 AND expires_at > now()) OR (wait = $4::int2 AND last_error = $6::text))"
             )

@@ -183,7 +183,7 @@ impl PgStore {
         Checkout::take(&self.pool, &self.kept, self.timeout, crate::error::map).await
     }
 
-    fn ops(&self) -> Ops<'_> {
+    pub(crate) fn ops(&self) -> Ops<'_> {
         Ops {
             sql: &self.sql,
             timeout: self.timeout,
@@ -282,6 +282,16 @@ impl dedupe_sqlx::Transactional for PgStore {
 
     async fn release_in(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
         PgStore::release_in(self, conn, lease).await
+    }
+
+    async fn accept_in(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        payload: &[u8],
+        options: &dedupe_core::AcceptOptions,
+    ) -> Result<dedupe_core::Accepted> {
+        PgStore::accept_in(self, conn, key, payload, options).await
     }
 }
 

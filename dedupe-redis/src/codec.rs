@@ -46,14 +46,20 @@ pub(crate) fn decode_item(key: &Key, value: &[u8]) -> Result<Option<Item>> {
     item.stored.decode(key.namespace()).map(Some)
 }
 
-/// An item as written today: `i2:` then the fields of `i1:`, the takeovers
-/// and the item's own attempt limit (`-`: none) after `has error`.
-const ITEM: &[u8] = b"i2:";
+/// An item as written today: `i3:` then the fields of `i2:` up to the
+/// attempt limit, its place in its ordering key's order (`-`: no key) and
+/// whether it is skipped when dead (`0`/`1`), then five length-prefixed
+/// fields: token, last error, payload, failure history (JSON, empty when
+/// none) and ordering key (empty when none).
+const ITEM: &[u8] = b"i3:";
+/// An item written before the history was kept: the fields of `i1:`, the
+/// takeovers and the item's own attempt limit (`-`: none) after `has error`.
+const ITEM_V2: &[u8] = b"i2:";
 /// An item written before takeovers were counted: none, and no limit.
 const ITEM_V1: &[u8] = b"i1:";
 
 fn is_item(value: &[u8]) -> bool {
-    value.starts_with(ITEM) || value.starts_with(ITEM_V1)
+    value.starts_with(ITEM) || value.starts_with(ITEM_V2) || value.starts_with(ITEM_V1)
 }
 
 /// An item's fields, and its token (which [`StoredItem`] does not carry).
@@ -63,9 +69,12 @@ struct ParsedItem {
 }
 
 fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
-    let (mut rest, counted) = match value.strip_prefix(ITEM) {
-        Some(rest) => (rest, true),
-        None => (value.strip_prefix(ITEM_V1)?, false),
+    let (mut rest, counted, history) = if let Some(rest) = value.strip_prefix(ITEM) {
+        (rest, true, true)
+    } else if let Some(rest) = value.strip_prefix(ITEM_V2) {
+        (rest, true, false)
+    } else {
+        (value.strip_prefix(ITEM_V1)?, false, false)
     };
     let wait = match next(&mut rest)? {
         b"0" => 0,
@@ -91,6 +100,22 @@ fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
         },
         false => StoredCounts::default(),
     };
+    // The order's place and skip flag (`i3`): read, checked against the key.
+    let order = match history {
+        true => {
+            let seq = match next(&mut rest)? {
+                b"-" => None,
+                text => Some(number(text)?),
+            };
+            let skip = match next(&mut rest)? {
+                b"0" => false,
+                b"1" => true,
+                _ => return None,
+            };
+            Some((seq, skip))
+        }
+        false => None,
+    };
     let token = String::from_utf8(field(&mut rest)?.to_vec()).ok()?;
     let error = field(&mut rest)?;
     let last_error = match has_error {
@@ -99,6 +124,21 @@ fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
         false => return None,
     };
     let payload = field(&mut rest)?.to_vec();
+    let errors = match history {
+        true => match field(&mut rest)? {
+            b"" => None,
+            text => Some(String::from_utf8(text.to_vec()).ok()?),
+        },
+        false => None,
+    };
+    let ordering_key = match order {
+        Some((seq, skip)) => match (field(&mut rest)?, seq) {
+            (b"", None) if !skip => None,
+            (text, Some(_)) if !text.is_empty() => Some(String::from_utf8(text.to_vec()).ok()?),
+            _ => return None,
+        },
+        None => None,
+    };
     if !rest.is_empty() || token.is_empty() {
         return None;
     }
@@ -112,7 +152,8 @@ fn parse_item(key: &Key, value: &[u8]) -> Option<ParsedItem> {
             last_error,
             payload: Some(payload),
             counts,
-            ordering_key: None,
+            ordering_key,
+            errors,
         },
         token,
     })
@@ -320,7 +361,27 @@ mod tests {
             .expect("decodes")
             .expect("an item");
         assert_eq!((old.takeovers, old.max_attempts), (0, None));
+        let failed = decode_item(
+            &key(),
+            b"i3:2:1700000000000:2:1600000000000:1:0:-:7:1:5:tok-16:second1:x47:[[1,1700000000000,\"first\"],[2,1.7e12,\"second\"]]5:cus_1",
+        )
+        .expect("decodes")
+        .expect("an item");
+        assert_eq!(failed.ordering_key.as_deref(), Some("cus_1"));
+        assert_eq!(
+            failed
+                .errors
+                .iter()
+                .map(|e| (e.attempt, e.error.as_str()))
+                .collect::<Vec<_>>(),
+            [(1, "first"), (2, "second")]
+        );
         for bad in [
+            &b"i3:1:1:0:1:0:0:-:-:0:5:tok-10:1:x2:{}0:"[..],
+            b"i3:1:1:0:1:0:0:-:-:0:5:tok-10:1:x",
+            b"i3:1:1:0:1:0:0:-:-:0:5:tok-10:1:x0:5:cus_1",
+            b"i3:1:1:0:1:0:0:-:3:0:5:tok-10:1:x0:0:",
+            b"i3:1:1:0:1:0:0:-:-:1:5:tok-10:1:x0:0:",
             &b"i2:1:1:0:1:0:x:-:5:tok-10:1:x"[..],
             b"i2:1:1:0:1:0:0:0:5:tok-10:1:x",
             b"i2:1:1:0:1:0:0:5:tok-10:1:x",

@@ -22,7 +22,7 @@ use dedupe_core::backend::{self, check_ttl, duration_millis, new_tokens, StoredT
 use dedupe_core::backend::{accept_columns, check_accept, check_take, cut_error, StoredCounts};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Key,
-    Lease, Result, Retry, Taken, Wake,
+    Lease, Result, Retry, Taken, Wake, WhenDead,
 };
 use redis::Value;
 
@@ -42,7 +42,7 @@ const STATUSES: [(ItemStatus, char); 4] = [
 impl RedisStore {
     /// The index keys of `namespace`, or the configuration error of a Cluster
     /// store without hash tags.
-    fn inbox_keys(&self, namespace: &str) -> Result<[String; 4]> {
+    fn inbox_keys(&self, namespace: &str) -> Result<[String; 6]> {
         self.index_keys(namespace).ok_or_else(|| {
             Error::config(
                 "the inbox on a Redis Cluster needs namespace_hash_tags(true) (URL: \
@@ -140,12 +140,6 @@ impl Inbox for RedisStore {
         options: &AcceptOptions,
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
-        if options.ordering_key.is_some() {
-            return Err(Error::config(
-                "ordering keys (CONTRACT.md I15) are not kept by the Redis store yet; \
-                 accept without one, or use SQLite, Postgres or MySQL",
-            ));
-        }
         let (delay, max_attempts) = accept_columns(options);
         let token = new_tokens(1).remove(0);
         let mut invocation = self.item_invocation(&SCRIPTS.accept, key)?;
@@ -155,7 +149,13 @@ impl Inbox for RedisStore {
             .arg(delay)
             .arg(max_attempts.map_or_else(|| "-".to_string(), |m| m.to_string()))
             .arg(self.wake_channel.as_str())
-            .arg(key.namespace());
+            .arg(key.namespace())
+            .arg(options.ordering_key.as_deref().unwrap_or(""))
+            .arg(if options.when_dead == WhenDead::Skip {
+                "1"
+            } else {
+                "0"
+            });
         let (answer, acked) = self.write(invocation, key).await?;
         match parts(answer) {
             Some((1, None)) => {
@@ -181,7 +181,7 @@ impl Inbox for RedisStore {
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
         check_take(max, lease)?;
-        let [wait, held, ids, dead] = self.inbox_keys(namespace)?;
+        let [wait, held, ids, dead, ord, _] = self.inbox_keys(namespace)?;
         let probe = Key::new(namespace, "-").map_err(|e| Error::config(e.to_string()))?;
         let mut invocation = SCRIPTS.take.prepare_invoke();
         invocation
@@ -190,6 +190,7 @@ impl Inbox for RedisStore {
             .key(ids)
             .key(self.paused_key(namespace)?)
             .key(dead)
+            .key(ord)
             .arg(self.record_base(namespace))
             .arg(max)
             .arg(duration_millis(lease));
@@ -338,7 +339,7 @@ impl Inbox for RedisStore {
     /// and left out when it no longer matches the filter.
     async fn list(&self, query: &ItemQuery) -> Result<ItemPage> {
         query.validate()?;
-        let [_, _, ids, _] = self.inbox_keys(&query.namespace)?;
+        let [_, _, ids, ..] = self.inbox_keys(&query.namespace)?;
         let probe = Key::new(&query.namespace, "-").map_err(|e| Error::config(e.to_string()))?;
         let letters: String = STATUSES
             .iter()
@@ -451,7 +452,7 @@ impl Inbox for RedisStore {
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
-        let [wait, _, ids, dead] = self.inbox_keys(namespace)?;
+        let [wait, _, ids, dead, ..] = self.inbox_keys(namespace)?;
         let probe = Key::new(namespace, "-").map_err(|e| Error::config(e.to_string()))?;
         let mut invocation = SCRIPTS.counts.prepare_invoke();
         invocation.key(wait).key(ids).key(dead);

@@ -91,12 +91,12 @@ impl RedisStore {
     /// in a namespace, nor `:` after the prefix, so they meet no record key).
     /// `None` where an inbox cannot be kept: on a Cluster without hash tags,
     /// the index would live in another slot than the records.
-    pub(crate) fn index_keys(&self, namespace: &str) -> Option<[String; 4]> {
+    pub(crate) fn index_keys(&self, namespace: &str) -> Option<[String; 6]> {
         if self.is_cluster() && !self.hash_tags {
             return None;
         }
         let base = self.namespace_base(namespace);
-        Some(["wait", "held", "ids", "dead"].map(|what| format!("{base}|{what}")))
+        Some(["wait", "held", "ids", "dead", "ord", "seq"].map(|what| format!("{base}|{what}")))
     }
 
     /// An invocation of a script on one record: its key, then the namespace's

@@ -9,15 +9,20 @@
 //! whole records; a value they cannot parse is answered as corrupt (`-1`), never
 //! as absent.
 //!
-//! An inbox item is the same key holding `i2:<wait>:<due ms>:<attempts>:<accepted
-//! ms>:<has error>:<takeovers>:<attempt limit or ->:` and three length-prefixed
-//! fields: token, last error, payload (an `i1:` item, written before takeovers
-//! were counted, has neither count and reads as 0 and `-`) (`wait` 0 held by a worker, 1 due, 2 dead), with no TTL (items never
-//! expire). Beside the records, each namespace has three index keys, kept by
-//! the same scripts in the same atomic step (see `inbox.rs`): `<base>|wait`
+//! An inbox item is the same key holding `i3:<wait>:<due ms>:<attempts>:<accepted
+//! ms>:<has error>:<takeovers>:<attempt limit or ->:` and four length-prefixed
+//! fields: token, last error, payload, and its failure history (a JSON array of
+//! `[attempt, ms, error]`, the last five, built with `cjson` by FAIL; empty
+//! when none). An `i2:` item, written before the history was kept, has the
+//! first three fields; an `i1:` item, written before takeovers were counted,
+//! has neither count either and reads as 0 and `-`. (`wait` 0 held by a
+//! worker, 1 due, 2 dead.) No TTL while it may run (a dead item expires with
+//! its retention). Beside the records, each namespace has four index keys, kept
+//! by the same scripts in the same atomic step (see `inbox.rs`): `<base>|wait`
 //! (pending and failed items scored by due time), `<base>|held` (running items
-//! scored by lease deadline) and `<base>|ids` (every item as `<status>:<id>`,
-//! score 0, for listing in id order and counting by status).
+//! scored by lease deadline), `<base>|ids` (every item as `<status>:<id>`,
+//! score 0, for listing in id order and counting by status) and `<base>|dead`
+//! (dead items scored by their retention's deadline).
 
 use std::sync::LazyLock;
 
@@ -52,15 +57,26 @@ end
 "#;
 
 /// Shared by every script: inbox items, their decoder, encoder and index.
-/// `ks` are the namespace's index keys `{waiting, held, ids, dead}`.
+/// `ks` are the namespace's index keys `{waiting, held, ids, dead, order,
+/// seq}`: `order` is a hash of each ordering key's held items, and
+/// `<order>|<ordering key>` that key's queue (I15).
 const ITEM: &str = r#"
 local function is_item(v)
   local p = string.sub(v, 1, 3)
-  return p == 'i2:' or p == 'i1:'
+  return p == 'i3:' or p == 'i2:' or p == 'i1:'
 end
 local function idecode(v)
-  local w, du, at, ac, he, to, ma, pos =
-    string.match(v, '^i2:([012]):(%d+):(%d+):(%d+):([01]):(%d+):([%d%-]+):()')
+  local nf = 3
+  local seq, sk = '-', '0'
+  local w, du, at, ac, he, to, ma, sq, skp, p3 =
+    string.match(v, '^i3:([012]):(%d+):(%d+):(%d+):([01]):(%d+):([%d%-]+):([%d%-]+):([01]):()')
+  local pos
+  if w then
+    seq, sk, pos, nf = sq, skp, p3, 5
+  else
+    w, du, at, ac, he, to, ma, pos =
+      string.match(v, '^i2:([012]):(%d+):(%d+):(%d+):([01]):(%d+):([%d%-]+):()')
+  end
   if w then
     if ma == '-' then ma = false else ma = tonumber(ma); if not ma or ma < 1 then return nil end end
   else
@@ -69,7 +85,7 @@ local function idecode(v)
     to, ma = '0', false
   end
   local f = {}
-  for i = 1, 3 do
+  for i = 1, nf do
     local len, p = string.match(v, '^(%d+):()', pos)
     if not len then return nil end
     len = tonumber(len)
@@ -80,21 +96,32 @@ local function idecode(v)
   if pos ~= string.len(v) + 1 then return nil end
   local err = false
   if he == '1' then err = f[2] elseif f[2] ~= '' then return nil end
+  -- An ordering key has its place (seq); no key, none.
+  local okey = false
+  if f[5] and f[5] ~= '' then okey = f[5] end
+  if (okey and seq == '-') or (not okey and (seq ~= '-' or sk ~= '0')) then return nil end
+  if seq == '-' then seq = false else seq = tonumber(seq) end
   return { wait = tonumber(w), due = tonumber(du), attempts = tonumber(at), accepted = tonumber(ac),
-           token = f[1], err = err, payload = f[3], takeovers = tonumber(to), max = ma }
+           token = f[1], err = err, payload = f[3], takeovers = tonumber(to), max = ma,
+           hist = f[4] or '', okey = okey, seq = seq, skip = sk == '1' }
 end
 local function iencode(r)
   local he = '0'
   if r.err then he = '1' end
   local ma = '-'
   if r.max then ma = num(r.max) end
-  return 'i2:' .. r.wait .. ':' .. num(r.due) .. ':' .. num(r.attempts) .. ':' .. num(r.accepted)
-    .. ':' .. he .. ':' .. num(r.takeovers) .. ':' .. ma .. ':'
-    .. field(r.token) .. field(r.err or '') .. field(r.payload)
+  local seq, sk = '-', '0'
+  if r.okey then seq = num(r.seq) end
+  if r.skip then sk = '1' end
+  return 'i3:' .. r.wait .. ':' .. num(r.due) .. ':' .. num(r.attempts) .. ':' .. num(r.accepted)
+    .. ':' .. he .. ':' .. num(r.takeovers) .. ':' .. ma .. ':' .. seq .. ':' .. sk .. ':'
+    .. field(r.token) .. field(r.err or '') .. field(r.payload) .. field(r.hist or '')
+    .. field(r.okey or '')
 end
 local function icopy(r)
   return { wait = r.wait, due = r.due, attempts = r.attempts, accepted = r.accepted,
-           token = r.token, err = r.err, payload = r.payload, takeovers = r.takeovers, max = r.max }
+           token = r.token, err = r.err, payload = r.payload, takeovers = r.takeovers, max = r.max,
+           hist = r.hist, okey = r.okey, seq = r.seq, skip = r.skip }
 end
 local function istatus(r)
   if not r then return nil end
@@ -114,13 +141,29 @@ local function reindex(ks, id, old, new)
   else redis.call('ZREM', ks[2], id) end
   -- A dead item's retention entry (see FAIL) goes when it stops being dead.
   if old and old.wait == 2 and not (new and new.wait == 2) then redis.call('ZREM', ks[4], id) end
+  -- Per-key order (I15): the key's queue holds its items by accept order,
+  -- but for a dead one accepted to be skipped; the order hash counts each
+  -- key's held items.
+  local ok = (old and old.okey) or (new and new.okey)
+  if ok then
+    local function queued(r) return r and not (r.wait == 2 and r.skip) end
+    local q = ks[5] .. '|' .. ok
+    local qo, qn = queued(old), queued(new)
+    if qn and not qo then redis.call('ZADD', q, num(new.seq), id)
+    elseif qo and not qn then redis.call('ZREM', q, id) end
+    local ho, hn = old and old.wait == 0, new and new.wait == 0
+    if hn and not ho then redis.call('HINCRBY', ks[5], ok, 1)
+    elseif ho and not hn and redis.call('HINCRBY', ks[5], ok, -1) <= 0 then
+      redis.call('HDEL', ks[5], ok)
+    end
+  end
 end
 -- The item at the record key `KEYS[1]`, written with its index
--- (`KEYS[2..5]`), `id` its id. The write drops any TTL the key had (a dead
+-- (`KEYS[2..7]`), `id` its id. The write drops any TTL the key had (a dead
 -- item's retention).
 local function iput(id, old, new)
   if new then redis.call('SET', KEYS[1], iencode(new)) else redis.call('DEL', KEYS[1]) end
-  reindex({KEYS[2], KEYS[3], KEYS[4], KEYS[5]}, id, old, new)
+  reindex({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, id, old, new)
 end
 -- The inbox item `v` (a record key's value) as a call under token `tk`
 -- finds it: the decoded item when it carries that token, else nil and the
@@ -280,7 +323,7 @@ if v and is_item(v) then
   local r, code = iheld(v)
   if not r then return code end
   redis.call('SET', KEYS[1], encode('1', now + keep, num(now), r.attempts, r.accepted, r.token, '', '', ARGV[3]), 'PX', keep)
-  reindex({KEYS[2], KEYS[3], KEYS[4], KEYS[5]}, ARGV[4], r, nil)
+  reindex({KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, ARGV[4], r, nil)
   return 1
 end
 local r, code = held(v)
@@ -402,10 +445,12 @@ redis.call('DEL', KEYS[1])
 return 1
 "#;
 
-/// KEYS record, then the index keys {waiting, held, ids}; ARGV id, payload,
-/// token, delay ms (0: due now; else its `not_before`), the item's attempt
-/// limit (`-`: none), the wake-up channel, the namespace (published when the
-/// item is due now, I14). `{1}` stored, due after the delay (or this very accept's item, sent again by
+/// KEYS record, then the index keys {waiting, held, ids, dead, order, seq};
+/// ARGV id, payload, token, delay ms (0: due now; else its `not_before`), the
+/// item's attempt limit (`-`: none), the wake-up channel, the namespace
+/// (published when the item is due now, I14), the ordering key (`''`: none;
+/// the item takes the namespace's next `seq` and joins the key's queue) and
+/// whether it is skipped when dead (`1`). `{1}` stored, due after the delay (or this very accept's item, sent again by
 /// the driver: the item still holds its token); `{2, value}` an item holds
 /// the key; `{3, value}` a live record (done, or a claim in flight); `{-1,
 /// value}` corrupt. An expired claim's attempts and first sight are kept, as
@@ -432,16 +477,22 @@ if not old and redis.call('ZSCORE', KEYS[5], ARGV[1]) then
 end
 local max = false
 if ARGV[5] ~= '-' then max = tonumber(ARGV[5]) end
+local okey, seq = false, false
+if ARGV[8] ~= '' then okey, seq = ARGV[8], redis.call('INCR', KEYS[7]) end
 iput(ARGV[1], nil, { wait = 1, due = now + tonumber(ARGV[4]), attempts = attempts, accepted = first,
-                     token = ARGV[3], err = false, payload = ARGV[2], takeovers = 0, max = max })
+                     token = ARGV[3], err = false, payload = ARGV[2], takeovers = 0, max = max,
+                     hist = '', okey = okey, seq = seq, skip = ARGV[9] == '1' })
 if tonumber(ARGV[4]) == 0 then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
 return {1}
 "#;
 
 /// KEYS the index keys {waiting, held, ids}, the namespace's pause key
-/// (`<base>|paused`: a paused namespace hands out nothing, I13) and its
-/// `dead` set (up to 16 entries past their retention are dropped, with their
-/// `ids` entries: their keys expired, I16); ARGV the record keys' base
+/// (`<base>|paused`: a paused namespace hands out nothing, I13), its `dead`
+/// set (up to 16 entries past their retention are dropped, with their `ids`
+/// entries: their keys expired, I16) and its `order` hash (an item of an
+/// ordering key is handed out only at the head of its key's queue, no other
+/// of the key held: I15; the take reads up to `max + 100` due entries,
+/// `ORDER_SCAN`); ARGV the record keys' base
 /// (`<prefix><namespace>:`), max, lease ms, then `max` tokens. Leases the
 /// due items, oldest due first: the first `max` (and a few more, so that
 /// items that do not decode cannot hold the queue) of the waiting set due by
@@ -458,10 +509,36 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', num(now), 'LIMI
   redis.call('ZREM', KEYS[3], 'd:' .. id)
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {0} end
-local ks = {KEYS[1], KEYS[2], KEYS[3], KEYS[5]}
+local ks = {KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6], KEYS[7]}
 local max, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 local function due(k)
-  return redis.call('ZRANGEBYSCORE', k, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, max + 8)
+  return redis.call('ZRANGEBYSCORE', k, '-inf', num(now), 'WITHSCORES', 'LIMIT', 0, max + 100)
+end
+-- Whether item `id` of ordering key `ok` may be handed out (I15): it heads
+-- its key's queue (entries whose item is gone, expired or of another key
+-- are dropped on the way) and no other item of the key is held.
+local used = {}
+local function free(id, r)
+  local ok = r.okey
+  if not ok then return true end
+  if used[ok] then return false end
+  local held = tonumber(redis.call('HGET', KEYS[6], ok) or '0')
+  -- Held itself, past its lease: the takeover comes first, whatever waits
+  -- before it (an earlier item replayed while it ran).
+  if r.wait == 0 then return held <= 1 end
+  if held > 0 then return false end
+  local q = KEYS[6] .. '|' .. ok
+  local head
+  for _ = 1, 16 do
+    head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head or head == id then break end
+    local hv = redis.call('GET', ARGV[1] .. head)
+    local hr = hv and is_item(hv) and idecode(hv)
+    if hr and hr.okey == ok then break end
+    if hv and is_item(hv) and not hr then break end
+    redis.call('ZREM', q, head)
+  end
+  return head == id
 end
 local a, b = due(KEYS[1]), due(KEYS[2])
 local ia, ib, picked, corrupt = 1, 1, {}, {}
@@ -476,7 +553,10 @@ while #picked < max and (ia <= #a or ib <= #b) do
   if v and is_item(v) then
     local r = idecode(v)
     if not r then corrupt[#corrupt + 1] = id
-    elseif r.wait ~= 2 and r.due <= now then picked[#picked + 1] = {id, r} end
+    elseif r.wait ~= 2 and r.due <= now and free(id, r) then
+      picked[#picked + 1] = {id, r}
+      if r.okey then used[r.okey] = true end
+    end
   else
     for _, st in ipairs({'p', 'r', 'f', 'd'}) do redis.call('ZREM', KEYS[3], st .. ':' .. id) end
     redis.call('ZREM', KEYS[1], id)
@@ -522,6 +602,16 @@ end
 if r.due <= now then return 0 end
 local new = icopy(r)
 new.err = ARGV[3]
+-- The failure joins the item's history, the oldest past five dropped.
+local h = {}
+if r.hist ~= '' then
+  local ok, old = pcall(cjson.decode, r.hist)
+  if not ok or type(old) ~= 'table' then return -1 end
+  h = old
+end
+h[#h + 1] = {r.attempts, now, ARGV[3]}
+while #h > 5 do table.remove(h, 1) end
+new.hist = cjson.encode(h)
 if ARGV[4] == '' then new.wait, new.due = 2, now
 else new.wait, new.due = 1, now + tonumber(ARGV[4]) end
 iput(ARGV[1], r, new)

@@ -241,19 +241,14 @@ mod standalone {
 /// The whole suite on one Cluster, the faults through a proxy per node
 /// included, with namespace hash tags (the inbox needs them; the untagged
 /// layout's spread over the nodes is tested in `redis.rs`). It skips
-/// `expire()` (Redis expires records itself) and per-key order, which the
-/// store does not keep yet (an accept with an ordering key is refused).
+/// `expire()` alone (Redis expires records itself).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_passes_the_whole_suite() {
     let report = run_all(&RedisFactory::new(Mode::Cluster)).await;
     println!("{report}");
     assert!(report.all_passed(), "{report}");
     let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
-    assert_eq!(
-        skipped,
-        ["expire_removes_exactly_expired", "inbox_ordering"],
-        "{report}"
-    );
+    assert_eq!(skipped, ["expire_removes_exactly_expired"], "{report}");
 }
 
 /// The whole suite on a primary with one replica, every store waiting for it
@@ -266,9 +261,5 @@ async fn replicated_with_waits_passes_the_whole_suite() {
     println!("{report}");
     assert!(report.all_passed(), "{report}");
     let skipped: Vec<&str> = report.skipped().map(|(name, _)| name).collect();
-    assert_eq!(
-        skipped,
-        ["expire_removes_exactly_expired", "inbox_ordering"],
-        "{report}"
-    );
+    assert_eq!(skipped, ["expire_removes_exactly_expired"], "{report}");
 }

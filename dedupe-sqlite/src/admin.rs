@@ -125,6 +125,7 @@ pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
         ("takeovers", "0004_item_counts"),
         ("order_key", "0006_ordering"),
         ("dead_until", "0007_dead_retention"),
+        ("errors", "0008_error_history"),
     ] {
         if !columns.iter().any(|c| c == column) {
             return Err(missing(format!(

@@ -35,5 +35,6 @@ pub(crate) fn read_item(row: &Row<'_>) -> rusqlite::Result<StoredItem> {
             max_attempts: row.get(8)?,
         },
         ordering_key: row.get(9)?,
+        errors: row.get(10)?,
     })
 }

@@ -18,6 +18,60 @@ use crate::codec::read_item;
 use crate::ops::{deadline, Ops};
 use crate::store::SqliteStore;
 
+impl SqliteStore {
+    /// Accepts `payload` under `key` inside the caller's transaction (the
+    /// outbox half, CONTRACT.md I1 and "Transactions"): the item, and the
+    /// application's own writes on the same file, commit together or not at
+    /// all. "Charge recorded, follow-up queued": both, or neither. Answers as
+    /// [`Inbox::accept_with`] does; the item is taken only once the
+    /// transaction commits, and a rollback (or a crash before the commit)
+    /// leaves no item, so the key is new again.
+    ///
+    /// Start the transaction with [`TransactionBehavior::Immediate`](rusqlite::TransactionBehavior::Immediate)
+    /// (it takes the write lock up front: a concurrent accept of the key
+    /// waits for the commit, then answers the item, or for the rollback,
+    /// then stores its own). This process's workers are woken: a take waits
+    /// on the write lock and finds the item when the transaction commits.
+    /// Other processes' workers find it at their next poll.
+    ///
+    /// ```
+    /// use dedupe_core::{AcceptOptions, Inbox, Key};
+    /// use dedupe_sqlite::SqliteStore;
+    /// use rusqlite::TransactionBehavior;
+    /// # tokio::runtime::Runtime::new().expect("runtime").block_on(async {
+    /// let dir = tempfile::tempdir().expect("dir");
+    /// let path = dir.path().join("app.db");
+    /// let store = SqliteStore::open(&path).await?;
+    /// let mut conn = rusqlite::Connection::open(&path).expect("open");
+    /// conn.execute_batch("CREATE TABLE charges (id TEXT PRIMARY KEY)").expect("table");
+    /// let tx = conn
+    ///     .transaction_with_behavior(TransactionBehavior::Immediate)
+    ///     .expect("begin");
+    /// tx.execute("INSERT INTO charges VALUES ('ch_1')", []).expect("charge");
+    /// let key = Key::new("receipts", "ch_1")?;
+    /// let accepted = store.accept_in(&tx, &key, b"send the receipt", &AcceptOptions::new())?;
+    /// assert!(accepted.is_new());
+    /// tx.commit().expect("commit");
+    /// assert!(store.item(&key).await?.is_some());
+    /// # Ok::<(), dedupe_core::Error>(()) }).expect("in the example");
+    /// ```
+    #[tracing::instrument(name = "dedupe.accept_in", skip_all, fields(store = "sqlite", key = %key), err)]
+    pub fn accept_in(
+        &self,
+        conn: &Connection,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted> {
+        check_accept(payload, options)?;
+        let accepted = self.ops().accept(conn, key, payload, options)?;
+        if accepted.is_new() {
+            self.wakeups().raise(key.namespace());
+        }
+        Ok(accepted)
+    }
+}
+
 /// The inbox in the records table: an item is a row with a payload and a
 /// `wait` state (0 held by a worker, 1 due at `expires_at`, 2 dead). Each
 /// operation is one statement; writes go through the file's writer thread

@@ -1,7 +1,7 @@
 //! The statement text of the store, built once per table name.
 
 use dedupe_core::backend::check_identifier;
-use dedupe_core::Result;
+use dedupe_core::{Result, ERROR_HISTORY};
 
 /// The statements for one table, built once.
 #[derive(Debug)]
@@ -31,6 +31,8 @@ pub(crate) struct Statements {
     /// `migrations/0007_dead_retention.sql`, for a table without
     /// `dead_until`.
     pub(crate) dead_retention: String,
+    /// `migrations/0008_error_history.sql`, for a table without `errors`.
+    pub(crate) error_history: String,
     /// Dead items past their retention, a batch at a time (I16).
     pub(crate) expire_dead_batch: String,
     pub(crate) pause: String,
@@ -50,7 +52,7 @@ pub(crate) struct Statements {
 
 /// The schema, one file a change (`migrations/NNNN_what.sql`), applied in
 /// order by `migrate()`; `{table}` is the store's table.
-pub(crate) const MIGRATIONS: [&str; 7] = [
+pub(crate) const MIGRATIONS: [&str; 8] = [
     include_str!("../migrations/0001_records.sql"),
     include_str!("../migrations/0002_inbox.sql"),
     include_str!("../migrations/0003_indexes.sql"),
@@ -58,12 +60,13 @@ pub(crate) const MIGRATIONS: [&str; 7] = [
     include_str!("../migrations/0005_paused.sql"),
     include_str!("../migrations/0006_ordering.sql"),
     include_str!("../migrations/0007_dead_retention.sql"),
+    include_str!("../migrations/0008_error_history.sql"),
 ];
 
 /// The item columns an inbox read returns, in the order `read_item` expects.
 pub(crate) const ITEM_COLUMNS: &str =
     "id, wait, attempts, first_seen, expires_at, last_error, payload, takeovers, max_attempts, \
-     order_key";
+     order_key, errors";
 
 /// Rows deleted per `expire()` batch (one write of the writer thread, committed
 /// with the claims queued beside it), so a large purge never holds the write
@@ -91,6 +94,7 @@ impl Statements {
             paused_table: MIGRATIONS[4].replace("{table}", table),
             ordering: MIGRATIONS[5].replace("{table}", table),
             dead_retention: MIGRATIONS[6].replace("{table}", table),
+            error_history: MIGRATIONS[7].replace("{table}", table),
             columns: format!("SELECT name FROM pragma_table_info('{table}')"),
             // Inserts a fresh record, or takes over one whose deadline has passed, in one
             // statement. A live record is left alone and no row comes back.
@@ -219,16 +223,16 @@ impl Statements {
             // (bench/README.md, 2026-12-06).
             take_pick: format!(
                 "SELECT id FROM (
-                    SELECT id, order_key, order_seq, expires_at FROM {t}
+                    SELECT id, order_key, order_seq, expires_at, wait FROM {t}
                     WHERE namespace = :ns AND wait IN (0, 1) AND expires_at <= :now
                       AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = :ns)
                     ORDER BY expires_at, id LIMIT :max + :scan) AS c
                  WHERE c.order_key IS NULL OR (
-                    NOT EXISTS (
+                    (c.wait = 0 OR NOT EXISTS (
                         SELECT 1 FROM {t} AS o INDEXED BY {order_index}
                         WHERE o.namespace = :ns AND o.order_key = c.order_key
                           AND o.wait IN (1, 2) AND o.order_seq < c.order_seq
-                          AND (o.wait = 1 OR o.order_skip = 0))
+                          AND (o.wait = 1 OR o.order_skip = 0)))
                     AND NOT EXISTS (
                         SELECT 1 FROM {t} AS o INDEXED BY {order_index}
                         WHERE o.namespace = :ns AND o.order_key = c.order_key
@@ -254,7 +258,13 @@ impl Statements {
             fail: format!(
                 "UPDATE {t} SET wait = :wait, last_error = :error,
                         expires_at = CASE WHEN wait = 0 THEN :due ELSE expires_at END,
-                        dead_until = CASE WHEN wait = 0 THEN :dead_until ELSE dead_until END
+                        dead_until = CASE WHEN wait = 0 THEN :dead_until ELSE dead_until END,
+                        errors = CASE WHEN wait <> 0 THEN errors
+                            WHEN json_array_length(coalesce(errors, '[]')) >= {ERROR_HISTORY}
+                                THEN json_insert(json_remove(errors, '$[0]'), '$[#]',
+                                                 json_array(attempts, :now, :error))
+                            ELSE json_insert(coalesce(errors, '[]'), '$[#]',
+                                             json_array(attempts, :now, :error)) END
                  WHERE namespace = :ns AND id = :id AND token = :token
                    AND ((wait = 0 AND expires_at > :now) OR (wait = :wait AND last_error = :error))"
             ),
@@ -317,6 +327,7 @@ mod tests {
         conn.execute_batch(&s.paused_table).expect("0005");
         conn.execute_batch(&s.ordering).expect("0006");
         conn.execute_batch(&s.dead_retention).expect("0007");
+        conn.execute_batch(&s.error_history).expect("0008");
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");

@@ -190,6 +190,9 @@ impl SqliteStore {
                 if !columns.iter().any(|c| c == "dead_until") {
                     tx.execute_batch(&ops.sql.dead_retention).map_err(map)?;
                 }
+                if !columns.iter().any(|c| c == "errors") {
+                    tx.execute_batch(&ops.sql.error_history).map_err(map)?;
+                }
                 tx.commit().map_err(map)
             })
             .await
@@ -197,7 +200,7 @@ impl SqliteStore {
 
     /// The statements for a caller's own transaction (no process turn: the
     /// caller's transaction already holds SQLite's write lock or waits for it).
-    fn ops(&self) -> Ops<'_> {
+    pub(crate) fn ops(&self) -> Ops<'_> {
         Ops {
             writer: None,
             ..self.conns().settings().ops()

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use dedupe_core::{async_trait, ClaimOptions, ClaimOutcome, DedupeStore, Key, Lease, Result};
+use dedupe_core::{
+    async_trait, AcceptOptions, Accepted, ClaimOptions, ClaimOutcome, DedupeStore, Inbox, Key,
+    Lease, Result,
+};
 
 /// The connection type of a store's database.
 pub type ConnectionOf<S> = <<S as Transactional>::Database as sqlx::Database>::Connection;
@@ -55,7 +58,7 @@ pub type ConnectionOf<S> = <<S as Transactional>::Database as sqlx::Database>::C
 /// # }
 /// ```
 #[async_trait]
-pub trait Transactional: DedupeStore + Clone + 'static {
+pub trait Transactional: DedupeStore + Inbox + Clone + 'static {
     /// The sqlx database the store runs on.
     type Database: sqlx::Database;
 
@@ -83,4 +86,15 @@ pub trait Transactional: DedupeStore + Clone + 'static {
 
     /// Releases `lease` on the caller's connection or transaction.
     async fn release_in(&self, conn: &mut ConnectionOf<Self>, lease: &Lease) -> Result<()>;
+
+    /// Accepts `payload` into the inbox under `key` on the caller's
+    /// transaction (the outbox half): the item and the caller's writes
+    /// commit together or not at all; a rollback leaves the key new.
+    async fn accept_in(
+        &self,
+        conn: &mut ConnectionOf<Self>,
+        key: &Key,
+        payload: &[u8],
+        options: &AcceptOptions,
+    ) -> Result<Accepted>;
 }

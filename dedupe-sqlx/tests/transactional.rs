@@ -10,14 +10,21 @@
 //! - two transactions on one key: the second waits on the row, then sees the
 //!   first's work done (commit) or claims it (rollback); one order either way;
 //! - a transaction whose claim lost holds no lock: the holder completes while
-//!   it is still open.
+//!   it is still open;
+//! - the outbox half: an item accepted in the transaction (`accept_in`) is
+//!   there with the order or not at all (commit, rollback, a killed
+//!   connection), is not taken before the commit, and a concurrent accept of
+//!   its key waits, then answers the item (commit) or stores its own
+//!   (rollback).
 //!
 //! What differs between the databases (the orders table's SQL, how a session
 //! is killed, how a lock wait shows) is in each one's [`Db`] impl.
 
 use std::time::Duration;
 
-use dedupe_core::{async_trait, ClaimOptions, ClaimOutcome, DedupeStore, Key};
+use dedupe_core::{
+    async_trait, AcceptOptions, Accepted, ClaimOptions, ClaimOutcome, DedupeStore, Inbox, Key,
+};
 use dedupe_mysql::sqlx::{MySql, MySqlConnection};
 use dedupe_mysql::MySqlStore;
 use dedupe_postgres::sqlx::PgConnection;
@@ -372,6 +379,138 @@ async fn a_lost_claim_holds_no_lock<D: Db>(url: &str) {
     tx.rollback().await.expect("rollback");
 }
 
+fn receipt(event: &str) -> Key {
+    Key::new("receipts", event).expect("key")
+}
+
+/// Records an order and queues its receipt in one transaction; commits or
+/// rolls back as asked. Answers what the accept answered.
+async fn order_with_receipt<D: Db>(store: &D::Store, event: &str, commit: bool) -> Accepted {
+    let mut tx = store.pool().begin().await.expect("begin");
+    D::insert_order(&mut tx, event).await;
+    let accepted = store
+        .accept_in(&mut tx, &receipt(event), b"send it", &AcceptOptions::new())
+        .await
+        .expect("accept_in");
+    if commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+    accepted
+}
+
+async fn an_accept_in_commits_with_the_callers_writes_or_not_at_all<D: Db>(url: &str) {
+    let store = D::fresh(url).await;
+    let event = "evt_outbox";
+    assert_eq!(
+        order_with_receipt::<D>(&store, event, false).await,
+        Accepted::New
+    );
+    assert_eq!(D::orders(&store, event).await, 0);
+    assert!(
+        store.item(&receipt(event)).await.expect("item").is_none(),
+        "a rolled-back accept left an item"
+    );
+
+    let mut tx = store.pool().begin().await.expect("begin");
+    D::insert_order(&mut tx, event).await;
+    let accepted = store
+        .accept_in(&mut tx, &receipt(event), b"send it", &AcceptOptions::new())
+        .await
+        .expect("accept_in");
+    assert_eq!(accepted, Accepted::New);
+    let early = store
+        .take("receipts", 10, Duration::from_secs(30))
+        .await
+        .expect("take");
+    assert!(early.is_empty(), "an uncommitted item was taken: {early:?}");
+    tx.commit().await.expect("commit");
+    assert_eq!(D::orders(&store, event).await, 1);
+    let taken = store
+        .take("receipts", 10, Duration::from_secs(30))
+        .await
+        .expect("take");
+    assert_eq!(taken.len(), 1, "the committed item was not taken once");
+    assert_eq!(taken[0].payload, b"send it");
+    let again = order_with_receipt::<D>(&store, event, true).await;
+    assert!(
+        matches!(again, Accepted::Item(_)),
+        "a second accept_in of the key answered {again:?}"
+    );
+}
+
+async fn a_killed_connection_leaves_no_item<D: Db>(url: &str) {
+    let store = D::fresh(url).await;
+    let event = "evt_outbox_killed";
+    let mut tx = store.pool().begin().await.expect("begin");
+    let session = D::session(&mut tx).await;
+    D::insert_order(&mut tx, event).await;
+    store
+        .accept_in(&mut tx, &receipt(event), b"send it", &AcceptOptions::new())
+        .await
+        .expect("accept_in");
+    D::kill(&store, session).await;
+    assert!(tx.commit().await.is_err(), "a killed connection committed");
+    assert_eq!(D::orders(&store, event).await, 0);
+    assert!(
+        store.item(&receipt(event)).await.expect("item").is_none(),
+        "the item of a killed transaction survived"
+    );
+    assert_eq!(
+        store
+            .accept(&receipt(event), b"again")
+            .await
+            .expect("accept"),
+        Accepted::New
+    );
+}
+
+async fn a_concurrent_accept_waits_for_the_transactions_end<D: Db>(url: &str) {
+    for first_commits in [true, false] {
+        let store = D::fresh(url).await;
+        let event = "evt_outbox_contended";
+        let mut first = store.pool().begin().await.expect("begin");
+        D::insert_order(&mut first, event).await;
+        let accepted = store
+            .accept_in(&mut first, &receipt(event), b"first", &AcceptOptions::new())
+            .await
+            .expect("accept_in");
+        assert_eq!(accepted, Accepted::New);
+        let second = {
+            let store = store.clone();
+            tokio::spawn(async move { store.accept(&receipt(event), b"second").await })
+        };
+        let waiting = support::eventually(Duration::from_secs(10), || {
+            let store = store.clone();
+            async move { D::waits_on_a_lock(&store).await }
+        })
+        .await;
+        assert!(
+            waiting && !second.is_finished(),
+            "the second accept did not wait on the first's transaction"
+        );
+        if first_commits {
+            first.commit().await.expect("commit");
+        } else {
+            first.rollback().await.expect("rollback");
+        }
+        let answer = second.await.expect("second task").expect("second accept");
+        let item = store
+            .item(&receipt(event))
+            .await
+            .expect("item")
+            .expect("one item either way");
+        if first_commits {
+            assert!(matches!(answer, Accepted::Item(_)), "{answer:?}");
+            assert_eq!(item.payload, b"first");
+        } else {
+            assert_eq!(answer, Accepted::New);
+            assert_eq!(item.payload, b"second");
+        }
+    }
+}
+
 /// The checks for one database: `$server` starts it.
 macro_rules! transactional_checks {
     ($db:ident, $server:path, $impl:ty) => {
@@ -400,6 +539,25 @@ macro_rules! transactional_checks {
             async fn a_lost_claim_holds_no_lock() {
                 let (_server, url) = $server();
                 super::a_lost_claim_holds_no_lock::<$impl>(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_accept_in_commits_with_the_callers_writes_or_not_at_all() {
+                let (_server, url) = $server();
+                super::an_accept_in_commits_with_the_callers_writes_or_not_at_all::<$impl>(&url)
+                    .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_killed_connection_leaves_no_item() {
+                let (_server, url) = $server();
+                super::a_killed_connection_leaves_no_item::<$impl>(&url).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_concurrent_accept_waits_for_the_transactions_end() {
+                let (_server, url) = $server();
+                super::a_concurrent_accept_waits_for_the_transactions_end::<$impl>(&url).await;
             }
         }
     };

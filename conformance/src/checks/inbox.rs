@@ -1777,7 +1777,22 @@ pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
         "a replayed item ran beside a later item of its key: {:?}",
         ids_of(&beside)
     );
-    store.complete(&s2.lease, b"done", LONG_TTL).await?;
+    // s2's worker dies holding it: its takeover comes first (the replayed
+    // s1 before it in the key's order does not hold it back), s1 still waits.
+    let short = store.extend(&s2.lease, SHORT_TTL).await?;
+    wait_past(short.deadline).await?;
+    let over = take_one(
+        &*inbox,
+        LONG_TTL,
+        "s2, held past its lease with the replayed s1 before it, was not taken over",
+    )
+    .await?;
+    ensure!(
+        over.lease.key.id() == "s2",
+        "expected the takeover of s2, got {}",
+        over.lease.key
+    );
+    store.complete(&over.lease, b"done", LONG_TTL).await?;
     let again = take_one(
         &*inbox,
         LONG_TTL,
@@ -2022,4 +2037,150 @@ pub async fn inbox_dead_retention(factory: &dyn StoreFactory) -> CheckResult {
         "an accept of an expired dead item's key answered {again:?}, expected New"
     );
     Ok(Verdict::Passed)
+}
+
+/// I5: an item keeps its last `ERROR_HISTORY` (5) failures, oldest first,
+/// each with its attempt, its time (on the store's clock, between the fail's
+/// call and its answer) and its error as cut. Seven failures keep the last
+/// five; a release (a hand-back) and a fail sent again add none; a replay
+/// keeps the history and the next failure drops the oldest. An item that
+/// never failed has none.
+pub async fn inbox_error_history(factory: &dyn StoreFactory) -> CheckResult {
+    use dedupe_core::ERROR_HISTORY;
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let store = fixture.store();
+    let k = item_key("history")?;
+    inbox.accept(&k, b"fails").await?;
+    inbox.accept(&item_key("never-failed")?, b"fine").await?;
+    let long = "é".repeat(dedupe_core::MAX_ERROR_BYTES);
+    let error_of = |attempt: u32| match attempt {
+        6 => long.clone(),
+        n => format!("e{n}"),
+    };
+    let mut windows = Vec::new();
+    let mut released = false;
+    let mut attempt = 0;
+    while attempt < 7 {
+        let taken = take_until(&*inbox, &k).await?;
+        if taken.lease.attempt == 3 && !released {
+            store.release(&taken.lease).await?;
+            released = true;
+            continue;
+        }
+        attempt = taken.lease.attempt;
+        let retry = if attempt == 7 {
+            Retry::Dead { keep: None }
+        } else {
+            Retry::After(dedupe_core::MIN_TTL)
+        };
+        let before = SystemTime::now();
+        inbox.fail(&taken.lease, &error_of(attempt), retry).await?;
+        windows.push((attempt, before, SystemTime::now()));
+        if attempt == 7 {
+            // The same fail sent again: answered Ok, nothing added.
+            inbox.fail(&taken.lease, &error_of(attempt), retry).await?;
+        }
+    }
+    let expect = |item: &dedupe_core::Item, attempts: &[u32]| -> Result<(), Failure> {
+        let got: Vec<(u32, String)> = item
+            .errors
+            .iter()
+            .map(|e| (e.attempt, e.error.clone()))
+            .collect();
+        let want: Vec<(u32, String)> = attempts
+            .iter()
+            .map(|a| (*a, dedupe_core::backend::cut_error(&error_of(*a))))
+            .collect();
+        ensure!(
+            got == want,
+            "the failure history is {:?}, expected attempts {attempts:?} with their errors",
+            got.iter()
+                .map(|(a, e)| (a, e.chars().take(12).collect::<String>()))
+                .collect::<Vec<_>>()
+        );
+        Ok(())
+    };
+    let item = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("the failed item is gone"))?;
+    ensure!(
+        item.errors.len() == ERROR_HISTORY,
+        "{} failures kept, expected the last {ERROR_HISTORY}",
+        item.errors.len()
+    );
+    expect(&item, &[3, 4, 5, 6, 7])?;
+    for failed in &item.errors {
+        let (_, before, after) = windows
+            .iter()
+            .find(|(a, _, _)| *a == failed.attempt)
+            .ok_or_else(|| Failure::new("a failure of an attempt that never failed"))?;
+        ensure!(
+            failed.at + CLOCK_SLACK >= *before && failed.at <= *after + CLOCK_SLACK,
+            "attempt {}'s failure is dated {:?}, outside its call ({before:?} to {after:?})",
+            failed.attempt,
+            failed.at
+        );
+    }
+    ensure!(
+        item.last_error.as_deref() == Some("e7"),
+        "the last error is {:?}, expected the history's last",
+        item.last_error
+    );
+    ensure!(
+        inbox.replay(&k).await?,
+        "a replay of the dead item answered false"
+    );
+    expect(
+        &inbox
+            .item(&k)
+            .await?
+            .ok_or_else(|| Failure::new("the replayed item is gone"))?,
+        &[3, 4, 5, 6, 7],
+    )?;
+    let taken = take_until(&*inbox, &k).await?;
+    inbox
+        .fail(&taken.lease, &error_of(8), Retry::After(LONG_TTL))
+        .await?;
+    expect(
+        &inbox
+            .item(&k)
+            .await?
+            .ok_or_else(|| Failure::new("the item is gone"))?,
+        &[4, 5, 6, 7, 8],
+    )?;
+    let fine = inbox
+        .item(&item_key("never-failed")?)
+        .await?
+        .ok_or_else(|| Failure::new("the item that never failed is gone"))?;
+    ensure!(
+        fine.errors.is_empty(),
+        "an item that never failed shows failures: {:?}",
+        fine.errors
+    );
+    Ok(Verdict::Passed)
+}
+
+/// Takes until the item of `key` is in hand (others taken are given back),
+/// within a few seconds.
+async fn take_until(inbox: &dyn Inbox, key: &Key) -> Result<Taken, Failure> {
+    let started = Instant::now();
+    loop {
+        for taken in inbox.take("inbox", 10, LONG_TTL).await? {
+            if taken.lease.key == *key {
+                return Ok(taken);
+            }
+            inbox_release(inbox, &taken).await?;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(5),
+            "{key} was not due within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn inbox_release(inbox: &dyn Inbox, taken: &Taken) -> Result<(), Failure> {
+    inbox.release(&taken.lease).await.map_err(Failure::from)
 }

@@ -8,7 +8,7 @@ use super::time::{duration_millis, from_millis};
 use crate::claim::Lease;
 use crate::error::{Error, Result};
 use crate::inbox::{
-    AcceptOptions, Accepted, InboxCounts, Item, ItemStatus, Taken, MAX_ERROR_BYTES,
+    AcceptOptions, Accepted, FailedAttempt, InboxCounts, Item, ItemStatus, Taken, MAX_ERROR_BYTES,
     MAX_PAYLOAD_BYTES, MAX_TAKE,
 };
 use crate::key::{Key, LeaseToken};
@@ -35,6 +35,10 @@ pub struct StoredItem {
     pub counts: StoredCounts,
     /// Its ordering key (I15), if it has one.
     pub ordering_key: Option<String>,
+    /// Its failure history as the store wrote it: a JSON array of `[attempt,
+    /// ms since the epoch, error]`, oldest first (see [`errors_json`]);
+    /// `None` when it never failed since the store kept one.
+    pub errors: Option<String>,
 }
 
 /// An item's counters as stored (a row from before they existed reads as
@@ -76,6 +80,7 @@ impl StoredItem {
         let attempts = attempts(&key, self.attempts)?;
         let payload = payload(&key, self.payload)?;
         let (takeovers, max_attempts) = self.counts.decode(&key)?;
+        let errors = decode_errors(&key, self.errors.as_deref())?;
         Ok(Item::new(
             key,
             status,
@@ -86,8 +91,67 @@ impl StoredItem {
             payload,
         )
         .with_counts(takeovers, max_attempts)
-        .with_ordering_key(self.ordering_key))
+        .with_ordering_key(self.ordering_key)
+        .with_errors(errors))
     }
+}
+
+/// An item's failure history as stores write it: a JSON array of `[attempt,
+/// ms since the epoch, error]`, oldest first, at most
+/// [`ERROR_HISTORY`](crate::ERROR_HISTORY) entries. SQL stores build it with
+/// their JSON functions in the fail statement, Redis with `cjson` in its
+/// script; a store that builds it in Rust uses [`push_error`].
+pub fn errors_json(errors: &[FailedAttempt]) -> String {
+    serde_json::Value::Array(
+        errors
+            .iter()
+            .map(|e| serde_json::json!([e.attempt, super::time::to_millis(e.at), e.error.as_str()]))
+            .collect(),
+    )
+    .to_string()
+}
+
+/// `errors` (as [`errors_json`] writes them) with one more failure, the
+/// oldest dropped past [`ERROR_HISTORY`](crate::ERROR_HISTORY).
+pub fn push_error(key: &Key, errors: Option<&str>, failed: FailedAttempt) -> Result<String> {
+    let mut errors = decode_errors(key, errors)?;
+    errors.push(failed);
+    let over = errors.len().saturating_sub(crate::ERROR_HISTORY);
+    errors.drain(..over);
+    Ok(errors_json(&errors))
+}
+
+/// Reads a failure history written as [`errors_json`] writes it; a text that
+/// is not one is `CorruptRecord`, never an empty history.
+pub fn decode_errors(key: &Key, errors: Option<&str>) -> Result<Vec<FailedAttempt>> {
+    let Some(text) = errors else {
+        return Ok(Vec::new());
+    };
+    let corrupt = |why: &str| Error::corrupt(key, format!("an item's failure history: {why}"));
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| corrupt(&e.to_string()))?;
+    let entries = value.as_array().ok_or_else(|| corrupt("not an array"))?;
+    entries
+        .iter()
+        .map(|entry| match entry.as_array().map(Vec::as_slice) {
+            Some([attempt, at, error]) => {
+                let attempt = attempt
+                    .as_u64()
+                    .and_then(|a| u32::try_from(a).ok())
+                    .ok_or_else(|| corrupt("an attempt that is not a count"))?;
+                // Lua's cjson writes whole numbers as floats past 10^14.
+                let at = at
+                    .as_i64()
+                    .or_else(|| at.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64))
+                    .ok_or_else(|| corrupt("a time that is not ms since the epoch"))?;
+                let error = error
+                    .as_str()
+                    .ok_or_else(|| corrupt("an error that is not text"))?;
+                Ok(FailedAttempt::new(attempt, from_millis(at), error))
+            }
+            _ => Err(corrupt("an entry that is not [attempt, time, error]")),
+        })
+        .collect()
 }
 
 fn attempts(key: &Key, attempts: i64) -> Result<u32> {

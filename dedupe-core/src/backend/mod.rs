@@ -62,7 +62,8 @@ pub use admin::{
 pub use first::FirstStatement;
 pub use item::{
     accept_columns, accepted_over, check_accept, check_namespace, check_payload, check_take,
-    cut_error, status_code, stored_counts, StoredCounts, StoredItem, StoredTaken,
+    cut_error, decode_errors, errors_json, push_error, status_code, stored_counts, StoredCounts,
+    StoredItem, StoredTaken,
 };
 pub use stored::{check_identifier, StoredRecord};
 pub use time::{duration_millis, from_millis, now_millis, to_millis};
