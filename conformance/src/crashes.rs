@@ -53,7 +53,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dedupe_core::{
-    Accepted, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, Key, RecordState,
+    AcceptOptions, Accepted, ClaimOptions, ClaimOutcome, DedupeStore, Error, Inbox, Key,
+    RecordState,
 };
 
 use crate::children::{self, Children, Log};
@@ -64,6 +65,7 @@ const EVENTS_VAR: &str = "DEDUPE_CRASH_EVENTS";
 const LEASE_VAR: &str = "DEDUPE_CRASH_LEASE_MS";
 const WORK_VAR: &str = "DEDUPE_CRASH_WORK_MS";
 const STALL_VAR: &str = "DEDUPE_CRASH_STALL_EVERY";
+const ORDER_VAR: &str = "DEDUPE_CRASH_ORDERING_KEYS";
 const NAMESPACE: &str = "crash";
 /// How far the workers' and the store's clocks (one machine) may disagree, and
 /// a log line may lag its answer, when the judge compares times.
@@ -101,6 +103,11 @@ pub struct CrashPlan {
     pub holder_wait: Duration,
     /// How long the whole run may take before it fails.
     pub deadline: Duration,
+    /// The inbox's run only: items are accepted under this many ordering
+    /// keys (event `e` under key `e % ordering_keys`), and the judge also
+    /// requires each key's items to run one at a time in accept order
+    /// (CONTRACT.md I15). 0: no ordering keys.
+    pub ordering_keys: usize,
 }
 
 impl Default for CrashPlan {
@@ -116,6 +123,7 @@ impl Default for CrashPlan {
             stall_every: 5,
             holder_wait: Duration::from_millis(300),
             deadline: Duration::from_secs(120),
+            ordering_keys: 0,
         }
     }
 }
@@ -135,6 +143,19 @@ impl CrashPlan {
             stall_every: 7,
             holder_wait: Duration::from_secs(10),
             ..Self::default()
+        }
+    }
+
+    /// The inbox's run with ordering keys: 120 items under 8 keys (15 a
+    /// key, accepted in event order), otherwise as [`inbox`](Self::inbox).
+    /// Besides every item done exactly once, no item is taken before the
+    /// completion of the one before it in its key was asked for: never two
+    /// items of one key at once, never out of order.
+    pub fn inbox_ordered() -> Self {
+        Self {
+            events: 120,
+            ordering_keys: 8,
+            ..Self::inbox()
         }
     }
 }
@@ -214,6 +235,7 @@ impl Pool<'_> {
             (LEASE_VAR, self.plan.lease.as_millis().to_string()),
             (WORK_VAR, self.plan.work.as_millis().to_string()),
             (STALL_VAR, self.plan.stall_every.to_string()),
+            (ORDER_VAR, self.plan.ordering_keys.to_string()),
         ])?;
         Ok(())
     }
@@ -371,33 +393,62 @@ pub async fn run_inbox_crash_worker(inbox: Arc<dyn Inbox>) {
     let lease = children::millis(LEASE_VAR);
     let work = children::millis(WORK_VAR);
     let stall_every = children::number(STALL_VAR);
+    let ordering_keys = children::number(ORDER_VAR);
     let log = Log::open();
     let payload = |event: usize| format!("item {event}").into_bytes();
-    // Sixteen accepts at a time, so a worker starts taking soon after it
-    // starts (the parent kills workers from the first moments on).
-    let accepted: Vec<Vec<String>> = futures_util::stream::iter(0..events)
-        .map(|step| {
-            let inbox = Arc::clone(&inbox);
-            let event = (step + index * 7) % events;
-            async move {
-                let mut lines = Vec::new();
-                loop {
-                    match inbox.accept(&event_key(event), &payload(event)).await {
-                        Ok(Accepted::New) => lines.push(format!("ACCEPTED {event}")),
-                        Ok(_) => {}
-                        Err(e) => {
-                            lines.push(format!("ERROR {event} {e}"));
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            continue;
-                        }
-                    }
-                    return lines;
-                }
+    let accept_one = |event: usize| {
+        let inbox = Arc::clone(&inbox);
+        async move {
+            let mut options = AcceptOptions::new();
+            if ordering_keys > 0 {
+                options = options.ordering_key(format!("k{}", event % ordering_keys));
             }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
+            let mut lines = Vec::new();
+            loop {
+                match inbox
+                    .accept_with(&event_key(event), &payload(event), &options)
+                    .await
+                {
+                    Ok(Accepted::New) => lines.push(format!("ACCEPTED {event}")),
+                    Ok(_) => {}
+                    Err(e) => {
+                        lines.push(format!("ERROR {event} {e}"));
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                }
+                return lines;
+            }
+        }
+    };
+    // Sixteen accepts at a time, so a worker starts taking soon after it
+    // starts (the parent kills workers from the first moments on). With
+    // ordering keys, each key's events one after the other in event order
+    // (every worker the same way): an event's accept has answered, in some
+    // worker, before the next event of its key is accepted, so accept order
+    // is event order within a key.
+    let accepted: Vec<Vec<String>> = if ordering_keys > 0 {
+        futures_util::stream::iter(0..ordering_keys)
+            .map(|k| {
+                let accept_one = &accept_one;
+                async move {
+                    let mut lines = Vec::new();
+                    for event in (k..events).step_by(ordering_keys) {
+                        lines.extend(accept_one(event).await);
+                    }
+                    lines
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await
+    } else {
+        futures_util::stream::iter(0..events)
+            .map(|step| accept_one((step + index * 7) % events))
+            .buffer_unordered(16)
+            .collect()
+            .await
+    };
     for line in accepted.into_iter().flatten() {
         log.line(line);
     }
@@ -723,6 +774,9 @@ fn judge(
         }
         report.stale_refused += e.lost;
     }
+    if plan.ordering_keys > 0 {
+        judge_order(plan, &events)?;
+    }
     if plan.stall_every > 0 && report.stale_refused == 0 {
         return Err(Failure::new(
             "no stalled worker's completion was refused: the run never tried a stale completion",
@@ -734,4 +788,81 @@ fn judge(
         ));
     }
     Ok(report)
+}
+
+/// Per-key order (CONTRACT.md I15): within each ordering key, in accept
+/// (event) order, every take of an item came after the completion of the
+/// item before it was asked for. The completion is logged before it is
+/// sent and the take after it answered, so a take of the later item logged
+/// before the earlier one's completion was asked means the store handed it
+/// out while the earlier one was not done: two items of a key at once, or
+/// out of order.
+fn judge_order(plan: &CrashPlan, events: &HashMap<usize, Event>) -> Result<(), Failure> {
+    // Both times are read on one machine's clock, in order in real time:
+    // only their rounding to the millisecond separates them.
+    let tol = 1;
+    for key in 0..plan.ordering_keys {
+        let order: Vec<usize> = (key..plan.events).step_by(plan.ordering_keys).collect();
+        for pair in order.windows(2) {
+            let (before, after) = (pair[0], pair[1]);
+            let (Some(b), Some(a)) = (events.get(&before), events.get(&after)) else {
+                continue; // reported as never claimed above
+            };
+            // The completion that took effect: the one answered Ok, else the
+            // stored outcome's (its worker killed right after asking).
+            let done = b
+                .completed
+                .first()
+                .cloned()
+                .or_else(|| b.finals.first().map(|(outcome, _)| outcome.clone()));
+            let Some(asked) =
+                done.and_then(|token| b.asked.iter().find(|(t, _)| *t == token).map(|(_, at)| *at))
+            else {
+                return Err(Failure::new(format!(
+                    "event {before}: no completion asked for, so the order of key k{key} cannot be judged"
+                )));
+            };
+            if let Some((token, at, _)) = a.held.iter().find(|(_, at, _)| *at < asked - tol) {
+                return Err(Failure::new(format!(
+                    "key k{key}: event {after} was taken ({token}, at {at}) {} ms before the \
+                     completion of event {before}, earlier in the key's order, was asked for",
+                    asked - at
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two events of one key: the second taken after the first's completion
+    /// was asked passes; taken before it (two at once, or out of order)
+    /// fails, naming the key.
+    #[test]
+    fn the_order_judge_catches_a_take_before_the_earlier_completion() {
+        let plan = CrashPlan {
+            events: 2,
+            ordering_keys: 1,
+            ..CrashPlan::inbox()
+        };
+        let events = |second_taken_at: i64| {
+            let first = Event {
+                held: vec![("t0".into(), 1_000, 1_400)],
+                asked: vec![("t0".into(), 1_030)],
+                completed: vec!["t0".into()],
+                ..Event::default()
+            };
+            let second = Event {
+                held: vec![("t1".into(), second_taken_at, second_taken_at + 400)],
+                ..Event::default()
+            };
+            HashMap::from([(0, first), (1, second)])
+        };
+        assert!(judge_order(&plan, &events(1_031)).is_ok());
+        let early = judge_order(&plan, &events(1_010)).expect_err("taken before");
+        assert!(early.to_string().contains("key k0"), "{early}");
+    }
 }

@@ -351,6 +351,10 @@ pub struct Taken {
     /// When the item was accepted (the start of its snooze window, and of
     /// its accept-to-start latency).
     pub accepted_at: SystemTime,
+    /// Its ordering key, if it has one: when it is done (or dead and
+    /// skipped) the next item of the key is due, and `InboxWorker` looks for
+    /// it at once.
+    pub ordering_key: Option<String>,
 }
 
 impl Taken {
@@ -368,6 +372,7 @@ impl Taken {
             accepted_at,
             takeovers: 0,
             max_attempts: None,
+            ordering_key: None,
         }
     }
 
@@ -376,6 +381,12 @@ impl Taken {
     pub fn with_counts(mut self, takeovers: u32, max_attempts: Option<u32>) -> Self {
         self.takeovers = takeovers;
         self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The taken item with its ordering key (for store authors).
+    pub fn with_ordering_key(mut self, key: Option<String>) -> Self {
+        self.ordering_key = key;
         self
     }
 }

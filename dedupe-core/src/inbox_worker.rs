@@ -425,8 +425,14 @@ impl InboxWorker {
                 let lease = item.lease.clone();
                 let (this, handler) = (self.clone(), Arc::clone(&handler));
                 let spawned = self.deduper.spawn(async move {
+                    // The next item of its ordering key falls due as this one
+                    // settles (I15), with no wake-up of the store's: look now.
+                    let ordered = item.ordering_key.is_some();
                     this.process(&*handler, item).await;
                     drop(permit);
+                    if ordered {
+                        this.scheduled.add(Duration::ZERO);
+                    }
                 });
                 if spawned.is_err() {
                     // Shutdown began while the take was on its way: give the
@@ -1252,6 +1258,55 @@ mod tests {
         let plain = item("plain").await;
         assert!(plain.attempts >= 3, "the backoff's retries ran");
         assert_eq!(plain.last_error.as_deref(), Some("500: try again"));
+    }
+
+    /// The items of one ordering key run one after the other without
+    /// waiting for the poll: each completion makes the next due, and the
+    /// worker looks for it at once (a 30 s poll would take 30 s an item).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_next_item_of_an_ordering_key_runs_without_waiting_for_the_poll() {
+        let inbox = MemoryStore::new();
+        for i in 0..5 {
+            inbox
+                .accept_with(
+                    &Key::new("o", format!("evt_{i}")).expect("in the test"),
+                    b"x",
+                    &crate::AcceptOptions::new().ordering_key("cus_1"),
+                )
+                .await
+                .expect("in the test");
+        }
+        let deduper = Deduper::new(inbox.clone());
+        let worker = InboxWorker::new(&deduper, inbox.clone(), "o")
+            .with_poll_interval(Duration::from_secs(30));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let running = Running::start(&worker, {
+            let order = Arc::clone(&order);
+            move |taken: Taken| {
+                let order = Arc::clone(&order);
+                async move {
+                    order
+                        .lock()
+                        .expect("in the test")
+                        .push(taken.lease.key.id().to_string());
+                    Ok::<_, WorkFailure>(b"done".to_vec())
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        while order.lock().expect("in the test").len() < 5 {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "ran {:?} in 5 s",
+                order.lock().expect("in the test")
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        running.stop(Duration::from_secs(1)).await;
+        assert_eq!(
+            *order.lock().expect("in the test"),
+            ["evt_0", "evt_1", "evt_2", "evt_3", "evt_4"]
+        );
     }
 
     /// The dead letters a worker leaves get its `dead_retention`: those of

@@ -662,13 +662,15 @@ impl Inbox for MemoryStore {
                 item.wait = Wait::Held;
                 let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
                 let counts = (item.takeovers, item.max_attempts);
+                let ordering_key = item.ordering.as_ref().map(|o| o.key.clone());
                 let accepted_at = entry.first_seen;
                 entry.token = LeaseToken::generate();
                 entry.expires_at = now + lease;
                 entry.attempts = entry.attempts.saturating_add(1);
                 Some(
                     Taken::new(entry.lease(&key), payload, last_error, accepted_at)
-                        .with_counts(counts.0, counts.1),
+                        .with_counts(counts.0, counts.1)
+                        .with_ordering_key(ordering_key),
                 )
             });
             taken.extend(leased.flatten());

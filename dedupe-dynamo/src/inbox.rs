@@ -182,6 +182,7 @@ impl DynamoStore {
                 takeovers: i64::from(shown.takeovers),
                 max_attempts: shown.max_attempts.map(i64::from),
             },
+            ordering_key: None,
         }
         .decode(key)
     }

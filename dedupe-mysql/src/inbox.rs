@@ -361,6 +361,7 @@ impl Ops<'_> {
                         max_attempts: row.try_get::<Option<i64>, _>(7)?,
                     },
                     row.try_get::<i64, _>(8)?,
+                    row.try_get::<Option<Vec<u8>>, _>(9)?,
                 ))
             };
             rows.push(
@@ -403,10 +404,16 @@ impl Ops<'_> {
             .into_iter()
             .zip(tokens)
             .map(
-                |((id, attempts, payload, last_error, _, counts, accepted), token)| {
+                |(
+                    (id, attempts, payload, last_error, _, counts, accepted, ordering_key),
+                    token,
+                )| {
                     let key = Key::new(namespace, utf8(id, "an inbox item's id")?)?;
                     let last_error = last_error
                         .map(|e| utf8(e, "an inbox item's error"))
+                        .transpose()?;
+                    let ordering_key = ordering_key
+                        .map(|k| utf8(k, "an inbox item's ordering key"))
                         .transpose()?;
                     StoredTaken {
                         token: token.to_string(),
@@ -416,6 +423,7 @@ impl Ops<'_> {
                         last_error,
                         payload,
                         counts,
+                        ordering_key,
                     }
                     .decode(key)
                 },

@@ -252,7 +252,8 @@ impl Statements {
             // skipped. The look is a plain read of the snapshot: an item it
             // sees waiting or held holds the next one back either way.
             pick: format!(
-                "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts, first_seen
+                "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts, first_seen,
+                        order_key
                  FROM {t} AS c FORCE INDEX (due)
                  WHERE namespace = ? AND due_at <= {now}
                    AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = ?)

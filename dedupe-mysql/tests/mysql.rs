@@ -834,6 +834,7 @@ dedupe_testkit::crash_tests! {
         let store = MySqlStore::builder(pool).table(&table).build().expect("store");
         Arc::new(store) as Arc<dyn dedupe_core::Inbox>
     },
+    ordering_keys: true,
 }
 
 /// `forget` removes the record it read, never one written since: here a

@@ -267,11 +267,21 @@ impl Ops<'_> {
                         row.try_get::<Option<String>, _>("last_error")?,
                         counts(row)?,
                         row.try_get::<i64, _>("first_seen_ms")?,
+                        row.try_get::<Option<String>, _>("order_key")?,
                     ))
                 };
-                let (joined, token, deadline, attempts, payload, last_error, counts, accepted) =
-                    read()
-                        .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+                let (
+                    joined,
+                    token,
+                    deadline,
+                    attempts,
+                    payload,
+                    last_error,
+                    counts,
+                    accepted,
+                    ordering_key,
+                ) = read()
+                    .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
                 let key = Key::new(namespace, id_in(namespace, &joined)?)?;
                 StoredTaken {
                     token,
@@ -281,6 +291,7 @@ impl Ops<'_> {
                     last_error,
                     payload,
                     counts,
+                    ordering_key,
                 }
                 .decode(key)
             })

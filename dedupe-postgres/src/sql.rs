@@ -434,10 +434,10 @@ impl Statements {
                     FROM picked WHERE t.key = picked.key
                     RETURNING t.key, t.token, {expires} AS expires_ms, t.attempts, t.payload,
                               t.last_error, t.takeovers, t.max_attempts, {first} AS first_seen_ms,
-                              picked.due_at AS was_due
+                              t.order_key, picked.due_at AS was_due
                  )
                  SELECT key, token, expires_ms, attempts, payload, last_error, takeovers, max_attempts,
-                        first_seen_ms
+                        first_seen_ms, order_key
                  FROM taken
                  ORDER BY was_due, key",
                 expires = ms("t.expires_at"),

@@ -954,6 +954,7 @@ dedupe_testkit::crash_tests! {
         let store = PgStore::builder(pool).schema(&schema).build().expect("store");
         Arc::new(store) as Arc<dyn dedupe_core::Inbox>
     },
+    ordering_keys: true,
 }
 
 /// A table made by the first migration alone (before the inbox) is brought up

@@ -151,11 +151,13 @@ impl Inbox for RedisStore {
             .arg(self.wake_channel.as_str())
             .arg(key.namespace())
             .arg(options.ordering_key.as_deref().unwrap_or(""))
-            .arg(if options.when_dead == WhenDead::Skip {
-                "1"
-            } else {
-                "0"
-            });
+            .arg(
+                if options.ordering_key.is_some() && options.when_dead == WhenDead::Skip {
+                    "1"
+                } else {
+                    "0"
+                },
+            );
         let (answer, acked) = self.write(invocation, key).await?;
         match parts(answer) {
             Some((1, None)) => {
@@ -207,7 +209,7 @@ impl Inbox for RedisStore {
             }
             _ => return Err(Self::unexpected(&probe, "take")),
         };
-        if values.len() < 1 + corrupt || (values.len() - 1 - corrupt) % 9 != 0 {
+        if values.len() < 1 + corrupt || (values.len() - 1 - corrupt) % 10 != 0 {
             return Err(Self::unexpected(&probe, "take"));
         }
         for id in &values[1..1 + corrupt] {
@@ -221,7 +223,7 @@ impl Inbox for RedisStore {
         }
         let values = &values[1 + corrupt..];
         let taken = values
-            .chunks_exact(9)
+            .chunks_exact(10)
             .map(|v| {
                 let bad = || Self::unexpected(&probe, "take");
                 let key = Key::new(namespace, text(&v[0]).ok_or_else(bad)?)
@@ -250,6 +252,10 @@ impl Inbox for RedisStore {
                 let accepted = text(&v[8])
                     .and_then(|t| t.parse::<i64>().ok())
                     .ok_or_else(bad)?;
+                let ordering_key = match text(&v[9]).ok_or_else(bad)? {
+                    key if key.is_empty() => None,
+                    key => Some(key),
+                };
                 StoredTaken {
                     token,
                     deadline_ms: deadline,
@@ -258,6 +264,7 @@ impl Inbox for RedisStore {
                     last_error,
                     payload,
                     counts,
+                    ordering_key,
                 }
                 .decode(key)
             })

@@ -58,7 +58,7 @@ end
 
 /// Shared by every script: inbox items, their decoder, encoder and index.
 /// `ks` are the namespace's index keys `{waiting, held, ids, dead, order,
-/// seq}`: `order` is a hash of each ordering key's held items, and
+/// seq}`: `order` is a hash naming each ordering key's held item, and
 /// `<order>|<ordering key>` that key's queue (I15).
 const ITEM: &str = r#"
 local function is_item(v)
@@ -100,7 +100,7 @@ local function idecode(v)
   local okey = false
   if f[5] and f[5] ~= '' then okey = f[5] end
   if (okey and seq == '-') or (not okey and (seq ~= '-' or sk ~= '0')) then return nil end
-  if seq == '-' then seq = false else seq = tonumber(seq) end
+  if seq == '-' then seq = false else seq = tonumber(seq); if not seq then return nil end end
   return { wait = tonumber(w), due = tonumber(du), attempts = tonumber(at), accepted = tonumber(ac),
            token = f[1], err = err, payload = f[3], takeovers = tonumber(to), max = ma,
            hist = f[4] or '', okey = okey, seq = seq, skip = sk == '1' }
@@ -112,7 +112,7 @@ local function iencode(r)
   if r.max then ma = num(r.max) end
   local seq, sk = '-', '0'
   if r.okey then seq = num(r.seq) end
-  if r.skip then sk = '1' end
+  if r.okey and r.skip then sk = '1' end
   return 'i3:' .. r.wait .. ':' .. num(r.due) .. ':' .. num(r.attempts) .. ':' .. num(r.accepted)
     .. ':' .. he .. ':' .. num(r.takeovers) .. ':' .. ma .. ':' .. seq .. ':' .. sk .. ':'
     .. field(r.token) .. field(r.err or '') .. field(r.payload) .. field(r.hist or '')
@@ -142,8 +142,8 @@ local function reindex(ks, id, old, new)
   -- A dead item's retention entry (see FAIL) goes when it stops being dead.
   if old and old.wait == 2 and not (new and new.wait == 2) then redis.call('ZREM', ks[4], id) end
   -- Per-key order (I15): the key's queue holds its items by accept order,
-  -- but for a dead one accepted to be skipped; the order hash counts each
-  -- key's held items.
+  -- but for a dead one accepted to be skipped; the order hash names each
+  -- key's held item (one at most).
   local ok = (old and old.okey) or (new and new.okey)
   if ok then
     local function queued(r) return r and not (r.wait == 2 and r.skip) end
@@ -152,8 +152,8 @@ local function reindex(ks, id, old, new)
     if qn and not qo then redis.call('ZADD', q, num(new.seq), id)
     elseif qo and not qn then redis.call('ZREM', q, id) end
     local ho, hn = old and old.wait == 0, new and new.wait == 0
-    if hn and not ho then redis.call('HINCRBY', ks[5], ok, 1)
-    elseif ho and not hn and redis.call('HINCRBY', ks[5], ok, -1) <= 0 then
+    if hn and not ho then redis.call('HSET', ks[5], ok, id)
+    elseif ho and not hn and redis.call('HGET', ks[5], ok) == id then
       redis.call('HDEL', ks[5], ok)
     end
   end
@@ -481,7 +481,7 @@ local okey, seq = false, false
 if ARGV[8] ~= '' then okey, seq = ARGV[8], redis.call('INCR', KEYS[7]) end
 iput(ARGV[1], nil, { wait = 1, due = now + tonumber(ARGV[4]), attempts = attempts, accepted = first,
                      token = ARGV[3], err = false, payload = ARGV[2], takeovers = 0, max = max,
-                     hist = '', okey = okey, seq = seq, skip = ARGV[9] == '1' })
+                     hist = '', okey = okey, seq = seq, skip = okey and ARGV[9] == '1' })
 if tonumber(ARGV[4]) == 0 then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
 return {1}
 "#;
@@ -500,11 +500,14 @@ return {1}
 /// that does not decode is left in place and named in the answer; an index
 /// entry whose key holds no item (written around the scripts) is dropped.
 /// A held item (its worker's lease passed) is a takeover, counted. Answers
-/// the count of items that did not decode and their ids, then eight values
+/// the count of items that did not decode and their ids, then ten values
 /// per item taken: id, token, deadline, attempt, payload, last error (nil
-/// when none), takeovers, attempt limit (`-` when none).
+/// when none), takeovers, attempt limit (`-` when none), accept time,
+/// ordering key (`''` when none).
 const TAKE: &str = r#"
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', num(now), 'LIMIT', 0, 16)) do
+-- Redis expires a key once its time has passed (`now > deadline`): so
+-- does this.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. num(now), 'LIMIT', 0, 16)) do
   redis.call('ZREM', KEYS[5], id)
   redis.call('ZREM', KEYS[3], 'd:' .. id)
 end
@@ -522,11 +525,19 @@ local function free(id, r)
   local ok = r.okey
   if not ok then return true end
   if used[ok] then return false end
-  local held = tonumber(redis.call('HGET', KEYS[6], ok) or '0')
+  -- Another item of the key held (one whose record went outside the
+  -- scripts, evicted or deleted, holds nothing: its entry goes).
+  local holder = redis.call('HGET', KEYS[6], ok)
+  if holder and holder ~= id then
+    local hv = redis.call('GET', ARGV[1] .. holder)
+    local hr = hv and is_item(hv) and idecode(hv)
+    if hr and hr.wait == 0 and hr.okey == ok then return false end
+    if hv and is_item(hv) and not hr then return false end
+    redis.call('HDEL', KEYS[6], ok)
+  end
   -- Held itself, past its lease: the takeover comes first, whatever waits
   -- before it (an earlier item replayed while it ran).
-  if r.wait == 0 then return held <= 1 end
-  if held > 0 then return false end
+  if r.wait == 0 then return true end
   local q = KEYS[6] .. '|' .. ok
   local head
   for _ = 1, 16 do
@@ -580,6 +591,7 @@ for i, pick in ipairs(picked) do
   out[#out + 1] = num(new.takeovers)
   out[#out + 1] = max
   out[#out + 1] = num(new.accepted)
+  out[#out + 1] = new.okey or ''
 end
 return out
 "#;
@@ -695,7 +707,7 @@ local out = {}
 for _, st in ipairs({'p', 'r', 'f', 'd'}) do
   out[#out + 1] = redis.call('ZLEXCOUNT', KEYS[2], '[' .. st .. ':', '(' .. st .. ';')
 end
-out[4] = out[4] - redis.call('ZCOUNT', KEYS[3], '-inf', num(now))
+out[4] = out[4] - redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. num(now))
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 out[5] = first[2] or false
 return out

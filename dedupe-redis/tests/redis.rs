@@ -889,6 +889,7 @@ dedupe_testkit::crash_tests! {
         let url = std::env::var("DEDUPE_CHILD_REDIS").expect("child job");
         Arc::new(store(&url, Duration::from_secs(5)).await) as Arc<dyn dedupe_core::Inbox>
     },
+    ordering_keys: true,
 }
 
 /// A full `noeviction` server (the setting the store requires): a claim that

@@ -320,6 +320,7 @@ impl Ops<'_> {
                 Option<String>,
                 StoredCounts,
                 i64,
+                Option<String>,
             );
             let row: Option<Leased> = conn
                 .prepare_cached(&self.sql.take_one)
@@ -344,6 +345,7 @@ impl Ops<'_> {
                                     max_attempts: row.get(6)?,
                                 },
                                 row.get(7)?,
+                                row.get(8)?,
                             ))
                         },
                     )
@@ -351,7 +353,16 @@ impl Ops<'_> {
                 })
                 .map_err(|e| self.err(e))?;
             // Picked and leased in one write transaction: it is there.
-            let Some((stored, deadline, attempts, payload, last_error, counts, accepted_at)) = row
+            let Some((
+                stored,
+                deadline,
+                attempts,
+                payload,
+                last_error,
+                counts,
+                accepted_at,
+                ordering_key,
+            )) = row
             else {
                 continue;
             };
@@ -364,6 +375,7 @@ impl Ops<'_> {
                     last_error,
                     payload,
                     counts,
+                    ordering_key,
                 }
                 .decode(key)?,
             );

@@ -251,7 +251,7 @@ impl Statements {
                         takeovers = takeovers + (wait = 0)
                  WHERE namespace = :ns AND id = :id AND wait IN (0, 1) AND expires_at <= :now
                  RETURNING token, expires_at, attempts, payload, last_error, takeovers, max_attempts,
-                           first_seen"
+                           first_seen, order_key"
             ),
             // An item failed so under this token already (the same fail sent
             // again) matches too, and is left as it is.

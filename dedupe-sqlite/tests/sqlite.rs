@@ -821,6 +821,7 @@ dedupe_testkit::crash_tests! {
         let store = SqliteStore::open(&db).await.expect("open");
         Arc::new(store) as Arc<dyn dedupe_core::Inbox>
     },
+    ordering_keys: true,
 }
 
 /// A crash run on a fresh file, its workers' store broken as `broken` names

@@ -208,7 +208,7 @@ impl Webhook {
     /// pointer is the key (one over 256 bytes is used as its SHA-256); an
     /// event with nothing there, or a body that is not JSON, is accepted
     /// without one. Needs a store that keeps ordering keys (SQLite,
-    /// Postgres, MySQL, memory): elsewhere such an accept is refused (500).
+    /// Postgres, MySQL, Redis, memory): on DynamoDB such an accept is refused (500).
     pub fn order_by(
         mut self,
         pointer: impl Into<String>,

@@ -41,8 +41,40 @@
 /// `an_item_that_kills_its_workers_is_quarantined` with its child
 /// `inbox_poison_worker` (an item that aborts its worker every time is dead
 /// after three takeovers).
+///
+/// With `ordering_keys: true` after `inbox_worker:` (a store that keeps
+/// ordering keys), also `killed_inbox_workers_keep_each_keys_order` and its
+/// child `inbox_ordered_crash_worker`: the inbox's run with its items under
+/// eight ordering keys
+/// ([`CrashPlan::inbox_ordered`](dedupe_conformance::crashes::CrashPlan::inbox_ordered)),
+/// judged also on each key's items running one at a time in accept order.
 #[macro_export]
 macro_rules! crash_tests {
+    (setup: $setup:expr, worker: $worker:expr, inbox_worker: $inbox:expr, ordering_keys: true $(,)?) => {
+        $crate::crash_tests!(setup: $setup, worker: $worker, inbox_worker: $inbox);
+
+        /// Inbox workers killed with SIGKILL mid-item, the items under
+        /// ordering keys: every item done exactly once, and no item of a key
+        /// taken before the one before it was completed.
+        #[test]
+        fn killed_inbox_workers_keep_each_keys_order() {
+            let (_guard, env) = ($setup)();
+            let report = $crate::__conformance::crashes::crash_workers(
+                "inbox_ordered_crash_worker",
+                &$crate::__conformance::crashes::CrashPlan::inbox_ordered(),
+                &env,
+            )
+            .unwrap_or_else(|failure| panic!("{failure}"));
+            eprintln!("{report}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "run by killed_inbox_workers_keep_each_keys_order in a child process"]
+        async fn inbox_ordered_crash_worker() {
+            let inbox = ($inbox)().await;
+            $crate::__conformance::crashes::run_inbox_crash_worker(inbox).await;
+        }
+    };
     (setup: $setup:expr, worker: $worker:expr, inbox_worker: $inbox:expr $(,)?) => {
         $crate::crash_tests!(setup: $setup, worker: $worker);
 

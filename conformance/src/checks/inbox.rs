@@ -1637,6 +1637,31 @@ pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
         matches!(bad, Err(Error::InvalidConfig { .. })),
         "an empty ordering key was not refused: {bad:?}"
     );
+    // Skipped when dead, with no ordering key: an item like any other.
+    let plain = item_key("skip-without-key")?;
+    inbox
+        .accept_with(
+            &plain,
+            b"plain",
+            &AcceptOptions::new().when_dead(dedupe_core::WhenDead::Skip),
+        )
+        .await?;
+    let alone = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item accepted to be skipped when dead, with no ordering key, was not taken",
+    )
+    .await?;
+    ensure!(
+        alone.lease.key == plain
+            && inbox
+                .item(&plain)
+                .await?
+                .is_some_and(|i| i.ordering_key.is_none()),
+        "an item accepted to be skipped when dead, with no ordering key, came back as {:?}",
+        inbox.item(&plain).await?
+    );
+    store.complete(&alone.lease, b"done", LONG_TTL).await?;
     match inbox
         .accept_with(
             &item_key("a1")?,

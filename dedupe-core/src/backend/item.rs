@@ -179,6 +179,8 @@ pub struct StoredTaken {
     pub payload: Option<Vec<u8>>,
     /// Its takeovers and its own attempt limit.
     pub counts: StoredCounts,
+    /// Its ordering key (I15), if it has one.
+    pub ordering_key: Option<String>,
 }
 
 impl StoredTaken {
@@ -199,7 +201,8 @@ impl StoredTaken {
             self.last_error,
             from_millis(self.accepted_ms),
         )
-        .with_counts(takeovers, max_attempts))
+        .with_counts(takeovers, max_attempts)
+        .with_ordering_key(self.ordering_key))
     }
 }
 
