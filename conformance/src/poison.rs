@@ -13,7 +13,12 @@
 //! - the poison item ran exactly `max_takeovers` times, each run killed its
 //!   process, and it ends dead as quarantined, with its takeovers counted
 //!   (CONTRACT.md I10), instead of taking down worker after worker;
-//! - every good item done.
+//! - every good item done;
+//! - with [`PoisonPlan::ordered`], where every item shares one ordering key
+//!   (the poison item first, each accepted to be skipped when dead): no
+//!   good item ran before the poison item was quarantined (the time of its
+//!   last failure, from its history), and the good items ran in accept
+//!   order (CONTRACT.md I15).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,13 +26,18 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupe_core::{DedupeStore, Deduper, Inbox, InboxWorker, ItemStatus, Key, RecordState};
+use std::time::SystemTime;
+
+use dedupe_core::{
+    AcceptOptions, DedupeStore, Deduper, Inbox, InboxWorker, ItemStatus, Key, RecordState, WhenDead,
+};
 
 use crate::children::{self, Children, Log};
 use crate::harness::Failure;
 
 const ITEMS_VAR: &str = "DEDUPE_POISON_ITEMS";
 const LEASE_VAR: &str = "DEDUPE_POISON_LEASE_MS";
+const ORDERED_VAR: &str = "DEDUPE_POISON_ORDERED";
 const NAMESPACE: &str = "poison";
 const POISON: &str = "poison";
 
@@ -43,6 +53,10 @@ pub struct PoisonPlan {
     pub lease: Duration,
     /// How long the whole run may take before it fails.
     pub deadline: Duration,
+    /// Every item under one ordering key, the poison item first, each
+    /// skipped when dead: the good items wait for its quarantine, then run
+    /// in accept order.
+    pub ordered: bool,
 }
 
 impl Default for PoisonPlan {
@@ -53,8 +67,25 @@ impl Default for PoisonPlan {
             workers: 2,
             lease: Duration::from_millis(400),
             deadline: Duration::from_secs(120),
+            ordered: false,
         }
     }
+}
+
+impl PoisonPlan {
+    /// The run with every item under one ordering key (see
+    /// [`ordered`](Self::ordered)).
+    pub fn ordered() -> Self {
+        Self {
+            ordered: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// Milliseconds since the epoch.
+fn wall_ms(at: SystemTime) -> i64 {
+    dedupe_core::backend::to_millis(at)
 }
 
 /// What a poison run showed.
@@ -99,6 +130,7 @@ fn run(children: &mut Children, plan: &PoisonPlan) -> Result<usize, Failure> {
     let vars = [
         (ITEMS_VAR, plan.items.to_string()),
         (LEASE_VAR, plan.lease.as_millis().to_string()),
+        (ORDERED_VAR, u8::from(plan.ordered).to_string()),
     ];
     for _ in 0..plan.workers {
         children.spawn(&vars)?;
@@ -148,11 +180,22 @@ pub async fn run_poison_worker(inbox: Arc<dyn Inbox>) {
     let index = children::index();
     let items = children::number(ITEMS_VAR);
     let lease = children::millis(LEASE_VAR);
+    let ordered = children::number(ORDERED_VAR) == 1;
     let log = Log::open();
     if index == 0 {
+        let options = match ordered {
+            true => AcceptOptions::new()
+                .ordering_key("one")
+                .when_dead(WhenDead::Skip),
+            false => AcceptOptions::new(),
+        };
         let ids = std::iter::once(POISON.to_string()).chain((0..items).map(|i| format!("i{i}")));
         for id in ids {
-            while inbox.accept(&key(&id), b"work").await.is_err() {
+            while inbox
+                .accept_with(&key(&id), b"work", &options)
+                .await
+                .is_err()
+            {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -172,7 +215,11 @@ pub async fn run_poison_worker(inbox: Arc<dyn Inbox>) {
                     let log = log.clone();
                     async move {
                         let id = taken.lease.key.id().to_string();
-                        log.line(format!("RAN {id} {}", taken.takeovers));
+                        log.line(format!(
+                            "RAN {id} {} {}",
+                            taken.takeovers,
+                            wall_ms(SystemTime::now())
+                        ));
                         if id == POISON {
                             std::process::abort();
                         }
@@ -203,8 +250,9 @@ pub async fn run_poison_worker(inbox: Arc<dyn Inbox>) {
         .expect("the worker ran");
     match inbox.item(&key(POISON)).await {
         Ok(Some(item)) if item.status == ItemStatus::Dead => log.line(format!(
-            "POISON {} {}",
+            "POISON {} {} {}",
             item.takeovers,
+            item.errors.last().map_or(0, |failed| wall_ms(failed.at)),
             item.last_error.unwrap_or_default()
         )),
         other => log.line(format!("POISON - {other:?}")),
@@ -226,13 +274,28 @@ fn judge(children: &Children, plan: &PoisonPlan, killed: usize) -> Result<Poison
     let max_takeovers = InboxWorker::DEFAULT_MAX_TAKEOVERS;
     let mut poison_runs: Vec<String> = Vec::new();
     let mut poison: Vec<String> = Vec::new();
+    let mut quarantined_at: Vec<i64> = Vec::new();
+    // Each good item's first run (wall ms).
+    let mut first_runs: HashMap<usize, i64> = HashMap::new();
     let mut finals: HashMap<usize, Vec<String>> = HashMap::new();
     for (_, log) in children.logs()? {
         for line in log.lines() {
-            let parts: Vec<&str> = line.splitn(3, ' ').collect();
+            let parts: Vec<&str> = line.splitn(4, ' ').collect();
             match parts.as_slice() {
-                ["RAN", id, takeovers] if *id == POISON => poison_runs.push(takeovers.to_string()),
-                ["POISON", takeovers, error] => poison.push(format!("{takeovers} {error}")),
+                ["RAN", id, takeovers, _] if *id == POISON => {
+                    poison_runs.push(takeovers.to_string())
+                }
+                ["RAN", id, _, at] => {
+                    let item = id.strip_prefix('i').and_then(|n| n.parse::<usize>().ok());
+                    if let (Some(item), Ok(at)) = (item, at.parse::<i64>()) {
+                        let first = first_runs.entry(item).or_insert(at);
+                        *first = (*first).min(at);
+                    }
+                }
+                ["POISON", takeovers, at, error] => {
+                    poison.push(format!("{takeovers} {error}"));
+                    quarantined_at.extend(at.parse::<i64>().ok());
+                }
                 ["FINAL", item, how] => {
                     if let Ok(item) = item.parse::<usize>() {
                         finals.entry(item).or_default().push(how.to_string());
@@ -265,6 +328,32 @@ fn judge(children: &Children, plan: &PoisonPlan, killed: usize) -> Result<Poison
             return Err(Failure::new(format!(
                 "good item {item} ended as {seen:?}, expected done"
             )));
+        }
+    }
+    if plan.ordered {
+        // The store's clock and the workers' are one machine's: only their
+        // rounding to the millisecond separates them.
+        let quarantined = quarantined_at.iter().copied().max().unwrap_or(i64::MAX);
+        let mut previous = i64::MIN;
+        for item in 0..plan.items {
+            let Some(&ran) = first_runs.get(&item) else {
+                return Err(Failure::new(format!("good item {item} never ran")));
+            };
+            if ran + 1 < quarantined {
+                return Err(Failure::new(format!(
+                    "good item {item} ran {} ms before the poison item ahead of it in its \
+                     ordering key was quarantined",
+                    quarantined - ran
+                )));
+            }
+            if ran < previous {
+                return Err(Failure::new(format!(
+                    "good item {item} ran before good item {}, accepted before it in its \
+                     ordering key",
+                    item - 1
+                )));
+            }
+            previous = ran;
         }
     }
     Ok(PoisonReport {

@@ -47,7 +47,11 @@
 /// child `inbox_ordered_crash_worker`: the inbox's run with its items under
 /// eight ordering keys
 /// ([`CrashPlan::inbox_ordered`](dedupe_conformance::crashes::CrashPlan::inbox_ordered)),
-/// judged also on each key's items running one at a time in accept order.
+/// judged also on each key's items running one at a time in accept order;
+/// and `a_poison_item_holds_its_key_until_quarantined` with its child
+/// `inbox_ordered_poison_worker`: the poison run with every item under one
+/// ordering key, the poison item first
+/// ([`PoisonPlan::ordered`](dedupe_conformance::poison::PoisonPlan::ordered)).
 #[macro_export]
 macro_rules! crash_tests {
     (setup: $setup:expr, worker: $worker:expr, inbox_worker: $inbox:expr, ordering_keys: true $(,)?) => {
@@ -73,6 +77,29 @@ macro_rules! crash_tests {
         async fn inbox_ordered_crash_worker() {
             let inbox = ($inbox)().await;
             $crate::__conformance::crashes::run_inbox_crash_worker(inbox).await;
+        }
+
+        /// An item that aborts its worker every time, first of an ordering
+        /// key whose items are skipped when dead: quarantined after three
+        /// takeovers, and only then the key's other items run, in order
+        /// (see `dedupe_conformance::poison`).
+        #[test]
+        fn a_poison_item_holds_its_key_until_quarantined() {
+            let (_guard, env) = ($setup)();
+            let report = $crate::__conformance::poison::poison_workers(
+                "inbox_ordered_poison_worker",
+                &$crate::__conformance::poison::PoisonPlan::ordered(),
+                &env,
+            )
+            .unwrap_or_else(|failure| panic!("{failure}"));
+            eprintln!("{report}");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "run by a_poison_item_holds_its_key_until_quarantined in a child process"]
+        async fn inbox_ordered_poison_worker() {
+            let inbox = ($inbox)().await;
+            $crate::__conformance::poison::run_poison_worker(inbox).await;
         }
     };
     (setup: $setup:expr, worker: $worker:expr, inbox_worker: $inbox:expr $(,)?) => {
