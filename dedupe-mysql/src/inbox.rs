@@ -263,6 +263,7 @@ impl Ops<'_> {
             .bind(key.namespace().as_bytes())
             .bind(options.ordering_key.as_deref().map(str::as_bytes))
             .bind(options.when_dead == WhenDead::Skip)
+            .bind(token.as_str().as_bytes())
             .execute(&mut *conn)
             .await
         {

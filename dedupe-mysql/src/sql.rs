@@ -41,19 +41,21 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0005_ordering.sql"),
     include_str!("../migrations/0006_dead_retention.sql"),
     include_str!("../migrations/0007_error_history.sql"),
+    include_str!("../migrations/0008_accept_token.sql"),
 ];
 
 /// For each migration after the first, in the order of [`MIGRATIONS`]: the
 /// column whose absence says it has not run (MySQL's `ALTER TABLE` has no
 /// `IF NOT EXISTS`) and its name; `None` for one that creates only what is
 /// missing, and runs every time.
-pub(crate) const GATES: [Option<(&str, &str)>; 6] = [
+pub(crate) const GATES: [Option<(&str, &str)>; 7] = [
     Some(("due_at", "0002_inbox")),
     Some(("takeovers", "0003_item_counts")),
     None,
     Some(("order_key", "0005_ordering")),
     Some(("dead_until", "0006_dead_retention")),
     Some(("errors", "0007_error_history")),
+    Some(("accept_token", "0008_accept_token")),
 ];
 
 /// The statements for one table.
@@ -181,7 +183,7 @@ impl Statements {
                 "INSERT INTO {t} (namespace, id, state, token, claim_id, fingerprint, expires_at,
                                   completed_at, outcome, attempts, first_seen, payload, wait,
                                   last_error, due_at, takeovers, max_attempts, order_key,
-                                  order_seq, order_skip)
+                                  order_seq, order_skip, accept_token)
                  VALUES (?, ?, 0, ?, NULL, NULL, {now} + ?, NULL, NULL, 0, {now}, ?, 1, NULL,
                          {now} + ?, 0, ?, ?,
                          IF(? IS NULL, NULL,
@@ -189,7 +191,7 @@ impl Statements {
                              FROM (SELECT order_seq FROM {t}
                                    WHERE namespace = ? AND order_key = ?
                                      AND wait IN (0, 1, 2)) AS s)),
-                         ?)
+                         ?, ?)
                  ON DUPLICATE KEY UPDATE
                     attempts     = IF({gone}, IF(state = 0, attempts, 0), attempts),
                     first_seen   = IF({gone}, IF(state = 0, first_seen, VALUES(first_seen)), first_seen),
@@ -206,6 +208,9 @@ impl Statements {
                     order_key    = IF({ours}, VALUES(order_key), order_key),
                     order_seq    = IF({ours}, VALUES(order_seq), order_seq),
                     order_skip   = IF({ours}, VALUES(order_skip), order_skip),
+                    accept_token = IF({ours}, VALUES(accept_token), accept_token),
+                    errors       = IF({ours}, NULL, errors),
+                    dead_until   = IF({ours}, NULL, dead_until),
                     state        = IF({ours}, 0, state),
                     expires_at   = IF({ours}, VALUES(expires_at), expires_at),
                     wait         = IF({ours}, 1, wait)",
@@ -217,7 +222,7 @@ impl Statements {
             // The item under a key after an accept, and whether the accept
             // (its token, bound first) wrote it.
             accepted: format!(
-                "SELECT token = ?, {ITEM} FROM {t}
+                "SELECT COALESCE(accept_token = ?, FALSE), {ITEM} FROM {t}
                  WHERE namespace = ? AND id = ? AND wait IS NOT NULL"
             ),
             // An item held by the lease, due now, the attempt its take counted

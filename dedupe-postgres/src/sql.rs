@@ -394,7 +394,7 @@ impl Statements {
                     payload = excluded.payload, wait = 1, last_error = NULL, due_at = excluded.due_at,
                     takeovers = 0, max_attempts = excluded.max_attempts,
                     order_key = excluded.order_key, order_seq = excluded.order_seq,
-                    order_skip = excluded.order_skip
+                    order_skip = excluded.order_skip, errors = NULL, dead_until = NULL
                  WHERE r.expires_at <= now() AND r.wait IS NULL
                  RETURNING token, CASE WHEN $5::int8 = 0 THEN {notify}::text END AS woke"
             )

@@ -2184,6 +2184,35 @@ pub async fn inbox_error_history(factory: &dyn StoreFactory) -> CheckResult {
         "an item that never failed shows failures: {:?}",
         fine.errors
     );
+    // Done at last, and accepted again once its done record expired: a new
+    // item, with none of the old one's failures.
+    ensure!(
+        inbox.replay(&k).await?,
+        "a replay of the failed item answered false"
+    );
+    let last = take_until(&*inbox, &k).await?;
+    store.complete(&last.lease, b"done", SHORT_TTL).await?;
+    if let Some(record) = store.get(&k).await? {
+        if let dedupe_core::RecordState::Done {
+            retention_deadline, ..
+        } = record.state
+        {
+            wait_past(retention_deadline).await?;
+        }
+    }
+    ensure!(
+        inbox.accept(&k, b"again").await? == Accepted::New,
+        "an accept of a key whose done record expired was not new"
+    );
+    let again = inbox
+        .item(&k)
+        .await?
+        .ok_or_else(|| Failure::new("the item accepted again is not there"))?;
+    ensure!(
+        again.errors.is_empty(),
+        "an item accepted again over an expired done record shows the old item's failures: {:?}",
+        again.errors.iter().map(|e| e.attempt).collect::<Vec<_>>()
+    );
     Ok(Verdict::Passed)
 }
 
