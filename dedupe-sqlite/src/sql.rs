@@ -367,6 +367,8 @@ mod tests {
             &s.item_counts,
             &s.paused_table,
             &s.ordering,
+            &s.dead_retention,
+            &s.error_history,
         ] {
             conn.execute_batch(migration).expect("migration");
         }
