@@ -82,6 +82,23 @@ pub struct AttributeNames {
     /// An inbox item's failure history, a JSON array of `[attempt, ms,
     /// error]`, its last five failures (default `eh`).
     pub errors: String,
+    /// An inbox item's ordering key (CONTRACT.md I15; default `ok`).
+    pub ordering_key: String,
+    /// An ordered item's place in its key's queue: a nonce written at
+    /// accept, which the queue's entry names (default `oe`).
+    pub order_entry: String,
+    /// 1 on an ordered item the later items of its key go past once it is
+    /// dead (`WhenDead::Skip`); absent: it blocks them (default `os`).
+    pub order_skip: String,
+    /// An ordering key's queue item: its entries in accept order, each the
+    /// item's id and nonce (default `oq`).
+    pub order_queue: String,
+    /// An ordering key's queue item: its version, raised by every change
+    /// (default `ov`).
+    pub order_version: String,
+    /// An ordering key's queue item: the entry last handed out (default
+    /// `oh`).
+    pub order_holder: String,
 }
 
 impl Default for AttributeNames {
@@ -108,13 +125,19 @@ impl Default for AttributeNames {
             max_attempts: "ma".into(),
             dead_until: "du".into(),
             errors: "eh".into(),
+            ordering_key: "ok".into(),
+            order_entry: "oe".into(),
+            order_skip: "os".into(),
+            order_queue: "oq".into(),
+            order_version: "ov".into(),
+            order_holder: "oh".into(),
         }
     }
 }
 
 impl AttributeNames {
     /// Placeholders (`#pk`, ...) paired with the names they stand for.
-    fn pairs(&self) -> [(&'static str, &str); 21] {
+    fn pairs(&self) -> [(&'static str, &str); 27] {
         [
             ("#pk", &self.partition_key),
             ("#st", &self.state),
@@ -137,6 +160,12 @@ impl AttributeNames {
             ("#ma", &self.max_attempts),
             ("#du", &self.dead_until),
             ("#eh", &self.errors),
+            ("#ok", &self.ordering_key),
+            ("#oe", &self.order_entry),
+            ("#os", &self.order_skip),
+            ("#oq", &self.order_queue),
+            ("#ov", &self.order_version),
+            ("#oh", &self.order_holder),
         ]
     }
 
@@ -254,7 +283,11 @@ pub(crate) fn decode_item(
             takeovers: opt_num(&names.takeovers)?.unwrap_or(0),
             max_attempts: opt_num(&names.max_attempts)?,
         },
-        ordering_key: None,
+        ordering_key: match item.get(&names.ordering_key) {
+            None => None,
+            Some(AttributeValue::S(v)) => Some(v.clone()),
+            Some(_) => return Err(corrupt(&names.ordering_key)),
+        },
         errors,
     }
     .decode(key.namespace())

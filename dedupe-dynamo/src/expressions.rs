@@ -38,15 +38,17 @@ pub(crate) const FENCED: &str = "#tk = :tk";
 /// what a claim's record never had costs nothing).
 pub(crate) const COMPLETE: &str =
     "SET #st = :one, #dl = :until, #cm = :now, #oc = :oc, #ex = :exp \
-     REMOVE #wt, #pl, #le, #iq, #il, #ik, #to, #ma";
+     REMOVE #wt, #pl, #le, #iq, #il, #ik, #to, #ma, #ok, #oe, #os";
 pub(crate) const EXTEND: &str = "SET #dl = :until, #ex = :exp";
 
 /// `expire()`'s scan filter, projection, and delete condition (never a record
 /// claimed again since the scan). Inbox items expire only dead, past their
 /// retention (I16): [`DEAD_UNCHANGED`] deletes one, never one replayed since.
-pub(crate) const SCAN: &str =
-    "(#dl <= :now AND attribute_not_exists(#wt)) OR (#wt = :two AND #du <= :now)";
-pub(crate) const PROJECTION: &str = "#pk, #tk, #dl, #wt";
+/// An ordering key's queue item is scanned too (its version read): `expire()`
+/// drops its finished entries, and the item once they all are.
+pub(crate) const SCAN: &str = "(#dl <= :now AND attribute_not_exists(#wt)) \
+     OR (#wt = :two AND #du <= :now) OR attribute_exists(#ov)";
+pub(crate) const PROJECTION: &str = "#pk, #tk, #dl, #wt, #ov";
 pub(crate) const UNCHANGED: &str =
     "#tk = :tk AND #dl = :dl AND #dl <= :now AND attribute_not_exists(#wt)";
 pub(crate) const DEAD_UNCHANGED: &str = "#tk = :tk AND #wt = :two AND #du <= :now";
@@ -58,6 +60,10 @@ pub(crate) const ITEM_HELD: &str = "#tk = :tk AND #wt = :zero AND #dl > :now";
 /// or held past its lease (a takeover, counted, I10).
 pub(crate) const DUE_WAITING: &str = "attribute_exists(#iq) AND #dl <= :now AND #wt = :one";
 pub(crate) const DUE_HELD: &str = "attribute_exists(#iq) AND #dl <= :now AND #wt = :zero";
+/// The take of an ordering key's next item: due, waiting, and the very
+/// item its queue's entry names (I15).
+pub(crate) const DUE_ORDERED: &str =
+    "attribute_exists(#iq) AND #dl <= :now AND #wt = :one AND #oe = :oe";
 pub(crate) const LEASE: &str =
     "SET #tk = :tk, #dl = :until, #at = #at + :one, #wt = :zero, #iq = :q, #ik = :lk";
 pub(crate) const LEASE_TAKEOVER: &str = "SET #tk = :tk, #dl = :until, #at = #at + :one, \
@@ -80,8 +86,26 @@ pub(crate) const FAIL_DEAD_UNTIL: &str = "SET #wt = :two, #dl = :due, #ik = :lk,
      #eh = :eh, #du = :du, #ex = :exp REMOVE #iq";
 /// A heartbeat of a held item (no TTL: items never expire).
 pub(crate) const ITEM_EXTEND: &str = "SET #dl = :until, #iq = :q";
-/// What replay makes due: a dead item, or a failed one.
-pub(crate) const REPLAYABLE: &str = "#wt = :two OR (#wt = :one AND attribute_exists(#le))";
+/// What replay makes due: a dead item, or a failed one, without an ordering
+/// key (one with a key is replayed with its queue, [`REPLAYABLE_ORDERED`]).
+pub(crate) const REPLAYABLE: &str =
+    "(#wt = :two OR (#wt = :one AND attribute_exists(#le))) AND attribute_not_exists(#ok)";
+/// An ordered item replayed: still the queue's entry read, and not dead
+/// past its retention (its entry may be gone from the queue by then).
+pub(crate) const REPLAYABLE_ORDERED: &str =
+    "(#wt = :two OR (#wt = :one AND attribute_exists(#le))) AND #oe = :oe \
+     AND (attribute_not_exists(#du) OR #du > :now)";
+
+/// An ordering key's queue (I15): an accept appends its entry; a take
+/// rewrites it whole, on condition that it is the version read; a replay
+/// gives it a new version (so a take that read the item as passable fails).
+pub(crate) const QUEUE_APPEND: &str = "SET #oq = list_append(if_not_exists(#oq, :empty), :entry), \
+     #ov = :v, #oh = if_not_exists(#oh, :nobody)";
+pub(crate) const QUEUE_UNCHANGED: &str = "#ov = :v";
+pub(crate) const QUEUE_RAISE: &str = "SET #ov = :v";
+pub(crate) const QUEUE_EXISTS: &str = "attribute_exists(#ov)";
+/// What the queue's walk reads of each item it names.
+pub(crate) const ORDER_PROJECTION: &str = "#pk, #st, #wt, #dl, #du, #ok, #oe, #os";
 
 /// The inbox's index queries.
 pub(crate) const DUE_QUERY: &str = "#iq = :q AND #dl <= :now";
@@ -90,7 +114,7 @@ pub(crate) const OLDEST_QUERY: &str = "#iq = :q";
 
 /// Every set of expressions one request carries: their attribute names are
 /// worked out once, when the store is built, not on every request.
-pub(crate) const REQUESTS: [&[&str]; 22] = [
+pub(crate) const REQUESTS: [&[&str]; 28] = [
     &[FRESH],
     &[TAKEOVER],
     &[COMPLETE, HELD],
@@ -113,4 +137,10 @@ pub(crate) const REQUESTS: [&[&str]; 22] = [
     &[UNCHANGED],
     &[FENCED],
     &[DONE_BY],
+    &[LEASE, DUE_ORDERED],
+    &[WAITING, REPLAYABLE_ORDERED],
+    &[QUEUE_APPEND],
+    &[QUEUE_UNCHANGED],
+    &[QUEUE_RAISE, QUEUE_EXISTS],
+    &[ORDER_PROJECTION],
 ];

@@ -27,8 +27,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, KeysAndAttributes, ReturnValue, ReturnValuesOnConditionCheckFailure, Select,
-    TransactWriteItem,
+    AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure, Select, TransactWriteItem,
 };
 use dedupe_core::backend::{
     self, check_ttl, duration_millis, from_millis, to_millis, StoredCounts, StoredRecord,
@@ -37,19 +36,27 @@ use dedupe_core::backend::{
 use dedupe_core::backend::{accept_columns, check_accept, check_namespace, check_take, cut_error};
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, ItemPage, ItemQuery, ItemStatus, Key,
-    Lease, RecordState, Result, Retry, Taken, Wake,
+    Lease, RecordState, Result, Retry, Taken, Wake, WhenDead,
 };
 use futures_util::StreamExt;
 
 use crate::codec::{decode, decode_item, is_inbox_item, n, outcome_value, partition_key, s, Item};
 use crate::expressions::*;
 use crate::ops::deadline_of;
+use crate::order::ordered_waiting;
 use crate::store::{DynamoStore, Written};
 
 /// The due index: items to take, by namespace and deadline.
 pub(crate) const DUE_INDEX: &str = "dedupe_due";
 /// The items index: items to list and count, by namespace, status and id.
 pub(crate) const ITEMS_INDEX: &str = "dedupe_items";
+
+/// An item a take may hand out: one the due index showed (`true`: held
+/// past its lease, a takeover), or an ordering key's free head.
+enum Candidate {
+    Due(Key, bool),
+    Head(crate::order::Head),
+}
 
 /// What a conditional update came to.
 enum Updated {
@@ -68,15 +75,15 @@ fn letter(status: ItemStatus) -> char {
     }
 }
 
-fn list_key(status: ItemStatus, key: &Key) -> AttributeValue {
+pub(crate) fn list_key(status: ItemStatus, key: &Key) -> AttributeValue {
     s(&format!("{}:{}", letter(status), key.id()))
 }
 
-fn waiting(namespace: &str) -> AttributeValue {
+pub(crate) fn waiting(namespace: &str) -> AttributeValue {
     s(&format!("{namespace}|w"))
 }
 
-fn held(namespace: &str) -> AttributeValue {
+pub(crate) fn held(namespace: &str) -> AttributeValue {
     s(&format!("{namespace}|h"))
 }
 
@@ -91,6 +98,15 @@ fn values<const N: usize>(pairs: [(&str, AttributeValue); N]) -> HashMap<String,
 }
 
 impl DynamoStore {
+    /// The due index's partition `item` waits in: the ordered items' own
+    /// when it has an ordering key (the order module's walk hands them out).
+    fn waiting_for(&self, namespace: &str, item: &Item) -> AttributeValue {
+        match item.contains_key(&self.inner.names.ordering_key) {
+            true => ordered_waiting(namespace),
+            false => waiting(namespace),
+        }
+    }
+
     /// One conditional `UpdateItem`, answering the item after it (when `new`)
     /// or, when the condition failed, the item as it is (returned by the
     /// service, or read where an emulator returns nothing).
@@ -182,7 +198,7 @@ impl DynamoStore {
                 takeovers: i64::from(shown.takeovers),
                 max_attempts: shown.max_attempts.map(i64::from),
             },
-            ordering_key: None,
+            ordering_key: shown.ordering_key,
         }
         .decode(key)
     }
@@ -219,7 +235,7 @@ impl DynamoStore {
             (":one", n(1)),
             (":now", n(now)),
             (":due", n(now.saturating_add(duration_millis(delay)))),
-            (":q", waiting(lease.key.namespace())),
+            (":q", self.waiting_for(lease.key.namespace(), item)),
             (":lk", list_key(status, &lease.key)),
         ]);
         match self
@@ -286,6 +302,31 @@ impl DynamoStore {
                 Some((dl, item.clone()))
             })
             .collect())
+    }
+
+    /// The earliest deadline in the due index's partition `queue`.
+    async fn oldest(&self, queue: AttributeValue) -> Result<Option<i64>> {
+        let first = self
+            .inner
+            .client
+            .query()
+            .table_name(&self.inner.table)
+            .index_name(DUE_INDEX)
+            .key_condition_expression(OLDEST_QUERY)
+            .set_expression_attribute_names(self.names(&[OLDEST_QUERY]))
+            .expression_attribute_values(":q", queue)
+            .scan_index_forward(true)
+            .limit(1)
+            .send()
+            .await
+            .map_err(|e| self.index_error(e))?;
+        Ok(first
+            .items()
+            .first()
+            .and_then(|item| match item.get(&self.inner.names.deadline) {
+                Some(AttributeValue::N(v)) => v.parse::<i64>().ok(),
+                _ => None,
+            }))
     }
 
     /// Whether the namespace's pause marker is there (a strongly consistent
@@ -399,64 +440,13 @@ impl DynamoStore {
         }
     }
 
-    /// Strongly consistent reads of `keys`, 100 a request, the service's
-    /// unprocessed keys asked again.
+    /// Strongly consistent reads of `keys`, 100 a request.
     async fn read_many(&self, keys: &[Key]) -> Result<HashMap<String, Item>> {
-        let names = &self.inner.names;
-        let mut found = HashMap::new();
-        for chunk in keys.chunks(100) {
-            let mut pending = Some(
-                KeysAndAttributes::builder()
-                    .set_keys(Some(
-                        chunk
-                            .iter()
-                            .map(|k| {
-                                HashMap::from([(names.partition_key.clone(), partition_key(k))])
-                            })
-                            .collect(),
-                    ))
-                    .consistent_read(true)
-                    .build()
-                    .map_err(|e| Error::config(e.to_string()))?,
-            );
-            let mut rounds = 0;
-            while let Some(ask) = pending.take() {
-                rounds += 1;
-                if rounds > 8 {
-                    return Err(Error::retryable(
-                        "the service kept keys of a batch read unprocessed; retry",
-                        None,
-                    ));
-                }
-                let out = self
-                    .inner
-                    .client
-                    .batch_get_item()
-                    .request_items(&self.inner.table, ask)
-                    .send()
-                    .await
-                    .map_err(|e| self.fail(e))?;
-                for item in out
-                    .responses()
-                    .and_then(|r| r.get(&self.inner.table))
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(AttributeValue::S(pk)) = item.get(&names.partition_key) {
-                        found.insert(pk.clone(), item.clone());
-                    }
-                }
-                pending = out
-                    .unprocessed_keys()
-                    .and_then(|u| u.get(&self.inner.table))
-                    .filter(|k| !k.keys().is_empty())
-                    .cloned();
-                if pending.is_some() {
-                    tokio::time::sleep(Duration::from_millis(20 << rounds.min(4))).await;
-                }
-            }
-        }
-        Ok(found)
+        let pks: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{}:{}", k.namespace(), k.id()))
+            .collect();
+        self.read_pks(&pks, None).await
     }
 }
 
@@ -464,7 +454,7 @@ impl DynamoStore {
 /// clock, checked against DynamoDB's as claims are.
 impl DynamoStore {
     /// Accepts `payload` under `key` in one DynamoDB transaction with the
-    /// caller's `items` (at most 99; the outbox half, CONTRACT.md I1): when
+    /// caller's `items` (at most 99, 98 with an ordering key; the outbox half, CONTRACT.md I1): when
     /// the answer is `New`, the items were written with the item; any other
     /// answer (`Item`, `Done`, `InFlight`) means none of them was. An error
     /// other than a timeout means none was; after a timeout the transaction
@@ -502,13 +492,14 @@ impl DynamoStore {
         items: &[TransactWriteItem],
     ) -> Result<Accepted> {
         check_accept(payload, options)?;
-        if options.ordering_key.is_some() {
-            return Err(Error::config(
-                "ordering keys (CONTRACT.md I15) are not kept by the DynamoDB store yet; \
-                 accept without one, or use SQLite, Postgres, MySQL or Redis",
-            ));
-        }
         let (delay, max_attempts) = accept_columns(options);
+        // An ordered item's entry in its key's queue, written with it.
+        let nonce = backend::new_token();
+        let queue = options
+            .ordering_key
+            .as_deref()
+            .map(|ordering_key| self.queue_append(key, ordering_key, nonce.as_str()))
+            .transpose()?;
         let accepted = self
             .bounded(async {
                 self.clock_guard(key, None).await?;
@@ -532,13 +523,26 @@ impl DynamoStore {
                         (names.first_seen.clone(), n(first_seen)),
                         (names.wait.clone(), n(1)),
                         (names.payload.clone(), outcome_value(payload)),
-                        (names.queue.clone(), waiting(key.namespace())),
+                        (
+                            names.queue.clone(),
+                            match queue {
+                                Some(_) => ordered_waiting(key.namespace()),
+                                None => waiting(key.namespace()),
+                            },
+                        ),
                         (names.list_namespace.clone(), s(key.namespace())),
                         (names.list_key.clone(), list_key(ItemStatus::Pending, key)),
                         (names.takeovers.clone(), n(0)),
                     ]);
                     if let Some(limit) = max_attempts {
                         item.insert(names.max_attempts.clone(), n(limit));
+                    }
+                    if let Some(ordering_key) = &options.ordering_key {
+                        item.insert(names.ordering_key.clone(), s(ordering_key));
+                        item.insert(names.order_entry.clone(), s(nonce.as_str()));
+                        if options.when_dead == WhenDead::Skip {
+                            item.insert(names.order_skip.clone(), n(1));
+                        }
                     }
                     let (condition, vals) = match &replacing {
                         None => (
@@ -553,10 +557,11 @@ impl DynamoStore {
                             ]),
                         ),
                     };
-                    let written = if items.is_empty() {
+                    let written = if items.is_empty() && queue.is_none() {
                         self.put(item, condition, vals).await?
                     } else {
-                        self.transact_put(item, condition, vals, items).await?
+                        self.transact_put(item, condition, vals, items, queue.clone())
+                            .await?
                     };
                     let old = match written {
                         Written::Won => return Ok(Accepted::New),
@@ -612,11 +617,14 @@ impl Inbox for DynamoStore {
         self.accept_with_writes(key, payload, options, &[]).await
     }
 
-    /// Two queries of the due index (waiting, and held past the lease),
-    /// merged oldest due first; then one conditional update per candidate,
-    /// `fan_out` at a time. A candidate the index showed stale (taken or
-    /// changed since) is passed over, so a take may hand out fewer than
-    /// `max` while more are due; the next take finds them.
+    /// Three queries of the due index (waiting, held past the lease, and
+    /// ordered items waiting, `max + ORDER_SCAN` deep), the ordered ones
+    /// narrowed to each ordering key's free head (the order module), merged
+    /// oldest due first; then one conditional update per candidate (a
+    /// two-item transaction per head), `fan_out` at a time. A candidate the
+    /// index showed stale (taken or changed since) is passed over, so a take
+    /// may hand out fewer than `max` while more are due; the next take finds
+    /// them.
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {
         check_take(max, lease)?;
         let probe = Key::new(namespace, "-")?;
@@ -625,29 +633,51 @@ impl Inbox for DynamoStore {
             let now = self.now_ms();
             // The pause marker is read beside the index, strongly consistent:
             // a take that starts after a pause answered sees it.
-            let (paused, a, b) = futures_util::try_join!(
+            let (paused, a, b, c) = futures_util::try_join!(
                 self.marked(namespace),
                 self.due(waiting(namespace), now, max),
-                self.due(held(namespace), now, max)
+                self.due(held(namespace), now, max),
+                self.due(ordered_waiting(namespace), now, max + dedupe_core::ORDER_SCAN)
             )?;
             if paused {
                 return Ok(Vec::new());
             }
-            // Each candidate with whether the index showed it held past its
-            // lease: a takeover.
-            let mut candidates: Vec<(i64, Item, bool)> = a
+            let mut first_error = None;
+            let heads = match c.is_empty() {
+                true => Vec::new(),
+                false => self.ordered_heads(&probe, &c, now, max).await?,
+            };
+            let mut candidates: Vec<(i64, Candidate)> = a
                 .into_iter()
-                .map(|(dl, item)| (dl, item, false))
-                .chain(b.into_iter().map(|(dl, item)| (dl, item, true)))
-                .collect();
-            candidates.sort_by_key(|(dl, ..)| *dl);
+                .map(|(dl, item)| Ok((dl, Candidate::Due(self.key_of(namespace, &item)?, false))))
+                .chain(
+                    b.into_iter()
+                        .map(|(dl, item)| Ok((dl, Candidate::Due(self.key_of(namespace, &item)?, true)))),
+                )
+                .collect::<Result<_>>()?;
+            for head in heads {
+                match head {
+                    Ok(head) => candidates.push((head.due_ms, Candidate::Head(head))),
+                    Err(e) => {
+                        tracing::warn!(namespace, error = %e, "an ordering key's head could not be read");
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            candidates.sort_by_key(|(dl, _)| *dl);
             candidates.truncate(max);
-            let keys = candidates
-                .iter()
-                .map(|(_, entry, takeover)| Ok((self.key_of(namespace, entry)?, *takeover)))
-                .collect::<Result<Vec<_>>>()?;
-            let leased: Vec<Result<Option<Taken>>> = futures_util::stream::iter(keys)
-                .map(|(key, takeover)| async move {
+            let leased: Vec<Result<Option<Taken>>> = futures_util::stream::iter(candidates)
+                .map(|(_, candidate)| async move {
+                    let (key, takeover) = match candidate {
+                        Candidate::Due(key, takeover) => (key, takeover),
+                        Candidate::Head(head) => {
+                            return self
+                                .lease_head(namespace, head, lease, |key, item| {
+                                    self.taken(key, item)
+                                })
+                                .await
+                        }
+                    };
                     let now = self.now_ms();
                     let token = backend::new_token();
                     let vals = values([
@@ -686,7 +716,6 @@ impl Inbox for DynamoStore {
             // candidate's update failed: dropping them would hold them from
             // every worker for their whole lease, an attempt counted.
             let mut taken = Vec::with_capacity(leased.len());
-            let mut first_error = None;
             for result in leased {
                 match result {
                     Ok(Some(item)) => taken.push(item),
@@ -729,13 +758,18 @@ impl Inbox for DynamoStore {
         let error = cut_error(error);
         self.bounded(async {
             let key = &lease.key;
-            let history = match self.read(key).await? {
+            let read = self.read(key).await?;
+            let history = match &read {
                 Some(item) => match item.get(&self.inner.names.errors) {
                     Some(AttributeValue::S(text)) => Some(text.clone()),
                     None => None,
                     Some(_) => return Err(Error::corrupt(key, "an item's failure history")),
                 },
                 None => None,
+            };
+            let queue = match &read {
+                Some(item) => self.waiting_for(key.namespace(), item),
+                None => waiting(key.namespace()),
             };
             let now = self.now_ms();
             let history = backend::push_error(
@@ -757,7 +791,7 @@ impl Inbox for DynamoStore {
                         ":due".into(),
                         n(now.saturating_add(duration_millis(delay))),
                     );
-                    vals.insert(":q".into(), waiting(key.namespace()));
+                    vals.insert(":q".into(), queue);
                     vals.insert(":lk".into(), list_key(ItemStatus::Failed, key));
                     FAIL_RETRY
                 }
@@ -882,6 +916,13 @@ impl Inbox for DynamoStore {
                 ]);
                 match self.update(key, WAITING, REPLAYABLE, vals, false).await? {
                     Updated::Done(_) => Ok(true),
+                    // An ordered item: replayed with its queue.
+                    Updated::Failed(Some(old))
+                        if is_inbox_item(&self.inner.names, &old)
+                            && old.contains_key(&self.inner.names.ordering_key) =>
+                    {
+                        self.replay_ordered(key, &old).await
+                    }
                     // Not replayable; a stored value that does not decode is
                     // answered as corrupt, never as "no such item".
                     Updated::Failed(Some(old)) => {
@@ -962,28 +1003,11 @@ impl Inbox for DynamoStore {
                 self.count(namespace, ItemStatus::Failed),
                 self.count(namespace, ItemStatus::Dead),
             )?;
-            let first = self
-                .inner
-                .client
-                .query()
-                .table_name(&self.inner.table)
-                .index_name(DUE_INDEX)
-                .key_condition_expression(OLDEST_QUERY)
-                .set_expression_attribute_names(self.names(&[OLDEST_QUERY]))
-                .expression_attribute_values(":q", waiting(namespace))
-                .scan_index_forward(true)
-                .limit(1)
-                .send()
-                .await
-                .map_err(|e| self.index_error(e))?;
-            let oldest =
-                first
-                    .items()
-                    .first()
-                    .and_then(|item| match item.get(&self.inner.names.deadline) {
-                        Some(AttributeValue::N(v)) => v.parse::<i64>().ok(),
-                        _ => None,
-                    });
+            let (plain, ordered) = futures_util::try_join!(
+                self.oldest(waiting(namespace)),
+                self.oldest(ordered_waiting(namespace))
+            )?;
+            let oldest = plain.into_iter().chain(ordered).min();
             let count = |c: u64| i64::try_from(c).unwrap_or(i64::MAX);
             Ok(backend::stored_counts(
                 count(pending),

@@ -13,6 +13,7 @@ mod error;
 mod expressions;
 mod inbox;
 mod ops;
+mod order;
 mod store;
 mod table;
 

@@ -119,7 +119,7 @@ impl DynamoStore {
             let written = if extra.is_empty() {
                 self.put(item.clone(), condition, values).await?
             } else {
-                self.transact_put(item.clone(), condition, values, extra)
+                self.transact_put(item.clone(), condition, values, extra, None)
                     .await?
             };
             let old = match written {
@@ -157,7 +157,7 @@ impl DynamoStore {
                     // out. This call's items were not written with it: write
                     // them now, under a check that the record still holds
                     // that very lease, or look again.
-                    match self.transact(extra, self.held_check(lease)?).await? {
+                    match self.transact(extra, None, self.held_check(lease)?).await? {
                         Transacted::Committed => return Ok(answer),
                         Transacted::OursFailed(_) | Transacted::Conflict => {
                             replacing = None;
@@ -213,6 +213,7 @@ impl DynamoStore {
         condition: &'static str,
         values: HashMap<String, AttributeValue>,
         extra: &[TransactWriteItem],
+        queue: Option<TransactWriteItem>,
     ) -> Result<Written> {
         let put = Put::builder()
             .table_name(&self.inner.table)
@@ -224,26 +225,33 @@ impl DynamoStore {
             .build()
             .map_err(|e| Error::config(e.to_string()))?;
         let ours = TransactWriteItem::builder().put(put).build();
-        match self.transact(extra, ours).await? {
+        match self.transact(extra, queue, ours).await? {
             Transacted::Committed => Ok(Written::Won),
             Transacted::OursFailed(old) => Ok(Written::Lost(old)),
             Transacted::Conflict => Ok(Written::Conflict),
         }
     }
 
-    /// Runs the caller's items and ours (last) as one transaction.
+    /// Runs the caller's items, an ordered item's queue write (an accept's,
+    /// CONTRACT.md I15) and ours (last) as one transaction. A conflict with
+    /// another transaction on any of them is a `Conflict`: the caller tries
+    /// again.
     pub(crate) async fn transact(
         &self,
         extra: &[TransactWriteItem],
+        queue: Option<TransactWriteItem>,
         ours: TransactWriteItem,
     ) -> Result<Transacted> {
-        if extra.len() >= MAX_TRANSACTION_ITEMS {
+        let own = 1 + usize::from(queue.is_some());
+        if extra.len() + own > MAX_TRANSACTION_ITEMS {
             return Err(Error::config(format!(
-                "a transaction holds at most {MAX_TRANSACTION_ITEMS} items, ours included; {} given",
+                "a transaction holds at most {MAX_TRANSACTION_ITEMS} items, {own} of them ours; {} given",
                 extra.len()
             )));
         }
+        let queued = queue.is_some();
         let mut items = extra.to_vec();
+        items.extend(queue);
         items.push(ours);
         let sent = self
             .inner
@@ -263,7 +271,7 @@ impl DynamoStore {
         };
         let reasons = cancelled.cancellation_reasons();
         let code_of = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-        let ours = extra.len();
+        let ours = extra.len() + usize::from(queued);
         match code_of(ours) {
             "ConditionalCheckFailed" => {
                 let old = reasons
@@ -276,6 +284,9 @@ impl DynamoStore {
             "TransactionConflict" => return Ok(Transacted::Conflict),
             _ => {}
         }
+        if queued && code_of(ours - 1) == "TransactionConflict" {
+            return Ok(Transacted::Conflict);
+        }
         if let Some((i, reason)) = reasons
             .iter()
             .enumerate()
@@ -285,6 +296,9 @@ impl DynamoStore {
             let message = reason.message().unwrap_or_default();
             let whose = if i == ours {
                 "the record's own write".to_string()
+            } else if queued && i == ours - 1 {
+                // DynamoDB's 400 KB item limit, reached by a key's queue.
+                "the write of the item's entry in its ordering key's queue".to_string()
             } else {
                 format!("your item {i}")
             };
@@ -381,7 +395,7 @@ impl DynamoStore {
             .map_err(|e| Error::config(e.to_string()))?;
         let ours = TransactWriteItem::builder().update(update).build();
         self.bounded(async {
-            match self.transact(items, ours).await? {
+            match self.transact(items, None, ours).await? {
                 Transacted::Committed => Ok(()),
                 Transacted::OursFailed(_) => {
                     self.completed_already(lease, outcome).await?;
@@ -402,7 +416,7 @@ impl DynamoStore {
                         .build()
                         .map_err(|e| Error::config(e.to_string()))?;
                     let ours = TransactWriteItem::builder().condition_check(check).build();
-                    match self.transact(items, ours).await? {
+                    match self.transact(items, None, ours).await? {
                         Transacted::Committed => Ok(()),
                         Transacted::OursFailed(_) => Err(Error::lease_lost(&lease.key)),
                         Transacted::Conflict => Err(Error::retryable(

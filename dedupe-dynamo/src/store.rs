@@ -413,6 +413,15 @@ impl DedupeStore for DynamoStore {
                 .await
                 .map_err(|e| self.fail(e))?;
             for item in page.items() {
+                // An ordering key's queue: its finished entries dropped.
+                if item.contains_key(&names.order_version) {
+                    if let Some(aws_sdk_dynamodb::types::AttributeValue::S(pk)) =
+                        item.get(&names.partition_key)
+                    {
+                        self.collect_queue(pk).await?;
+                    }
+                    continue;
+                }
                 let (Some(pk), Some(tk), Some(dl)) = (
                     item.get(&names.partition_key),
                     item.get(&names.token),

@@ -116,11 +116,6 @@ const RACES_AND_VOLUME: &[&str] = &[
     "inbox_accepts_race_claims",
 ];
 
-/// The checks of rules the DynamoDB store does not keep yet, so their skip
-/// is expected (and any other skip fails the run): per-key order (CONTRACT.md
-/// I15), which an accept with an ordering key refuses with `InvalidConfig`.
-const NOT_YET: &[&str] = &["inbox_ordering"];
-
 async fn suite_on(emulator: Emulator, select: impl Fn(&str) -> bool) {
     let (server, endpoint) = tokio::task::spawn_blocking(move || dynamo_server(emulator))
         .await
@@ -132,12 +127,7 @@ async fn suite_on(emulator: Emulator, select: impl Fn(&str) -> bool) {
     let report = run_selected(&factory, |name| select(name)).await;
     println!("{emulator:?}:\n{report}");
     assert!(report.all_passed(), "{emulator:?}:\n{report}");
-    let expected = NOT_YET.iter().filter(|name| select(name)).count();
-    assert_eq!(
-        report.skipped().count(),
-        expected,
-        "{emulator:?}:\n{report}"
-    );
+    assert_eq!(report.skipped().count(), 0, "{emulator:?}:\n{report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -172,7 +162,7 @@ fn the_checks_moto_leaves_out_exist() {
         .iter()
         .map(|c| c.name)
         .collect();
-    for name in RACES_AND_VOLUME.iter().chain(NOT_YET) {
+    for name in RACES_AND_VOLUME {
         assert!(names.contains(name), "no conformance check is named {name}");
     }
 }

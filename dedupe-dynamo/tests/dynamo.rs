@@ -982,6 +982,7 @@ dedupe_testkit::crash_tests! {
         let table = std::env::var("DEDUPE_CHILD_DYNAMO_TABLE").expect("child job");
         Arc::new(Setup::store_on(&endpoint, &table)) as Arc<dyn dedupe_core::Inbox>
     },
+    ordering_keys: true,
 }
 
 /// A client with no timeouts at all (the SDK sets none by default) through a
@@ -1147,4 +1148,139 @@ async fn a_table_from_before_the_inbox_gets_its_indexes_on_moto() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_from_before_the_inbox_gets_its_indexes_on_dynamodb_local() {
     a_table_from_before_the_inbox_gets_its_indexes(Emulator::DynamoDbLocal).await;
+}
+
+/// The queue item of `ordering_key` in namespace `ordq`, read raw.
+async fn queue_item(setup: &Setup, ordering_key: &str) -> Option<HashMap<String, AttributeValue>> {
+    setup
+        .client()
+        .get_item()
+        .table_name(&setup.table)
+        .key("pk", AttributeValue::S(format!("ordq|o|{ordering_key}")))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get")
+        .item()
+        .cloned()
+}
+
+/// An ordering key's queue item goes once every item it named is finished
+/// (`expire()` deletes it); one with a dead item that blocks stays, and goes
+/// once that item is forgotten. An accept after that starts a new queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_collects_the_queues_of_finished_ordering_keys() {
+    use dedupe_core::{AcceptOptions, Inbox, Retry};
+    let setup = Setup::start(Emulator::DynamoDbLocal).await;
+    let store = &setup.store;
+    let ordered = |k: &str| AcceptOptions::new().ordering_key(k);
+    for id in ["a1", "a2"] {
+        let key = Key::new("ordq", id).expect("key");
+        store
+            .accept_with(&key, b"x", &ordered("a"))
+            .await
+            .expect("accept");
+    }
+    let key = Key::new("ordq", "b1").expect("key");
+    store
+        .accept_with(&key, b"x", &ordered("b"))
+        .await
+        .expect("accept");
+    let lease = Duration::from_secs(30);
+    // a1 and b1 come first; b1 dies and blocks its key.
+    for taken in store.take("ordq", 10, lease).await.expect("take") {
+        match taken.lease.key.id() {
+            "b1" => store
+                .fail(&taken.lease, "poison", Retry::Dead { keep: None })
+                .await
+                .expect("fail"),
+            _ => store
+                .complete(&taken.lease, b"", lease)
+                .await
+                .expect("complete"),
+        }
+    }
+    let a2 = store.take("ordq", 10, lease).await.expect("take");
+    assert_eq!(a2.len(), 1, "a2 is next");
+    store
+        .complete(&a2[0].lease, b"", lease)
+        .await
+        .expect("complete");
+    assert!(
+        queue_item(&setup, "a").await.is_some(),
+        "the queue is kept until expire()"
+    );
+    store.expire().await.expect("expire");
+    assert!(
+        queue_item(&setup, "a").await.is_none(),
+        "a finished key's queue is collected"
+    );
+    assert!(
+        queue_item(&setup, "b").await.is_some(),
+        "a queue with a dead item that blocks is kept"
+    );
+    assert!(store
+        .forget(&Key::new("ordq", "b1").expect("key"))
+        .await
+        .expect("forget"));
+    store.expire().await.expect("expire");
+    assert!(
+        queue_item(&setup, "b").await.is_none(),
+        "the queue goes with its last item"
+    );
+    let again = Key::new("ordq", "a3").expect("key");
+    store
+        .accept_with(&again, b"x", &ordered("a"))
+        .await
+        .expect("accept");
+    let taken = store.take("ordq", 10, lease).await.expect("take");
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].lease.key, again);
+    assert_eq!(taken[0].ordering_key.as_deref(), Some("a"));
+}
+
+/// A queue is one item: an ordering key with as many items waiting as its
+/// 400 KB holds refuses the next accept with an error saying so, and stores
+/// nothing; the items it holds are still handed out in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_ordering_queue_refuses_the_accept_and_stores_nothing() {
+    use dedupe_core::{AcceptOptions, Inbox};
+    let setup = Setup::start(Emulator::DynamoDbLocal).await;
+    let store = &setup.store;
+    let options = AcceptOptions::new().ordering_key("full");
+    // The longest ids fill the queue soonest.
+    let id = |i: usize| format!("{i:05}{}", "x".repeat(dedupe_core::MAX_ID_BYTES - 5));
+    let mut accepted = 0;
+    let refused = loop {
+        let key = Key::new("ordq", id(accepted)).expect("key");
+        match store.accept_with(&key, b"x", &options).await {
+            Ok(answer) => {
+                assert!(answer.is_new(), "{answer:?}");
+                accepted += 1;
+                assert!(
+                    accepted < 2_000,
+                    "a queue of 2,000 long entries was not refused"
+                );
+            }
+            Err(e) => break (key, e),
+        }
+    };
+    let (key, error) = refused;
+    println!("accepted {accepted} before: {error}");
+    assert!(accepted > 500, "refused after {accepted} accepts: {error}");
+    assert!(!error.is_retryable(), "{error:?}");
+    assert!(
+        error.to_string().contains("ordering key's queue"),
+        "the error names the queue: {error}"
+    );
+    assert!(
+        store.item(&key).await.expect("item").is_none(),
+        "the refused item was stored"
+    );
+    let first = store
+        .take("ordq", 4, Duration::from_secs(30))
+        .await
+        .expect("take");
+    assert_eq!(first.len(), 1, "one item of the key at a time");
+    assert_eq!(first[0].lease.key.id(), id(0));
 }
