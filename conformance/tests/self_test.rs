@@ -165,6 +165,10 @@ enum Flaw {
     OrderIgnored,
     /// Every item is accepted to be skipped when dead.
     DeadAlwaysSkipped,
+    /// A take of `max` looks at the first `max` ordering keys of the due
+    /// items only, held or blocked or not: a free key behind a blocked one
+    /// waits for it.
+    OrderKeysCountBlocked,
     /// A dead item is kept until forgotten, whatever retention its fail gave.
     DeadKeptForever,
     /// `expire()` removes every dead item, its retention passed or not.
@@ -221,6 +225,7 @@ impl Flaw {
                 | Flaw::WakeOneNamespace
                 | Flaw::OrderIgnored
                 | Flaw::DeadAlwaysSkipped
+                | Flaw::OrderKeysCountBlocked
                 | Flaw::DeadKeptForever
                 | Flaw::DeadExpiresAtOnce
                 | Flaw::ReplayKeepsDeadRetention
@@ -779,6 +784,44 @@ impl Inbox for Broken {
                 return Ok(elsewhere);
             }
         }
+        if self.flaw == Flaw::OrderKeysCountBlocked {
+            // The ordering keys of the first `max` due items and lapsed
+            // leases (an item without a key counts as one of its own); an
+            // item of any other key is given back.
+            let now = SystemTime::now();
+            let mut due = Vec::new();
+            for status in [ItemStatus::Pending, ItemStatus::Failed, ItemStatus::Running] {
+                let page = self
+                    .inner
+                    .list(&ItemQuery {
+                        limit: dedupe_core::MAX_PAGE,
+                        ..ItemQuery::new(namespace).status(status)
+                    })
+                    .await?;
+                due.extend(page.items.into_iter().filter(|i| i.due_at <= now));
+            }
+            due.sort_by_key(|i| i.due_at);
+            let mut slots: Vec<Option<String>> = Vec::new();
+            for item in &due {
+                if slots.len() == max {
+                    break;
+                }
+                if item.ordering_key.is_none() || !slots.contains(&item.ordering_key) {
+                    slots.push(item.ordering_key.clone());
+                }
+            }
+            let taken = self.inner.take(namespace, max, lease).await?;
+            let mut kept = Vec::new();
+            for t in taken {
+                let key = t.ordering_key.clone();
+                if key.is_none() || slots.contains(&key) {
+                    kept.push(t);
+                } else {
+                    self.inner.release(&t.lease).await?;
+                }
+            }
+            return Ok(kept);
+        }
         let taken = self.inner.take(namespace, max, lease).await?;
         match self.flaw {
             Flaw::TakeWithoutLeasing => {
@@ -1214,6 +1257,7 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::WakeOneNamespace, &["inbox_wake"]),
     (Flaw::OrderIgnored, &["inbox_ordering"]),
     (Flaw::DeadAlwaysSkipped, &["inbox_ordering"]),
+    (Flaw::OrderKeysCountBlocked, &["inbox_ordering"]),
     (Flaw::DeadKeptForever, &["inbox_dead_retention"]),
     (Flaw::DeadExpiresAtOnce, &["inbox_dead_retention"]),
     (Flaw::ReplayKeepsDeadRetention, &["inbox_dead_retention"]),
@@ -1315,6 +1359,7 @@ broken_store_tests!(
     rejects_one_wake_up_for_every_namespace => WakeOneNamespace,
     rejects_ordering_keys_ignored => OrderIgnored,
     rejects_dead_items_always_skipped => DeadAlwaysSkipped,
+    rejects_blocked_ordering_keys_counted_against_a_take => OrderKeysCountBlocked,
     rejects_dead_items_kept_forever => DeadKeptForever,
     rejects_dead_items_expired_at_once => DeadExpiresAtOnce,
     rejects_a_replay_keeping_the_dead_retention => ReplayKeepsDeadRetention,

@@ -1312,7 +1312,7 @@ mod tests {
     }
 
     /// The dead letters a worker leaves get its `dead_retention`: those of
-    /// a worker set to 300 ms are removed by the `expire()` after it (not by
+    /// a worker set to 1.5 s are removed by the `expire()` after it (not by
     /// one before), those of a worker keeping them are not, and the default
     /// is [`DEAD_RETENTION`](crate::DEAD_RETENTION).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1330,8 +1330,10 @@ mod tests {
                 .with_poll_interval(Duration::from_millis(5))
         };
         assert_eq!(base("x").dead_retention, Some(crate::DEAD_RETENTION));
+        // Long enough that the check before it passes is made well before.
+        const KEEP: Duration = Duration::from_millis(1500);
         let workers = [
-            base("short").with_dead_retention(Some(Duration::from_millis(300))),
+            base("short").with_dead_retention(Some(KEEP)),
             base("kept").with_dead_retention(None),
             base("default"),
         ];
@@ -1340,17 +1342,6 @@ mod tests {
             running.push(Running::start(worker, |_| async {
                 Err::<Vec<u8>, _>(WorkFailure::permanent("never"))
             }));
-        }
-        let mut died = SystemTime::now();
-        for ns in ["short", "kept", "default"] {
-            let key = Key::new(ns, "poison").expect("in the test");
-            let dead = item_when(&inbox, &key, |i| i.status == ItemStatus::Dead).await;
-            if ns == "short" {
-                died = dead.due_at;
-            }
-        }
-        for r in running {
-            r.stop(Duration::from_secs(1)).await;
         }
         let there = |ns: &'static str| {
             let inbox = inbox.clone();
@@ -1362,11 +1353,20 @@ mod tests {
                     .is_some()
             }
         };
-        if SystemTime::now() < died + Duration::from_millis(250) {
-            assert_eq!(inbox.expire().await.expect("in the test"), 0);
-            assert!(there("short").await, "removed before its retention");
+        let short = Key::new("short", "poison").expect("in the test");
+        let died = item_when(&inbox, &short, |i| i.status == ItemStatus::Dead)
+            .await
+            .due_at;
+        assert_eq!(inbox.expire().await.expect("in the test"), 0);
+        assert!(there("short").await, "removed before its retention");
+        for ns in ["kept", "default"] {
+            let key = Key::new(ns, "poison").expect("in the test");
+            item_when(&inbox, &key, |i| i.status == ItemStatus::Dead).await;
         }
-        let past = (died + Duration::from_millis(320))
+        for r in running {
+            r.stop(Duration::from_secs(1)).await;
+        }
+        let past = (died + KEEP + Duration::from_millis(20))
             .duration_since(SystemTime::now())
             .unwrap_or_default();
         tokio::time::sleep(past).await;

@@ -58,7 +58,11 @@ pub(crate) const ITEM_HELD: &str = "#tk = :tk AND #wt = :zero AND #dl > :now";
 
 /// A take: the item is due now and still as the index showed it, waiting
 /// or held past its lease (a takeover, counted, I10).
-pub(crate) const DUE_WAITING: &str = "attribute_exists(#iq) AND #dl <= :now AND #wt = :one";
+/// (Waiting, never an ordered item: an index entry read before the item was
+/// forgotten and accepted again with an ordering key must not lease it
+/// past its queue.)
+pub(crate) const DUE_WAITING: &str =
+    "attribute_exists(#iq) AND #dl <= :now AND #wt = :one AND attribute_not_exists(#ok)";
 pub(crate) const DUE_HELD: &str = "attribute_exists(#iq) AND #dl <= :now AND #wt = :zero";
 /// The take of an ordering key's next item: due, waiting, and the very
 /// item its queue's entry names (I15).
@@ -102,8 +106,7 @@ pub(crate) const REPLAYABLE_ORDERED: &str =
 pub(crate) const QUEUE_APPEND: &str = "SET #oq = list_append(if_not_exists(#oq, :empty), :entry), \
      #ov = :v, #oh = if_not_exists(#oh, :nobody)";
 pub(crate) const QUEUE_UNCHANGED: &str = "#ov = :v";
-pub(crate) const QUEUE_RAISE: &str = "SET #ov = :v";
-pub(crate) const QUEUE_EXISTS: &str = "attribute_exists(#ov)";
+pub(crate) const QUEUE_RENEW: &str = "SET #ov = :new";
 /// What the queue's walk reads of each item it names.
 pub(crate) const ORDER_PROJECTION: &str = "#pk, #st, #wt, #dl, #du, #ok, #oe, #os";
 
@@ -141,6 +144,6 @@ pub(crate) const REQUESTS: [&[&str]; 28] = [
     &[WAITING, REPLAYABLE_ORDERED],
     &[QUEUE_APPEND],
     &[QUEUE_UNCHANGED],
-    &[QUEUE_RAISE, QUEUE_EXISTS],
+    &[QUEUE_RENEW, QUEUE_UNCHANGED],
     &[ORDER_PROJECTION],
 ];

@@ -643,9 +643,14 @@ impl Inbox for DynamoStore {
                 return Ok(Vec::new());
             }
             let mut first_error = None;
+            // The ordered items' heads; their failure leaves the plain
+            // candidates to hand out.
             let heads = match c.is_empty() {
                 true => Vec::new(),
-                false => self.ordered_heads(&probe, &c, now, max).await?,
+                false => self
+                    .ordered_heads(&probe, &c, now, max)
+                    .await
+                    .unwrap_or_else(|e| vec![Err(e)]),
             };
             let mut candidates: Vec<(i64, Candidate)> = a
                 .into_iter()

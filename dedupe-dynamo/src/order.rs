@@ -500,6 +500,8 @@ impl DynamoStore {
             })
             .collect();
         let items = self.read_pks(&pks, Some(ORDER_PROJECTION)).await?;
+        // Every ordering key of the window, earliest due first: a key whose
+        // head is held or blocked is passed over to the keys behind it.
         let mut keys: Vec<String> = Vec::new();
         for pk in &pks {
             if let Some(AttributeValue::S(ordering_key)) =
@@ -507,18 +509,28 @@ impl DynamoStore {
             {
                 if !keys.contains(ordering_key) {
                     keys.push(ordering_key.clone());
-                    if keys.len() == max {
-                        break;
-                    }
                 }
             }
         }
-        let heads: Vec<Result<Option<Head>>> = futures_util::stream::iter(keys)
+        let mut walks = futures_util::stream::iter(keys)
             .map(|ordering_key| async move { self.head_of(probe, &ordering_key, now).await })
-            .buffered(self.inner.fan_out)
-            .collect()
-            .await;
-        Ok(heads.into_iter().filter_map(Result::transpose).collect())
+            .buffered(self.inner.fan_out);
+        let mut heads = Vec::new();
+        let mut found = 0;
+        while let Some(head) = walks.next().await {
+            match head {
+                Ok(None) => {}
+                Ok(Some(head)) => {
+                    heads.push(Ok(head));
+                    found += 1;
+                    if found == max {
+                        break;
+                    }
+                }
+                Err(e) => heads.push(Err(e)),
+            }
+        }
+        Ok(heads)
     }
 
     /// Hands `head` out for `lease` in one transaction with its queue; the
@@ -619,7 +631,10 @@ impl DynamoStore {
     }
 
     /// The replay of an ordered item read as `old` (dead or failed): made
-    /// due now in one transaction with a new version of its queue.
+    /// due now in one transaction with a new version of its queue, on
+    /// condition that the queue still holds its entry (the version read). An
+    /// item whose entry a walk dropped (dead past its retention, by the
+    /// walker's clock) is not replayed: `false`, as for an item removed.
     pub(crate) async fn replay_ordered(&self, key: &Key, old: &Item) -> Result<bool> {
         let names = &self.inner.names;
         let (Some(AttributeValue::S(ordering_key)), Some(AttributeValue::S(nonce))) =
@@ -630,43 +645,48 @@ impl DynamoStore {
                 "an ordered item without its ordering key or entry",
             ));
         };
-        let now = self.now_ms();
-        let item = Update::builder()
-            .table_name(&self.inner.table)
-            .key(&names.partition_key, crate::codec::partition_key(key))
-            .update_expression(WAITING)
-            .condition_expression(REPLAYABLE_ORDERED)
-            .set_expression_attribute_names(self.names(&[WAITING, REPLAYABLE_ORDERED]))
-            .set_expression_attribute_values(Some(HashMap::from([
-                (":one".to_string(), n(1)),
-                (":two".to_string(), n(2)),
-                (":due".to_string(), n(now)),
-                (":now".to_string(), n(now)),
-                (":q".to_string(), ordered_waiting(key.namespace())),
-                (":lk".to_string(), list_key(ItemStatus::Failed, key)),
-                (":oe".to_string(), s(nonce)),
-            ])))
-            .build()
-            .map_err(|e| Error::config(e.to_string()))?;
-        let queue = Update::builder()
-            .table_name(&self.inner.table)
-            .key(
-                &names.partition_key,
-                s(&queue_pk(key.namespace(), ordering_key)),
-            )
-            .update_expression(QUEUE_RAISE)
-            .condition_expression(QUEUE_EXISTS)
-            .set_expression_attribute_names(self.names(&[QUEUE_RAISE, QUEUE_EXISTS]))
-            .expression_attribute_values(":v", s(backend::new_token().as_str()))
-            .build()
-            .map_err(|e| Error::config(e.to_string()))?;
+        let pk = queue_pk(key.namespace(), ordering_key);
         for round in 0..CLAIM_ROUNDS {
+            let Some(queue) = self.queue(key, &pk).await? else {
+                return Ok(false);
+            };
+            if !queue.entries.iter().any(|e| e.nonce == *nonce) {
+                return Ok(false);
+            }
+            let now = self.now_ms();
+            let item = Update::builder()
+                .table_name(&self.inner.table)
+                .key(&names.partition_key, crate::codec::partition_key(key))
+                .update_expression(WAITING)
+                .condition_expression(REPLAYABLE_ORDERED)
+                .set_expression_attribute_names(self.names(&[WAITING, REPLAYABLE_ORDERED]))
+                .set_expression_attribute_values(Some(HashMap::from([
+                    (":one".to_string(), n(1)),
+                    (":two".to_string(), n(2)),
+                    (":due".to_string(), n(now)),
+                    (":now".to_string(), n(now)),
+                    (":q".to_string(), ordered_waiting(key.namespace())),
+                    (":lk".to_string(), list_key(ItemStatus::Failed, key)),
+                    (":oe".to_string(), s(nonce)),
+                ])))
+                .build()
+                .map_err(|e| Error::config(e.to_string()))?;
+            let renewed = Update::builder()
+                .table_name(&self.inner.table)
+                .key(&names.partition_key, s(&pk))
+                .update_expression(QUEUE_RENEW)
+                .condition_expression(QUEUE_UNCHANGED)
+                .set_expression_attribute_names(self.names(&[QUEUE_RENEW, QUEUE_UNCHANGED]))
+                .expression_attribute_values(":v", s(&queue.version))
+                .expression_attribute_values(":new", s(backend::new_token().as_str()))
+                .build()
+                .map_err(|e| Error::config(e.to_string()))?;
             let sent = self
                 .inner
                 .client
                 .transact_write_items()
-                .transact_items(TransactWriteItem::builder().update(item.clone()).build())
-                .transact_items(TransactWriteItem::builder().update(queue.clone()).build())
+                .transact_items(TransactWriteItem::builder().update(item).build())
+                .transact_items(TransactWriteItem::builder().update(renewed).build())
                 .send()
                 .await;
             let e = match sent {
@@ -686,16 +706,11 @@ impl DynamoStore {
                     .unwrap_or("None")
                     .to_string()
             };
-            match (code(0).as_str(), code(1).as_str()) {
-                ("ConditionalCheckFailed", _) => return Ok(false),
-                (_, "ConditionalCheckFailed") => {
-                    return Err(Error::corrupt(
-                        key,
-                        format!("the queue of ordering key {ordering_key:?} is missing"),
-                    ))
-                }
-                _ => tokio::time::sleep(Duration::from_millis(5 << round.min(5))).await,
+            if code(0) == "ConditionalCheckFailed" {
+                return Ok(false);
             }
+            // The queue changed since it was read, or a conflict: read again.
+            tokio::time::sleep(Duration::from_millis(5 << round.min(5))).await;
         }
         Err(Error::retryable(
             "the item or its queue kept changing under the replay; retry",

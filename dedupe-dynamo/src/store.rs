@@ -413,12 +413,23 @@ impl DedupeStore for DynamoStore {
                 .await
                 .map_err(|e| self.fail(e))?;
             for item in page.items() {
-                // An ordering key's queue: its finished entries dropped.
+                let due =
+                    Duration::from_secs_f64(issued as f64 / f64::from(self.inner.expire_rate));
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+                // An ordering key's queue: its finished entries dropped. One
+                // that cannot be walked (an item it names is corrupt) is
+                // left as it is and named in a warning; the records go on
+                // expiring.
                 if item.contains_key(&names.order_version) {
                     if let Some(aws_sdk_dynamodb::types::AttributeValue::S(pk)) =
                         item.get(&names.partition_key)
                     {
-                        self.collect_queue(pk).await?;
+                        issued += 1;
+                        if let Err(e) = self.collect_queue(pk).await {
+                            tracing::warn!(queue = %pk, error = %e, "expire() left an ordering key's queue as it was");
+                        }
                     }
                     continue;
                 }
@@ -429,11 +440,6 @@ impl DedupeStore for DynamoStore {
                 ) else {
                     continue;
                 };
-                let due =
-                    Duration::from_secs_f64(issued as f64 / f64::from(self.inner.expire_rate));
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    tokio::time::sleep(wait).await;
-                }
                 issued += 1;
                 // A dead item past its retention (I16), still dead under the
                 // token read; or a record still as read, expired.

@@ -314,7 +314,8 @@ impl Inbox for RedisStore {
             .arg(lease.token.as_str())
             .arg(cut_error(error))
             .arg(delay)
-            .arg(keep);
+            .arg(keep)
+            .arg(dedupe_core::ERROR_HISTORY);
         let (answer, acked) = self.write(invocation, &lease.key).await?;
         match Self::code(answer, &lease.key, "fail")? {
             1 => self.replicated(acked, "failure", "fail again (it answers Ok again)"),

@@ -12,8 +12,8 @@
 //! An inbox item is the same key holding `i3:<wait>:<due ms>:<attempts>:<accepted
 //! ms>:<has error>:<takeovers>:<attempt limit or ->:` and four length-prefixed
 //! fields: token, last error, payload, and its failure history (a JSON array of
-//! `[attempt, ms, error]`, the last five, built with `cjson` by FAIL; empty
-//! when none). An `i2:` item, written before the history was kept, has the
+//! `[attempt, ms, error]`, the last `ERROR_HISTORY`, built with `cjson` by
+//! FAIL; empty when none). An `i2:` item, written before the history was kept, has the
 //! first three fields; an `i1:` item, written before takeovers were counted,
 //! has neither count either and reads as 0 and `-`. (`wait` 0 held by a
 //! worker, 1 due, 2 dead.) No TTL while it may run (a dead item expires with
@@ -630,7 +630,8 @@ return out
 "#;
 
 /// KEYS record, then the index keys; ARGV id, token, error, delay ms (`''`:
-/// dead), a dead item's retention ms (`''`: kept until forgotten). `1`
+/// dead), a dead item's retention ms (`''`: kept until forgotten), the
+/// failures the history keeps (`ERROR_HISTORY`). `1`
 /// failed as asked (or failed so by this lease already: the same fail sent
 /// again), `0` lease lost, `-1` corrupt, `-2` the lease is a claim's, not an
 /// item's. A dead item with a retention expires with it (`PEXPIREAT`, I16)
@@ -647,7 +648,7 @@ end
 if r.due <= now then return 0 end
 local new = icopy(r)
 new.err = ARGV[3]
--- The failure joins the item's history, the oldest past five dropped.
+-- The failure joins the item's history, the oldest past ARGV[6] dropped.
 local h = {}
 if r.hist ~= '' then
   local ok, old = pcall(cjson.decode, r.hist)
@@ -655,7 +656,7 @@ if r.hist ~= '' then
   h = old
 end
 h[#h + 1] = {r.attempts, now, ARGV[3]}
-while #h > 5 do table.remove(h, 1) end
+while #h > tonumber(ARGV[6]) do table.remove(h, 1) end
 new.hist = cjson.encode(h)
 if ARGV[4] == '' then new.wait, new.due = 2, now
 else new.wait, new.due = 1, now + tonumber(ARGV[4]) end

@@ -1371,7 +1371,9 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
         item_key("waiting")?,
     );
     inbox.accept(&lapsing, b"lapsing").await?;
-    let short = take_one(&*inbox, SHORT_TTL, "a due item was not taken").await?;
+    // Held for long (the takes below must not take it over, however slow the
+    // store's calls), and shortened once paused.
+    let lapses = take_one(&*inbox, LONG_TTL, "a due item was not taken").await?;
     inbox.accept(&running, b"running").await?;
     let long = take_one(&*inbox, LONG_TTL, "a due item was not taken").await?;
     inbox.accept(&waiting, b"waiting").await?;
@@ -1418,7 +1420,8 @@ pub async fn inbox_pause(factory: &dyn StoreFactory) -> CheckResult {
     store.complete(&long.lease, b"done", LONG_TTL).await?;
     // Nothing is taken while paused: not the waiting items, not the one whose
     // worker's lease passed.
-    wait_past(short.lease.deadline).await?;
+    let short = store.extend(&lapses.lease, SHORT_TTL).await?;
+    wait_past(short.deadline).await?;
     for _ in 0..5 {
         let taken = inbox.take(namespace, 10, LONG_TTL).await?;
         ensure!(
@@ -1871,6 +1874,21 @@ pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
         free.lease.key
     );
     store.complete(&free.lease, b"done", LONG_TTL).await?;
+    // So is the first item of another ordering key behind them, to a take of
+    // one: the held key is passed over, not counted against the take.
+    accept_ordered(&*inbox, "cold-0", "cold", Block).await?;
+    let cold = take_one(
+        &*inbox,
+        LONG_TTL,
+        "the item of a free ordering key behind nine blocked ones was not handed out",
+    )
+    .await?;
+    ensure!(
+        cold.lease.key.id() == "cold-0",
+        "expected cold-0, got {}",
+        cold.lease.key
+    );
+    store.complete(&cold.lease, b"done", LONG_TTL).await?;
 
     // Racing takers on their own handles work the hot key in order.
     const RACERS: usize = 4;
