@@ -86,8 +86,13 @@ impl PgBuilder {
             crate::wake::topic_prefix(&self.schema, &self.table),
             self.timeout,
         );
+        let notices = crate::wake::Notices::of(
+            &self.pool,
+            &crate::wake::topic_prefix(&self.schema, &self.table),
+        );
         Ok(PgStore {
             wake,
+            notices,
             first: Arc::default(),
             kept: Arc::new(Kept::new(self.keep)),
             pool: self.pool,

@@ -140,6 +140,9 @@ pub(crate) struct Statements {
     pub(crate) counts: Sql,
     pub(crate) pause: Sql,
     pub(crate) resume: Sql,
+    /// One notification of namespace $1 (I14), outside any other statement:
+    /// the trailing one of accepts that left theirs out (`wake::Notices`).
+    pub(crate) notify: Sql,
     pub(crate) paused: Sql,
 }
 
@@ -396,7 +399,7 @@ impl Statements {
                     order_key = excluded.order_key, order_seq = excluded.order_seq,
                     order_skip = excluded.order_skip, errors = NULL, dead_until = NULL
                  WHERE r.expires_at <= now() AND r.wait IS NULL
-                 RETURNING token, CASE WHEN $5::int8 = 0 THEN {notify}::text END AS woke"
+                 RETURNING token, CASE WHEN $5::int8 = 0 AND $9::bool THEN {notify}::text END AS woke"
             )
             .into(),
             select_item: format!(
@@ -508,6 +511,7 @@ impl Statements {
                 "INSERT INTO {p} (namespace) VALUES ($1::text) ON CONFLICT (namespace) DO NOTHING"
             )
             .into(),
+            notify: format!("SELECT {notify}").into(),
             resume: format!("DELETE FROM {p} WHERE namespace = $1::text RETURNING {notify}")
                 .into(),
             paused: format!("SELECT EXISTS (SELECT 1 FROM {p} WHERE namespace = $1::text)").into(),

@@ -76,6 +76,9 @@ pub struct PgStore {
     pub(crate) caps: Capabilities,
     /// The `LISTEN` connection that wakes this process's workers (I14).
     pub(crate) wake: dedupe_core::backend::Subscription,
+    /// When this process's accepts into the table last notified each
+    /// namespace (shared by the handles of one table).
+    pub(crate) notices: Arc<crate::wake::Notices>,
 }
 
 impl PgStore {

@@ -4,12 +4,15 @@
 //! handle keeps one connection `LISTEN`ing there for the workers of its
 //! process.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dedupe_core::backend::Subscription;
 use futures_util::stream;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
+
+use crate::sql::{text, Statements};
 
 /// The channel every dedupe table of a database notifies on. A
 /// notification's payload is `<schema>.<table>|<namespace>`; a listener
@@ -63,4 +66,125 @@ pub(crate) fn subscribe(pool: &PgPool, prefix: String, timeout: Duration) -> Sub
             }))
         }
     })
+}
+
+/// How long after an accept of this handle notified a namespace its next
+/// accepts there leave their notification out: one trailing notification at
+/// the end of the window announces them all, so a handle sends at most one
+/// a window a namespace while accepts stream in, and an accept after a
+/// quiet spell notifies at once (in its own statement).
+pub(crate) const NOTIFY_WINDOW: Duration = Duration::from_millis(2);
+
+/// Per namespace, when this handle's accepts last notified, and whether a
+/// trailing notification is on its way.
+#[derive(Debug, Default)]
+pub(crate) struct Notices {
+    namespaces: std::sync::Mutex<std::collections::HashMap<String, Notice>>,
+}
+
+#[derive(Debug)]
+struct Notice {
+    last: std::time::Instant,
+    trailing: bool,
+}
+
+/// The [`Notices`] of every table of every database this process's store
+/// handles use, by server, database and table: handles of one table share
+/// them (an application that opens several, as the bench does with one a
+/// task, sends one notification a window, not one a handle).
+static SHARED: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, Arc<Notices>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+impl Notices {
+    /// Those of the table whose notifications start with `prefix`, in the
+    /// database `pool` connects to.
+    pub(crate) fn of(pool: &PgPool, prefix: &str) -> Arc<Self> {
+        let options = pool.connect_options();
+        let table = format!(
+            "{}:{}/{}/{prefix}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default()
+        );
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(shared.entry(table).or_default())
+    }
+
+    fn namespaces(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Notice>> {
+        // A panic elsewhere while it was held leaves plain data behind.
+        self.namespaces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether an accept into `namespace` starting now notifies in its own
+    /// statement (none from this handle within the window).
+    pub(crate) fn lead(&self, namespace: &str) -> bool {
+        let now = std::time::Instant::now();
+        let mut namespaces = self.namespaces();
+        match namespaces.get_mut(namespace) {
+            Some(notice) if now.duration_since(notice.last) < NOTIFY_WINDOW => false,
+            Some(notice) => {
+                notice.last = now;
+                true
+            }
+            None => {
+                namespaces.insert(
+                    namespace.to_string(),
+                    Notice {
+                        last: now,
+                        trailing: false,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// After an accept into `namespace` that left its notification out has
+    /// committed: one notification at the end of the window, unless one is
+    /// on its way that has not been sent yet (it is sent after this commit,
+    /// so it announces this item too). One that fails is logged: a worker's
+    /// fallback poll finds the item (I14).
+    pub(crate) fn trail(self: &Arc<Self>, namespace: &str, pool: &PgPool, sql: &Arc<Statements>) {
+        let at = {
+            let mut namespaces = self.namespaces();
+            let notice = namespaces
+                .entry(namespace.to_string())
+                .or_insert_with(|| Notice {
+                    last: std::time::Instant::now(),
+                    trailing: false,
+                });
+            if notice.trailing {
+                return;
+            }
+            notice.trailing = true;
+            notice.last + NOTIFY_WINDOW
+        };
+        let (notices, pool, sql, namespace) = (
+            Arc::clone(self),
+            pool.clone(),
+            Arc::clone(sql),
+            namespace.to_string(),
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            // Marked before it is sent: an accept that commits from here on
+            // arms a notification of its own.
+            if let Some(notice) = notices.namespaces().get_mut(&namespace) {
+                notice.trailing = false;
+                notice.last = std::time::Instant::now();
+            }
+            let sent = sqlx::query(text(&sql.notify))
+                .bind(&namespace)
+                .execute(&pool)
+                .await;
+            if let Err(e) = sent {
+                tracing::warn!(namespace, error = %e, "a trailing wake-up notification was not sent");
+            }
+        });
+    }
 }

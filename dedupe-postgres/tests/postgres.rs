@@ -1009,6 +1009,42 @@ async fn a_table_from_before_the_inbox_is_migrated() {
     assert_eq!(taken[0].payload, b"payload");
 }
 
+/// Accepts that stream in share their wake-up notifications: ten accepts
+/// started together send one notification in the first one's statement and
+/// trailing ones for the rest after they committed (at least one: without
+/// it the nine would wait for the workers' fallback poll), far fewer than
+/// ten (each costs a cluster-wide lock at commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_together_share_their_wake_up_notifications() {
+    use dedupe_core::Inbox;
+    let (_server, url) = support::postgres_server();
+    let schema = support::unique_schema("notices");
+    let store = store_on(&url, &schema, Duration::from_secs(5)).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&url)
+        .await
+        .expect("listener");
+    listener.listen("dedupe_wake").await.expect("listen");
+    let ours = format!("{schema}.dedupe_records|pg");
+    let accepts = (0..10).map(|i| {
+        let store = store.clone();
+        async move { store.accept(&key(&format!("together-{i}")), b"{}").await }
+    });
+    for accepted in futures_util::future::join_all(accepts).await {
+        assert!(accepted.expect("accept").is_new());
+    }
+    let mut notes = 0;
+    while let Ok(Ok(note)) = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await
+    {
+        if note.payload() == ours {
+            notes += 1;
+        }
+    }
+    assert!(
+        (2..10).contains(&notes),
+        "ten accepts together sent {notes} notifications"
+    );
+}
+
 /// Push wake-ups outlive their connection: with the `LISTEN` connection
 /// killed by the server, the store connects and listens again, and
 /// accepts made through another pool wake the workers as before. Three
