@@ -56,6 +56,11 @@ use crate::store::DynamoStore;
 /// Most entries one batch read of the walk asks for (`BatchGetItem`'s limit).
 const READ_CHUNK: usize = 100;
 
+/// Entries a take's walk reads first: a key's head is nearly always its
+/// first entry or close behind (a take drops the finished ones in front), and
+/// reading a hundred for it made an ordered take on DynamoDB Local 87 ms.
+const FIRST_READ: usize = 4;
+
 /// The partition key of `namespace`'s queue of `ordering_key`.
 pub(crate) fn queue_pk(namespace: &str, ordering_key: &str) -> String {
     format!("{namespace}|o|{ordering_key}")
@@ -374,9 +379,16 @@ impl DynamoStore {
         let namespace = probe.namespace();
         let names = &self.inner.names;
         let mut walked = Walked::default();
-        for (chunk_no, chunk) in queue.entries.chunks(READ_CHUNK).enumerate() {
+        let mut start = 0;
+        while start < queue.entries.len() {
+            let read = match (start, whole) {
+                (0, false) => FIRST_READ,
+                _ => READ_CHUNK,
+            };
+            let end = (start + read).min(queue.entries.len());
+            let chunk = &queue.entries[start..end];
             let mut pks: Vec<String> = chunk.iter().map(|e| e.pk(namespace)).collect();
-            let holder = queue.holder().filter(|_| chunk_no == 0);
+            let holder = queue.holder().filter(|_| start == 0);
             if let Some(holder) = holder {
                 pks.push(holder.pk(namespace));
             }
@@ -389,7 +401,7 @@ impl DynamoStore {
                 }
             }
             for (offset, entry) in chunk.iter().enumerate() {
-                let index = chunk_no * READ_CHUNK + offset;
+                let index = start + offset;
                 match place(names, probe, entry, items.get(&entry.pk(namespace)), now)? {
                     Place::Finished => {
                         walked.finished.insert(index);
@@ -403,6 +415,7 @@ impl DynamoStore {
                     }
                 }
             }
+            start = end;
         }
         Ok(walked)
     }
@@ -499,36 +512,49 @@ impl DynamoStore {
                 _ => None,
             })
             .collect();
-        let items = self.read_pks(&pks, Some(ORDER_PROJECTION)).await?;
-        // Every ordering key of the window, earliest due first: a key whose
-        // head is held or blocked is passed over to the keys behind it.
-        let mut keys: Vec<String> = Vec::new();
-        for pk in &pks {
-            if let Some(AttributeValue::S(ordering_key)) =
-                items.get(pk).and_then(|item| item.get(&names.ordering_key))
-            {
-                if !keys.contains(ordering_key) {
-                    keys.push(ordering_key.clone());
-                }
-            }
-        }
-        let mut walks = futures_util::stream::iter(keys)
-            .map(|ordering_key| async move { self.head_of(probe, &ordering_key, now).await })
-            .buffered(self.inner.fan_out);
+        // The window in waves, earliest due first: the ordering keys of the
+        // next few candidates read, then walked a few at a time, as many
+        // as heads are still wanted, twice as many each wave (a held or
+        // blocked key is passed over to the keys behind it); a take of one
+        // from a window of 64 free keys reads one queue, not 64.
         let mut heads = Vec::new();
         let mut found = 0;
-        while let Some(head) = walks.next().await {
-            match head {
-                Ok(None) => {}
-                Ok(Some(head)) => {
-                    heads.push(Ok(head));
-                    found += 1;
-                    if found == max {
-                        break;
+        let mut walked: HashSet<String> = HashSet::new();
+        let mut read = 0;
+        let mut wave = max;
+        while found < max && read < pks.len() {
+            let upto = (read + wave + FIRST_READ).min(pks.len());
+            let items = self
+                .read_pks(&pks[read..upto], Some(ORDER_PROJECTION))
+                .await?;
+            let mut keys: Vec<String> = Vec::new();
+            for pk in &pks[read..upto] {
+                if let Some(AttributeValue::S(ordering_key)) =
+                    items.get(pk).and_then(|item| item.get(&names.ordering_key))
+                {
+                    if walked.insert(ordering_key.clone()) {
+                        keys.push(ordering_key.clone());
                     }
                 }
-                Err(e) => heads.push(Err(e)),
             }
+            read = upto;
+            let mut walks = futures_util::stream::iter(keys)
+                .map(|ordering_key| async move { self.head_of(probe, &ordering_key, now).await })
+                .buffered((max - found).clamp(1, self.inner.fan_out));
+            while let Some(head) = walks.next().await {
+                match head {
+                    Ok(None) => {}
+                    Ok(Some(head)) => {
+                        heads.push(Ok(head));
+                        found += 1;
+                        if found == max {
+                            break;
+                        }
+                    }
+                    Err(e) => heads.push(Err(e)),
+                }
+            }
+            wave = (wave * 2).min(READ_CHUNK);
         }
         Ok(heads)
     }
