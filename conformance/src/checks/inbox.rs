@@ -1856,6 +1856,38 @@ pub async fn inbox_ordering(factory: &dyn StoreFactory) -> CheckResult {
     );
     store.complete(&f2.lease, b"done", LONG_TTL).await?;
 
+    // A running item forgotten (an operator's override) lets the next one
+    // of its key go; its worker's calls then find their lease lost.
+    accept_ordered(&*inbox, "g1", "cus_5", Block).await?;
+    accept_ordered(&*inbox, "g2", "cus_5", Block).await?;
+    let g1 = take_one(&*inbox, LONG_TTL, "g1 was not due").await?;
+    ensure!(
+        g1.lease.key.id() == "g1",
+        "expected g1, got {}",
+        g1.lease.key
+    );
+    ensure!(
+        store.forget(&item_key("g1")?).await?,
+        "forget of a running item found nothing"
+    );
+    let g2 = take_one(
+        &*inbox,
+        LONG_TTL,
+        "an item behind a forgotten running one was held back",
+    )
+    .await?;
+    ensure!(
+        g2.lease.key.id() == "g2",
+        "expected g2, got {}",
+        g2.lease.key
+    );
+    let stale = store.complete(&g1.lease, b"done", LONG_TTL).await;
+    ensure!(
+        matches!(stale, Err(Error::LeaseLost { .. })),
+        "the forgotten item's worker completed it: {stale:?}"
+    );
+    store.complete(&g2.lease, b"done", LONG_TTL).await?;
+
     // A free item behind blocked ones is handed out.
     for i in 0..10 {
         accept_ordered(&*inbox, &format!("hot-{i:02}"), "hot", Block).await?;
