@@ -165,6 +165,9 @@ enum Flaw {
     OrderIgnored,
     /// Every item is accepted to be skipped when dead.
     DeadAlwaysSkipped,
+    /// Forgetting an item a worker holds leaves its ordering key held: the
+    /// items behind it never go.
+    ForgetKeepsKeyHeld,
     /// A take of `max` looks at the first `max` ordering keys of the due
     /// items only, held or blocked or not: a free key behind a blocked one
     /// waits for it.
@@ -226,6 +229,7 @@ impl Flaw {
                 | Flaw::OrderIgnored
                 | Flaw::DeadAlwaysSkipped
                 | Flaw::OrderKeysCountBlocked
+                | Flaw::ForgetKeepsKeyHeld
                 | Flaw::DeadKeptForever
                 | Flaw::DeadExpiresAtOnce
                 | Flaw::ReplayKeepsDeadRetention
@@ -259,6 +263,8 @@ struct Broken {
     /// Every failure (and, for `HistoryCountsReleases`, hand-back) of each
     /// item, for the history flaws.
     failures: Arc<Mutex<HashMap<Key, Vec<dedupe_core::FailedAttempt>>>>,
+    /// Ordering keys whose held item was forgotten (`ForgetKeepsKeyHeld`).
+    held_forgotten: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Broken {
@@ -561,6 +567,16 @@ impl DedupeStore for Broken {
 
     async fn forget(&self, key: &Key) -> Result<bool> {
         let ik = self.inner_key(key);
+        if self.flaw == Flaw::ForgetKeepsKeyHeld {
+            if let Some(item) = self.inner.item(&ik).await? {
+                if let (ItemStatus::Running, Some(order)) = (item.status, item.ordering_key) {
+                    self.held_forgotten
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(order);
+                }
+            }
+        }
         self.physical().remove(&ik);
         let had = self.inner.forget(&ik).await?;
         Ok(had && self.flaw != Flaw::ForgetAnswersFalse)
@@ -619,6 +635,7 @@ impl StoreFactory for BrokenFactory {
             wakeups: Default::default(),
             died: Arc::default(),
             failures: Arc::default(),
+            held_forgotten: Arc::default(),
         })))
     }
 }
@@ -823,6 +840,22 @@ impl Inbox for Broken {
             return Ok(kept);
         }
         let taken = self.inner.take(namespace, max, lease).await?;
+        if self.flaw == Flaw::ForgetKeepsKeyHeld {
+            let held = self
+                .held_forgotten
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let mut kept = Vec::new();
+            for t in taken {
+                if t.ordering_key.as_ref().is_some_and(|k| held.contains(k)) {
+                    self.inner.release(&t.lease).await?;
+                } else {
+                    kept.push(t);
+                }
+            }
+            return Ok(kept);
+        }
         match self.flaw {
             Flaw::TakeWithoutLeasing => {
                 // Hands them out, then lets them go again at once.
@@ -1258,6 +1291,7 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::OrderIgnored, &["inbox_ordering"]),
     (Flaw::DeadAlwaysSkipped, &["inbox_ordering"]),
     (Flaw::OrderKeysCountBlocked, &["inbox_ordering"]),
+    (Flaw::ForgetKeepsKeyHeld, &["inbox_ordering"]),
     (Flaw::DeadKeptForever, &["inbox_dead_retention"]),
     (Flaw::DeadExpiresAtOnce, &["inbox_dead_retention"]),
     (Flaw::ReplayKeepsDeadRetention, &["inbox_dead_retention"]),
@@ -1360,6 +1394,7 @@ broken_store_tests!(
     rejects_ordering_keys_ignored => OrderIgnored,
     rejects_dead_items_always_skipped => DeadAlwaysSkipped,
     rejects_blocked_ordering_keys_counted_against_a_take => OrderKeysCountBlocked,
+    rejects_a_forget_that_keeps_the_key_held => ForgetKeepsKeyHeld,
     rejects_dead_items_kept_forever => DeadKeptForever,
     rejects_dead_items_expired_at_once => DeadExpiresAtOnce,
     rejects_a_replay_keeping_the_dead_retention => ReplayKeepsDeadRetention,
