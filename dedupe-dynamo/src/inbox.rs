@@ -4,8 +4,9 @@
 //! global secondary indexes find items without scanning the table:
 //!
 //! - `dedupe_due` (partition `iq`, sort `dl`, keys only): `<namespace>|w` on
-//!   pending and failed items, `<namespace>|h` on running ones, absent on dead
-//!   items and every other record. A take queries both partitions for what is
+//!   pending and failed items, `<namespace>|o` on those with an ordering key
+//!   (the order module), `<namespace>|h` on running ones, absent on dead
+//!   items and every other record. A take queries the three partitions for what is
 //!   due by now, oldest first, and leases each candidate with an `UpdateItem`
 //!   conditioned on the item being due *now* (`attribute_exists(iq) AND dl <=
 //!   now`): the index is eventually consistent, the condition is not, so of
@@ -16,9 +17,10 @@
 //!   of the page; a count is a `Select=COUNT` query of the status.
 //!
 //! Cost: an item's writes touch one or two index entries (a write unit each,
-//! on top of the item's); a take is two queries (read units for at most
-//! `2 x max` keys) and one `UpdateItem` per item; counts read every index key
-//! of the namespace's items.
+//! on top of the item's); a take is three queries (read units for at most
+//! `3 x max + ORDER_SCAN` keys; the ordered partition's is billed even when
+//! empty) and one `UpdateItem` per item; counts read every index key of the
+//! namespace's items.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -183,7 +185,7 @@ impl DynamoStore {
     }
 
     /// The lease an item read back holds, and its payload and last error.
-    fn taken(&self, key: Key, item: &Item) -> Result<Taken> {
+    pub(crate) fn taken(&self, key: Key, item: &Item) -> Result<Taken> {
         let record = decode(&self.inner.names, &key, item)?;
         let shown = decode_item(&self.inner.names, &key, item)?
             .ok_or_else(|| Error::corrupt(&key, "a taken item is not an inbox item"))?;
@@ -676,11 +678,7 @@ impl Inbox for DynamoStore {
                     let (key, takeover) = match candidate {
                         Candidate::Due(key, takeover) => (key, takeover),
                         Candidate::Head(head) => {
-                            return self
-                                .lease_head(namespace, head, lease, |key, item| {
-                                    self.taken(key, item)
-                                })
-                                .await
+                            return self.lease_head(namespace, head, lease).await
                         }
                     };
                     let now = self.now_ms();
@@ -987,7 +985,7 @@ impl Inbox for DynamoStore {
 
     /// In this process only, and backing off while idle: DynamoDB has no
     /// notifications a worker could wait on (Streams are read by polling,
-    /// billed per read), and every take is two billed queries and a read,
+    /// billed per read), and every take is three billed queries and a read,
     /// so an idle worker looks less and less often, up to eight times its
     /// poll interval.
     async fn wake(&self, namespace: &str) -> Result<Wake> {

@@ -567,7 +567,6 @@ impl DynamoStore {
         namespace: &str,
         head: Head,
         lease: Duration,
-        taken: impl Fn(Key, &Item) -> Result<Taken>,
     ) -> Result<Option<Taken>> {
         let names = &self.inner.names;
         let now = self.now_ms();
@@ -602,12 +601,10 @@ impl DynamoStore {
             .build()
             .map_err(|e| Error::config(e.to_string()))?;
         let sent = self
-            .inner
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().update(leased).build())
-            .transact_items(TransactWriteItem::builder().put(queue).build())
-            .send()
+            .transact_pair(
+                TransactWriteItem::builder().update(leased).build(),
+                TransactWriteItem::builder().put(queue).build(),
+            )
             .await;
         let cancelled = match &sent {
             Ok(_) => false,
@@ -621,10 +618,31 @@ impl DynamoStore {
             matches!(item.get(&names.token), Some(AttributeValue::S(t)) if t == token.as_str())
         });
         match (ours, item, sent) {
-            (true, Some(item), _) => taken(head.key, &item).map(Some),
+            (true, Some(item), _) => self.taken(head.key, &item).map(Some),
             (_, _, Err(e)) if !cancelled => Err(self.fail(e)),
             _ => Ok(None),
         }
+    }
+
+    /// An item's write and its queue's, as one transaction.
+    async fn transact_pair(
+        &self,
+        item: TransactWriteItem,
+        queue: TransactWriteItem,
+    ) -> std::result::Result<
+        aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsOutput,
+        aws_sdk_dynamodb::error::SdkError<
+            TransactWriteItemsError,
+            aws_sdk_dynamodb::config::http::HttpResponse,
+        >,
+    > {
+        self.inner
+            .client
+            .transact_write_items()
+            .transact_items(item)
+            .transact_items(queue)
+            .send()
+            .await
     }
 
     /// The write that appends `key`'s entry (`nonce`) to its ordering key's
@@ -708,12 +726,10 @@ impl DynamoStore {
                 .build()
                 .map_err(|e| Error::config(e.to_string()))?;
             let sent = self
-                .inner
-                .client
-                .transact_write_items()
-                .transact_items(TransactWriteItem::builder().update(item).build())
-                .transact_items(TransactWriteItem::builder().update(renewed).build())
-                .send()
+                .transact_pair(
+                    TransactWriteItem::builder().update(item).build(),
+                    TransactWriteItem::builder().update(renewed).build(),
+                )
                 .await;
             let e = match sent {
                 Ok(_) => return Ok(true),
