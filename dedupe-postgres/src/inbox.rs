@@ -89,12 +89,14 @@ impl Inbox for PgStore {
         let notify = self.notices.lead(key.namespace());
         let accepted = self
             .call(async |ops, conn| ops.accept(conn, key, payload, options, notify).await)
-            .await?;
+            .await;
+        // An error may have followed a commit (an answer lost): announced
+        // too, at the cost of a notification for nothing.
         let due_now = accept_columns(options).0 == 0;
-        if !notify && due_now && accepted == Accepted::New {
-            self.notices.trail(key.namespace(), &self.pool, &self.sql);
+        if !notify && due_now && matches!(accepted, Ok(Accepted::New) | Err(_)) {
+            self.notices.trail(key.namespace(), self);
         }
-        Ok(accepted)
+        accepted
     }
 
     async fn take(&self, namespace: &str, max: usize, lease: Duration) -> Result<Vec<Taken>> {

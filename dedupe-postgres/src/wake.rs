@@ -12,7 +12,8 @@ use futures_util::stream;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 
-use crate::sql::{text, Statements};
+use crate::sql::text;
+use crate::store::PgStore;
 
 /// The channel every dedupe table of a database notifies on. A
 /// notification's payload is `<schema>.<table>|<namespace>`; a listener
@@ -82,6 +83,25 @@ pub(crate) struct Notices {
     namespaces: std::sync::Mutex<std::collections::HashMap<String, Notice>>,
 }
 
+/// Namespaces a [`Notices`] holds before it drops the quiet ones.
+const FORGET_AT: usize = 1024;
+
+/// A trailing notification on its way; dropped (sent, or its task dropped
+/// with its runtime), the namespace is free to arm the next.
+struct Armed {
+    notices: Arc<Notices>,
+    namespace: String,
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        if let Some(notice) = self.notices.namespaces().get_mut(&self.namespace) {
+            notice.trailing = false;
+            notice.last = std::time::Instant::now();
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Notice {
     last: std::time::Instant,
@@ -101,10 +121,13 @@ impl Notices {
     /// database `pool` connects to.
     pub(crate) fn of(pool: &PgPool, prefix: &str) -> Arc<Self> {
         let options = pool.connect_options();
+        // The socket's directory too: two clusters on one port and database
+        // name, reached through sockets in different directories, are two.
         let table = format!(
-            "{}:{}/{}/{prefix}",
+            "{}:{}:{:?}/{}/{prefix}",
             options.get_host(),
             options.get_port(),
+            options.get_socket(),
             options.get_database().unwrap_or_default()
         );
         let mut shared = SHARED
@@ -125,6 +148,11 @@ impl Notices {
     pub(crate) fn lead(&self, namespace: &str) -> bool {
         let now = std::time::Instant::now();
         let mut namespaces = self.namespaces();
+        // Namespaces quiet for a window hold nothing worth keeping: dropped
+        // once the map grows, so per-tenant namespaces do not pile up.
+        if namespaces.len() >= FORGET_AT {
+            namespaces.retain(|_, n| n.trailing || now.duration_since(n.last) < NOTIFY_WINDOW);
+        }
         match namespaces.get_mut(namespace) {
             Some(notice) if now.duration_since(notice.last) < NOTIFY_WINDOW => false,
             Some(notice) => {
@@ -149,7 +177,12 @@ impl Notices {
     /// on its way that has not been sent yet (it is sent after this commit,
     /// so it announces this item too). One that fails is logged: a worker's
     /// fallback poll finds the item (I14).
-    pub(crate) fn trail(self: &Arc<Self>, namespace: &str, pool: &PgPool, sql: &Arc<Statements>) {
+    ///
+    /// It runs on a connection of `store`'s, as its calls do (a pool the
+    /// store keeps whole still serves it). Dropped before it is sent (its
+    /// runtime shut down), it marks itself gone, so the next accept arms
+    /// another.
+    pub(crate) fn trail(self: &Arc<Self>, namespace: &str, store: &PgStore) {
         let at = {
             let mut namespaces = self.namespaces();
             let notice = namespaces
@@ -164,23 +197,24 @@ impl Notices {
             notice.trailing = true;
             notice.last + NOTIFY_WINDOW
         };
-        let (notices, pool, sql, namespace) = (
-            Arc::clone(self),
-            pool.clone(),
-            Arc::clone(sql),
-            namespace.to_string(),
-        );
+        let (store, namespace) = (store.clone(), namespace.to_string());
+        let armed = Armed {
+            notices: Arc::clone(self),
+            namespace: namespace.clone(),
+        };
         tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
             // Marked before it is sent: an accept that commits from here on
             // arms a notification of its own.
-            if let Some(notice) = notices.namespaces().get_mut(&namespace) {
-                notice.trailing = false;
-                notice.last = std::time::Instant::now();
-            }
-            let sent = sqlx::query(text(&sql.notify))
-                .bind(&namespace)
-                .execute(&pool)
+            drop(armed);
+            let sent = store
+                .call(async |ops, conn| {
+                    sqlx::query(text(&ops.sql.notify))
+                        .bind(&namespace)
+                        .execute(conn)
+                        .await
+                        .map_err(|e| ops.err(e))
+                })
                 .await;
             if let Err(e) = sent {
                 tracing::warn!(namespace, error = %e, "a trailing wake-up notification was not sent");
