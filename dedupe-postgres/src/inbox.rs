@@ -10,7 +10,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken, Wake, WhenDead,
+    Result, Retry, Taken, Wake, WhenDead, ORDER_SCAN,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -257,6 +257,12 @@ impl Ops<'_> {
         }
     }
 
+    /// Leases up to `max` items. A pick that parked items its ordering key
+    /// holds back (I15) instead of filling the take is followed by one
+    /// `park` of the front of the namespace and a pick again, until the take
+    /// is full or a pick parks nothing: every statement reads a bounded
+    /// number of rows, and each held-back item is read by the picks running
+    /// when it falls due, then not again until its key moves.
     pub(crate) async fn take(
         &self,
         conn: &mut PgConnection,
@@ -264,6 +270,37 @@ impl Ops<'_> {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<Taken>> {
+        let mut taken = Vec::new();
+        loop {
+            let (more, parked) = self.pick(conn, namespace, max - taken.len(), lease).await?;
+            taken.extend(more);
+            if parked == 0 || taken.len() >= max {
+                return Ok(taken);
+            }
+            let scan = i64::try_from(max + ORDER_SCAN).unwrap_or(i64::MAX);
+            let parked = sqlx::query(text(&self.sql.park))
+                .bind(namespace)
+                .bind(scan)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            tracing::debug!(
+                namespace,
+                parked,
+                "take parked items their ordering keys hold back"
+            );
+        }
+    }
+
+    /// One `take` statement: the items it leased, and how many it parked.
+    async fn pick(
+        &self,
+        conn: &mut PgConnection,
+        namespace: &str,
+        max: usize,
+        lease: Duration,
+    ) -> Result<(Vec<Taken>, i64)> {
         let rows = sqlx::query(text(&self.sql.take))
             .bind(namespace)
             .bind(i64::try_from(max).unwrap_or(i64::MAX))
@@ -271,7 +308,16 @@ impl Ops<'_> {
             .fetch_all(conn)
             .await
             .map_err(|e| self.err(e))?;
-        rows.iter()
+        let mut parked = 0;
+        let taken = rows
+            .iter()
+            .filter(|row| match row.try_get::<Option<i64>, _>("parked") {
+                Ok(Some(count)) => {
+                    parked = count;
+                    false
+                }
+                _ => true,
+            })
             .map(|row| {
                 let read = || -> std::result::Result<_, sqlx::Error> {
                     Ok((
@@ -311,7 +357,8 @@ impl Ops<'_> {
                 }
                 .decode(key)
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok((taken, parked))
     }
 
     pub(crate) async fn snooze(
@@ -347,7 +394,7 @@ impl Ops<'_> {
             Retry::Dead { keep } => keep,
             Retry::After(_) => None,
         };
-        let changed = sqlx::query(text(&self.sql.fail))
+        let changed: i64 = sqlx::query_scalar(text(&self.sql.fail))
             .bind(lease.key.namespace())
             .bind(lease.key.id())
             .bind(lease.token.as_str())
@@ -355,11 +402,10 @@ impl Ops<'_> {
             .bind(delay)
             .bind(cut_error(error))
             .bind(keep)
-            .execute(conn)
+            .fetch_one(conn)
             .await
-            .map_err(|e| self.err(e))?
-            .rows_affected();
-        one_row_changed(changed, &lease.key)
+            .map_err(|e| self.err(e))?;
+        one_row_changed(changed.unsigned_abs(), &lease.key)
     }
 
     pub(crate) async fn item(&self, conn: &mut PgConnection, key: &Key) -> Result<Option<Item>> {

@@ -258,16 +258,16 @@ impl Ops<'_> {
     ) -> Result<()> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
-        let done = sqlx::query(text(&self.sql.complete))
+        let done: i64 = sqlx::query_scalar(text(&self.sql.complete))
             .bind(lease.key.namespace())
             .bind(lease.key.id())
             .bind(lease.token.as_str())
             .bind(retention)
             .bind(outcome)
-            .execute(conn)
+            .fetch_one(conn)
             .await
             .map_err(|e| self.err(e))?;
-        one_row_changed(done.rows_affected(), &lease.key)
+        one_row_changed(done.unsigned_abs(), &lease.key)
     }
 
     pub(crate) async fn release(&self, conn: &mut PgConnection, lease: &Lease) -> Result<()> {
@@ -323,13 +323,13 @@ impl Ops<'_> {
         from: i64,
         to: i64,
     ) -> Result<u64> {
-        sqlx::query(text(&self.sql.expire_batch))
+        sqlx::query_scalar::<_, i64>(text(&self.sql.expire_batch))
             .bind(from)
             .bind(to)
             .bind(EXPIRE_BATCH)
-            .execute(conn)
+            .fetch_one(conn)
             .await
-            .map(|done| done.rows_affected())
+            .map(i64::unsigned_abs)
             .map_err(|e| self.err(e))
     }
 

@@ -84,6 +84,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0005_ordering.sql"),
     include_str!("../migrations/0006_dead_retention.sql"),
     include_str!("../migrations/0007_error_history.sql"),
+    include_str!("../migrations/0008_order_park.sql"),
 ];
 
 /// Rows deleted per `expire()` statement, at most.
@@ -133,6 +134,7 @@ pub(crate) struct Statements {
     pub(crate) accept: Sql,
     pub(crate) select_item: Sql,
     pub(crate) take: Sql,
+    pub(crate) park: Sql,
     pub(crate) snooze: Sql,
     pub(crate) fail: Sql,
     pub(crate) list: Sql,
@@ -175,6 +177,42 @@ impl Statements {
             first = ms("first_seen"),
             expires = ms("expires_at")
         );
+        // Whether item `c` of an ordering key is held back by another item
+        // of its key (I15): another is held, or, unless `c` is held itself
+        // (a takeover comes first), an earlier one (accept order, ties by
+        // key) waits, or is dead and not to be skipped.
+        let held_back = format!(
+            "EXISTS (
+                SELECT 1 FROM {t} o
+                WHERE split_part(o.key, ':', 1) = $1::text AND o.order_key = c.order_key
+                  AND o.wait IS NOT NULL AND o.key <> c.key
+                  AND (o.wait = 0
+                       OR (c.wait <> 0
+                           AND (o.order_seq, o.key) < (c.order_seq, c.key)
+                           AND (o.wait = 1 OR (o.wait = 2 AND NOT o.order_skip)))))"
+        );
+        // Makes the first waiting item of each ordering key that a row of
+        // `from` (key, order_key) left the key's head, due again if a take
+        // parked it (see migration 0008). Run in the statement that takes
+        // the row out of the queue: a take that parked the head and has not
+        // committed holds its row, and this update waits for it and then
+        // writes over the park; a take that has not yet parked it finds it a
+        // head and leaves it due.
+        let promote = |from: &str| {
+            format!(
+                "UPDATE {t} n SET order_head = true, due_at = coalesce(n.due_at, n.expires_at)
+                 WHERE n.key = ANY(ARRAY(
+                    SELECT f.key
+                    FROM (SELECT DISTINCT split_part(key, ':', 1) AS ns, order_key, key AS left_key
+                          FROM {from} WHERE order_key IS NOT NULL) g
+                    CROSS JOIN LATERAL (
+                        SELECT o.key FROM {t} o
+                        WHERE split_part(o.key, ':', 1) = g.ns AND o.order_key = g.order_key
+                          AND o.wait = 1 AND o.key <> g.left_key
+                        ORDER BY o.order_seq, o.key LIMIT 1) f))
+                   AND n.wait = 1"
+            )
+        };
         // The conflict arm of both claim statements. An expired record is taken
         // over. A live one reaches it only when it was committed after the
         // statement's snapshot was taken (the statement's own read skips
@@ -305,13 +343,20 @@ impl Statements {
             // In flight under this token: done. Already done by this token with
             // this outcome (a complete asked again): written back as it is, so
             // the answer is the first one's.
+            // An item done leaves its ordering key's queue: the next one is
+            // the key's head.
             complete: format!(
-                "UPDATE {t} SET state = 1,
+                "WITH done AS (
+                    UPDATE {t} SET state = 1,
                         expires_at = CASE WHEN state = 0 THEN now() + $4::interval ELSE expires_at END,
                         completed_at = CASE WHEN state = 0 THEN now() ELSE completed_at END,
                         outcome = $5, payload = NULL, wait = NULL, last_error = NULL, due_at = NULL
-                 WHERE {is_bound} AND token = $3 AND expires_at > now()
-                   AND (state = 0 OR outcome = $5) AND (wait IS NULL OR wait = 0)"
+                    WHERE {is_bound} AND token = $3 AND expires_at > now()
+                      AND (state = 0 OR outcome = $5) AND (wait IS NULL OR wait = 0)
+                    RETURNING key, order_key
+                 ), next AS ({next})
+                 SELECT count(*) FROM done",
+                next = promote("done")
             )
             .into(),
             // True when the lease's live record was removed, or when no live
@@ -356,17 +401,33 @@ impl Statements {
             // at most $3 of them, skipping rows other transactions hold, so a purge
             // never waits on (or blocks) a claim. A TID range scan reads only those
             // pages; there is no index on `expires_at` to find them (see `migrate`).
+            // A dead item removed leaves its ordering key's queue (I16).
             expire_batch: format!(
-                "DELETE FROM {t} WHERE ctid = ANY(ARRAY(
-                    SELECT ctid FROM {t}
-                    WHERE ctid >= format('(%s,0)', $1::int8)::tid
-                      AND ctid < format('(%s,0)', $2::int8)::tid
-                      AND ((expires_at <= now() AND wait IS NULL)
-                           OR (wait = 2 AND dead_until <= now()))
-                    LIMIT $3 FOR UPDATE SKIP LOCKED))"
+                "WITH gone AS (
+                    DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+                        SELECT ctid FROM {t}
+                        WHERE ctid >= format('(%s,0)', $1::int8)::tid
+                          AND ctid < format('(%s,0)', $2::int8)::tid
+                          AND ((expires_at <= now() AND wait IS NULL)
+                               OR (wait = 2 AND dead_until <= now()))
+                        LIMIT $3 FOR UPDATE SKIP LOCKED))
+                    RETURNING key, CASE WHEN wait IS NOT NULL THEN order_key END AS order_key
+                 ), next AS ({next})
+                 SELECT count(*) FROM gone",
+                next = promote("gone")
             )
             .into(),
-            forget: format!("DELETE FROM {t} WHERE {is_bound} RETURNING {live_row}").into(),
+            // A forgotten item leaves its ordering key's queue (I15).
+            forget: format!(
+                "WITH gone AS (
+                    DELETE FROM {t} WHERE {is_bound}
+                    RETURNING key, CASE WHEN wait IS NOT NULL THEN order_key END AS order_key,
+                              {live_row} AS live
+                 ), next AS ({next})
+                 SELECT live FROM gone",
+                next = promote("gone")
+            )
+            .into(),
             // A pending item, due after $5 ms (0, or until its `not_before`),
             // with its own attempt limit $6, for a key with nothing live (a
             // claim whose lease passed keeps its attempts and first sight). Like the
@@ -397,7 +458,8 @@ impl Statements {
                     payload = excluded.payload, wait = 1, last_error = NULL, due_at = excluded.due_at,
                     takeovers = 0, max_attempts = excluded.max_attempts,
                     order_key = excluded.order_key, order_seq = excluded.order_seq,
-                    order_skip = excluded.order_skip, errors = NULL, dead_until = NULL
+                    order_skip = excluded.order_skip, errors = NULL, dead_until = NULL,
+                    order_head = false
                  WHERE r.expires_at <= now() AND r.wait IS NULL
                  RETURNING token, CASE WHEN $5::int8 = 0 AND $9::bool THEN {notify}::text END AS woke"
             )
@@ -408,43 +470,73 @@ impl Statements {
             .into(),
             // Leases the oldest due items of a namespace, skipping rows other
             // takers hold: each goes to one taker, and takers never wait on
-            // each other. An item an item of its ordering key holds back is
-            // passed over (I15): another of the key is held, or an earlier
-            // one (accept order, ties by key) waits, or is dead and not to be
-            // skipped. Two takers racing see the first item of a key either
-            // waiting or held, so neither hands out the second.
+            // each other. An item its ordering key holds back (I15) is
+            // parked instead (`due_at` NULL, see migration 0008), so the
+            // pick reads at most `$2` rows besides the rows others hold and
+            // a key's heads that are held back (made heads while an item of
+            // their key ran out of turn: a replay). Two takers racing see
+            // the first item of a key either waiting or held, so neither
+            // hands out the second. One row more carries the number parked
+            // (its key NULL): the caller runs `park` and takes again when
+            // the pick parked items instead of filling the take.
             take: format!(
                 "WITH picked AS (
-                    SELECT key, due_at FROM {t} c
+                    SELECT key, due_at, (c.order_key IS NOT NULL AND {held_back}) AS blocked
+                    FROM {t} c
                     WHERE split_part(key, ':', 1) = $1::text AND due_at <= now()
                       AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = $1::text)
-                      AND (c.order_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM {t} o
-                        WHERE split_part(o.key, ':', 1) = $1::text AND o.order_key = c.order_key
-                          AND o.wait IS NOT NULL AND o.key <> c.key
-                          AND (o.wait = 0
-                               OR (c.wait <> 0
-                                   AND (o.order_seq, o.key) < (c.order_seq, c.key)
-                                   AND (o.wait = 1 OR (o.wait = 2 AND NOT o.order_skip))))))
+                      AND (c.order_key IS NULL OR NOT c.order_head OR NOT {held_back})
                     ORDER BY due_at
                     LIMIT $2 FOR UPDATE SKIP LOCKED
+                 ), parked AS (
+                    UPDATE {t} t SET due_at = NULL
+                    WHERE t.key = ANY(ARRAY(SELECT key FROM picked WHERE blocked))
+                      AND t.wait = 1 AND NOT t.order_head
+                    RETURNING 1
                  ), taken AS (
                     UPDATE {t} t SET wait = 0,
                            token = md5(random()::text || clock_timestamp()::text || t.key),
                            expires_at = now() + $3::interval, due_at = now() + $3::interval,
                            attempts = t.attempts + 1,
                            takeovers = t.takeovers + (t.wait = 0)::int4
-                    FROM picked WHERE t.key = picked.key
+                    FROM picked WHERE t.key = picked.key AND NOT picked.blocked
                     RETURNING t.key, t.token, {expires} AS expires_ms, t.attempts, t.payload,
                               t.last_error, t.takeovers, t.max_attempts, {first} AS first_seen_ms,
                               t.order_key, picked.due_at AS was_due
                  )
                  SELECT key, token, expires_ms, attempts, payload, last_error, takeovers, max_attempts,
-                        first_seen_ms, order_key
+                        first_seen_ms, order_key, NULL::int8 AS parked, was_due
                  FROM taken
-                 ORDER BY was_due, key",
+                 UNION ALL
+                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, count(*), NULL
+                 FROM parked
+                 ORDER BY was_due NULLS LAST, key",
                 expires = ms("t.expires_at"),
                 first = ms("t.first_seen")
+            )
+            .into(),
+            // Parks the items their ordering key holds back among the first
+            // `$2` due items of a namespace, skipping rows others hold: the
+            // take's help when its pick met held-back items, so that a burst
+            // of them costs a take one statement per `$2` instead of one per
+            // item. Heads are left due (see `promote`).
+            park: format!(
+                "WITH front AS MATERIALIZED (
+                    SELECT key, wait, order_key, order_seq, order_head FROM {t}
+                    WHERE split_part(key, ':', 1) = $1::text AND due_at <= now()
+                    ORDER BY due_at LIMIT $2
+                 ), held AS MATERIALIZED (
+                    SELECT c.key FROM front c
+                    WHERE c.order_key IS NOT NULL AND c.wait = 1 AND NOT c.order_head
+                      AND {held_back}
+                 )
+                 UPDATE {t} t SET due_at = NULL
+                 WHERE t.key = ANY(ARRAY(
+                    SELECT l.key FROM {t} l
+                    WHERE l.key = ANY(ARRAY(SELECT key FROM held))
+                      AND l.wait = 1 AND NOT l.order_head AND l.due_at IS NOT NULL
+                    FOR UPDATE SKIP LOCKED))
+                   AND t.wait = 1 AND NOT t.order_head"
             )
             .into(),
             // An item snoozed: given back due $4 from now, the attempt its take
@@ -461,8 +553,10 @@ impl Statements {
             .into(),
             // An item failed so under this token already (the same fail sent
             // again) matches too, and is left as it is.
+            // An item dead and to be skipped leaves its ordering key's queue.
             fail: format!(
-                "UPDATE {t} SET wait = $4::int2, last_error = $6::text,
+                "WITH failed AS (
+                 UPDATE {t} SET wait = $4::int2, last_error = $6::text,
                         expires_at = CASE WHEN wait = 0 THEN now() + $5::interval ELSE expires_at END,
                         due_at = CASE WHEN wait <> 0 THEN due_at
                                       WHEN $4::int2 = 2 THEN NULL ELSE now() + $5::interval END,
@@ -474,7 +568,11 @@ impl Statements {
                                  || jsonb_build_array(jsonb_build_array(attempts, {now_ms}, $6::text))
                         END
                  WHERE {is_bound} AND token = $3
-                   AND ((wait = 0 AND expires_at > now()) OR (wait = $4::int2 AND last_error = $6::text))"
+                   AND ((wait = 0 AND expires_at > now()) OR (wait = $4::int2 AND last_error = $6::text))
+                 RETURNING key, CASE WHEN wait = 2 AND order_skip THEN order_key END AS order_key
+                 ), next AS ({next})
+                 SELECT count(*) FROM failed",
+                next = promote("failed")
             )
             .into(),
             // $3: -1 every status, 0 pending, 1 running, 2 failed, 3 dead.
