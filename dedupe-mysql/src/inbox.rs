@@ -11,7 +11,7 @@ use dedupe_core::backend::{
 };
 use dedupe_core::{
     AcceptOptions, Accepted, Error, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Key, Lease,
-    Result, Retry, Taken, Wake, WhenDead,
+    Result, Retry, Taken, Wake, WhenDead, ORDER_SCAN,
 };
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, Row};
@@ -305,6 +305,12 @@ impl Ops<'_> {
     /// In one transaction: the due items picked and locked, then leased in
     /// one statement. A deadline is the pick's `NOW` plus the lease, a
     /// moment before the lease statement runs: never later than promised.
+    /// Leases up to `max` items. A pick that parked items its ordering key
+    /// holds back (I15) instead of filling the take is followed by one
+    /// park of the front of the namespace and a pick again, until the take
+    /// is full or a pick parks nothing: every statement reads a bounded
+    /// number of rows, and each held-back item is read by the picks running
+    /// when it falls due, then not again until its key moves.
     pub(crate) async fn take(
         &self,
         conn: &mut MySqlConnection,
@@ -312,10 +318,35 @@ impl Ops<'_> {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<Taken>> {
+        let mut taken = Vec::new();
         let mut tries = 0;
+        // The next transaction: a pick (false) or a park of the front.
+        let mut park = false;
         loop {
-            match self.take_once(conn, namespace, max, lease).await {
-                Ok(taken) => return Ok(taken),
+            let step = if park {
+                self.park_front(conn, namespace, max).await.map(|parked| {
+                    tracing::debug!(
+                        namespace,
+                        parked,
+                        "take parked items their ordering keys hold back"
+                    );
+                    true
+                })
+            } else {
+                self.take_once(conn, namespace, max - taken.len(), lease)
+                    .await
+                    .map(|(more, parked)| {
+                        taken.extend(more);
+                        parked > 0 && taken.len() < max
+                    })
+            };
+            match step {
+                // A park is followed by a pick.
+                Ok(true) => {
+                    park = !park;
+                    tries = 0;
+                }
+                Ok(false) => return Ok(taken),
                 // Rolled back whole: it runs again.
                 Err(TxError::Deadlock(_)) if tries < DEADLOCK_RETRIES => {
                     tries += 1;
@@ -327,13 +358,57 @@ impl Ops<'_> {
         }
     }
 
+    /// Parks the held-back items among the first `max + ORDER_SCAN` due
+    /// items of `namespace` that no one else holds; answers how many.
+    async fn park_front(
+        &self,
+        conn: &mut MySqlConnection,
+        namespace: &str,
+        max: usize,
+    ) -> std::result::Result<u64, TxError> {
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+        let ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(self.sql.park_front.as_str()))
+            .bind(namespace.as_bytes())
+            .bind(namespace.as_bytes())
+            .bind(u64::try_from(max + ORDER_SCAN).unwrap_or(u64::MAX))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| self.tx_err(e))?;
+        let parked = self.park(&mut tx, namespace, &ids).await?;
+        tx.commit().await.map_err(|e| self.tx_err(e))?;
+        Ok(parked)
+    }
+
+    /// Parks the items `ids` of `namespace`, which the caller's transaction
+    /// holds.
+    async fn park(
+        &self,
+        conn: &mut MySqlConnection,
+        namespace: &str,
+        ids: &[Vec<u8>],
+    ) -> std::result::Result<u64, TxError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = self.sql.park_ids(ids.len());
+        let mut statement = sqlx::query(AssertSqlSafe(sql.as_str())).bind(namespace.as_bytes());
+        for id in ids {
+            statement = statement.bind(id.as_slice());
+        }
+        Ok(statement
+            .execute(conn)
+            .await
+            .map_err(|e| self.tx_err(e))?
+            .rows_affected())
+    }
+
     async fn take_once(
         &self,
         conn: &mut MySqlConnection,
         namespace: &str,
         max: usize,
         lease: Duration,
-    ) -> std::result::Result<Vec<Taken>, TxError> {
+    ) -> std::result::Result<(Vec<Taken>, u64), TxError> {
         let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         let picked = sqlx::query(AssertSqlSafe(self.sql.pick.as_str()))
             .bind(namespace.as_bytes())
@@ -342,12 +417,19 @@ impl Ops<'_> {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| self.tx_err(e))?;
-        if picked.is_empty() {
-            tx.commit().await.map_err(|e| self.tx_err(e))?;
-            return Ok(Vec::new());
-        }
         let mut rows = Vec::with_capacity(picked.len());
+        let mut held_back = Vec::new();
         for row in &picked {
+            let blocked = row
+                .try_get::<Option<i64>, _>(10)
+                .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?;
+            if blocked == Some(1) {
+                held_back.push(
+                    row.try_get::<Vec<u8>, _>(0)
+                        .map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?,
+                );
+                continue;
+            }
             let read = || -> std::result::Result<_, sqlx::Error> {
                 Ok((
                     row.try_get::<Vec<u8>, _>(0)?,
@@ -368,6 +450,11 @@ impl Ops<'_> {
             rows.push(
                 read().map_err(|e| Error::fatal(format!("undecodable inbox row: {e}"), None))?,
             );
+        }
+        let parked = self.park(&mut tx, namespace, &held_back).await?;
+        if rows.is_empty() {
+            tx.commit().await.map_err(|e| self.tx_err(e))?;
+            return Ok((Vec::new(), parked));
         }
         let deadline = rows[0].4.saturating_add(duration_millis(lease));
         let tokens = new_tokens(rows.len());
@@ -430,7 +517,7 @@ impl Ops<'_> {
                 },
             )
             .collect();
-        Ok(taken?)
+        Ok((taken?, parked))
     }
 
     pub(crate) async fn snooze(
@@ -479,12 +566,35 @@ impl Ops<'_> {
             .bind(lease.token.as_str().as_bytes())
             .bind(wait)
             .bind(error.as_bytes());
+        if wait == 1 {
+            let changed = statement
+                .execute(conn)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            return one_row_changed(changed, &lease.key);
+        }
+        // Dead, and to be skipped: the item leaves its ordering key's queue,
+        // and in the same transaction the next one is made the key's head.
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         let changed = statement
-            .execute(conn)
+            .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?
             .rows_affected();
-        one_row_changed(changed, &lease.key)
+        one_row_changed(changed, &lease.key)?;
+        let skipped: Option<Vec<u8>> =
+            sqlx::query_scalar(AssertSqlSafe(self.sql.skipped_key.as_str()))
+                .bind(lease.key.namespace().as_bytes())
+                .bind(lease.key.id().as_bytes())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        if let Some(order_key) = skipped {
+            self.promote(&mut tx, lease.key.namespace(), &order_key)
+                .await?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))
     }
 
     pub(crate) async fn item(&self, conn: &mut MySqlConnection, key: &Key) -> Result<Option<Item>> {

@@ -378,6 +378,12 @@ impl Ops<'_> {
         if changed > 0 {
             return backend::one_row_changed(changed, &lease.key);
         }
+        if self
+            .complete_ordered(conn, lease, outcome, retention)
+            .await?
+        {
+            return Ok(());
+        }
         // The same complete sent again finds its outcome under its token.
         match self.read(conn, &lease.key).await? {
             Some(Record {
@@ -389,6 +395,39 @@ impl Ops<'_> {
             }) if token == lease.token && stored == outcome => Ok(()),
             _ => Err(Error::lease_lost(&lease.key)),
         }
+    }
+
+    /// Completes an item of an ordering key held by `lease` and makes the
+    /// next item of its key the key's head, in one transaction; answers
+    /// whether the lease held such an item.
+    async fn complete_ordered(
+        &self,
+        conn: &mut MySqlConnection,
+        lease: &Lease,
+        outcome: &[u8],
+        retention: Duration,
+    ) -> Result<bool> {
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+        let statement = sqlx::query(sqlx::AssertSqlSafe(self.sql.complete_ordered.as_str()))
+            .bind(outcome)
+            .bind(duration_millis(retention));
+        if self.fenced(&mut tx, statement, lease).await? == 0 {
+            return Ok(false);
+        }
+        let order_key: Option<Vec<u8>> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(self.sql.order_key_of.as_str()))
+                .bind(lease.key.namespace().as_bytes())
+                .bind(lease.key.id().as_bytes())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .flatten();
+        if let Some(order_key) = order_key {
+            self.promote(&mut tx, lease.key.namespace(), &order_key)
+                .await?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(true)
     }
 
     /// A claim's record is removed; an inbox item held by the lease is
@@ -436,9 +475,39 @@ impl Ops<'_> {
     }
 
     /// Records past their deadline, then dead items past their retention
-    /// (I16), a batch a statement.
+    /// (I16), a batch a statement; dead items of an ordering key one at a
+    /// time, each forgotten with its key moved on (see `forget`).
     pub(crate) async fn expire(&self, conn: &mut MySqlConnection) -> Result<u64> {
         let mut removed = 0;
+        loop {
+            let ordered: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(self.sql.expire_dead_ordered.as_str()))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            let batch = ordered.len();
+            for (namespace, id, order_key) in ordered {
+                let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+                let gone = sqlx::query(sqlx::AssertSqlSafe(self.sql.expire_dead_one.as_str()))
+                    .bind(namespace.as_slice())
+                    .bind(id.as_slice())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .rows_affected();
+                if gone > 0 {
+                    let namespace = String::from_utf8(namespace).map_err(|_| {
+                        Error::fatal("an inbox item's namespace is not UTF-8", None)
+                    })?;
+                    self.promote(&mut tx, &namespace, &order_key).await?;
+                    removed += gone;
+                }
+                tx.commit().await.map_err(|e| self.err(e))?;
+            }
+            if (batch as u64) < EXPIRE_BATCH {
+                break;
+            }
+        }
         for statement in [&self.sql.expire_batch, &self.sql.expire_dead_batch] {
             loop {
                 let n = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
@@ -468,25 +537,51 @@ impl Ops<'_> {
     /// takeover, a release and a new claim) has another token: it is left
     /// alone, and the call answers `false`, removing nothing it did not read.
     /// The row is not decoded: a corrupt record is forgotten like any other.
+    ///
+    /// An inbox item leaves its ordering key's queue: in the same
+    /// transaction, the key's next item is made its head (see `promote`).
     pub(crate) async fn forget(&self, conn: &mut MySqlConnection, key: &Key) -> Result<bool> {
-        let read: Option<(Vec<u8>, bool)> =
+        let read: Option<(Vec<u8>, bool, Option<Vec<u8>>)> =
             sqlx::query_as(sqlx::AssertSqlSafe(self.sql.forget_read.as_str()))
                 .bind(key.namespace().as_bytes())
                 .bind(key.id().as_bytes())
                 .fetch_optional(&mut *conn)
                 .await
                 .map_err(|e| self.err(e))?;
-        let Some((token, live)) = read else {
+        let Some((token, live, order_key)) = read else {
             return Ok(false);
         };
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         let removed = sqlx::query(sqlx::AssertSqlSafe(self.sql.forget.as_str()))
             .bind(key.namespace().as_bytes())
             .bind(key.id().as_bytes())
             .bind(token)
-            .execute(&mut *conn)
+            .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?
             .rows_affected();
+        if let (true, Some(order_key)) = (removed > 0, order_key) {
+            self.promote(&mut tx, key.namespace(), &order_key).await?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
         Ok(removed > 0 && live)
+    }
+
+    /// Makes the first waiting item of ordering key `order_key` its head,
+    /// due again if a take parked it, in the caller's transaction that took
+    /// an item of the key out of its queue.
+    pub(crate) async fn promote(
+        &self,
+        conn: &mut MySqlConnection,
+        namespace: &str,
+        order_key: &[u8],
+    ) -> Result<()> {
+        sqlx::query(sqlx::AssertSqlSafe(self.sql.promote.as_str()))
+            .bind(namespace.as_bytes())
+            .bind(order_key)
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 }

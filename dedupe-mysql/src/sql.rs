@@ -42,13 +42,14 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0006_dead_retention.sql"),
     include_str!("../migrations/0007_error_history.sql"),
     include_str!("../migrations/0008_accept_token.sql"),
+    include_str!("../migrations/0009_order_park.sql"),
 ];
 
 /// For each migration after the first, in the order of [`MIGRATIONS`]: the
 /// column whose absence says it has not run (MySQL's `ALTER TABLE` has no
 /// `IF NOT EXISTS`) and its name; `None` for one that creates only what is
 /// missing, and runs every time.
-pub(crate) const GATES: [Option<(&str, &str)>; 7] = [
+pub(crate) const GATES: [Option<(&str, &str)>; 8] = [
     Some(("due_at", "0002_inbox")),
     Some(("takeovers", "0003_item_counts")),
     None,
@@ -56,6 +57,7 @@ pub(crate) const GATES: [Option<(&str, &str)>; 7] = [
     Some(("dead_until", "0006_dead_retention")),
     Some(("errors", "0007_error_history")),
     Some(("accept_token", "0008_accept_token")),
+    Some(("order_head", "0009_order_park")),
 ];
 
 /// The statements for one table.
@@ -71,6 +73,13 @@ pub(crate) struct Statements {
     pub(crate) expire_batch: String,
     pub(crate) expire_dead_batch: String,
     pub(crate) forget: String,
+    pub(crate) promote: String,
+    pub(crate) complete_ordered: String,
+    pub(crate) order_key_of: String,
+    pub(crate) skipped_key: String,
+    pub(crate) park_front: String,
+    pub(crate) expire_dead_ordered: String,
+    pub(crate) expire_dead_one: String,
     pub(crate) forget_read: String,
     pub(crate) has_column: String,
     pub(crate) accept: String,
@@ -105,6 +114,37 @@ impl Statements {
         let gone = format!("(expires_at <= {now} AND wait IS NULL)");
         // A row of a live lease: a claim's, or an item's held by a worker.
         let held = format!("state = 0 AND expires_at > {now} AND (wait IS NULL OR wait = 0)");
+        // Whether item `c` of an ordering key is held back by another item
+        // of its key (I15): another is held, or, unless `c` is held itself
+        // (a takeover comes first), an earlier one (accept order, ties by
+        // id) waits, or is dead and not to be skipped.
+        let held_back = format!(
+            "EXISTS (
+                SELECT 1 FROM {t} AS o
+                WHERE o.namespace = c.namespace AND o.order_key = c.order_key
+                  AND o.wait IN (0, 1, 2) AND o.id <> c.id
+                  AND (o.wait = 0
+                       OR (c.wait <> 0
+                           AND (o.order_seq < c.order_seq
+                                OR (o.order_seq = c.order_seq AND o.id < c.id))
+                           AND (o.wait = 1 OR (o.wait = 2 AND o.order_skip = 0)))))"
+        );
+        // The first waiting item of the ordering key of the rows of
+        // `leaving` (namespace, id, order_key) other than that row, made the
+        // key's head and due again if a take parked it (see migration 0009).
+        // Run in the statement or transaction that takes the row out of the
+        // queue: a take that parked the head and has not committed holds
+        // its row, and this waits for it and then writes over the park; a
+        // take that has not yet parked it finds it a head and leaves it due.
+        let next = |leaving: &str| {
+            format!(
+                "(SELECT n.namespace, n.id FROM {t} AS n
+                  JOIN ({leaving}) AS k
+                    ON n.namespace = k.namespace AND n.order_key = k.order_key AND n.id <> k.id
+                  WHERE n.wait = 1
+                  ORDER BY n.order_seq, n.id LIMIT 1) AS m"
+            )
+        };
         Ok(Self {
             table: table.to_string(),
             // The numbered files of `migrations/`, in order: each is one
@@ -134,10 +174,35 @@ impl Statements {
                     expires_at   = IF({gone}, VALUES(expires_at), expires_at)"
             ),
             // A completed item is a done record (I4): its inbox columns go.
+            // Not an item of an ordering key: that one is `complete_ordered`.
             complete: format!(
                 "UPDATE {t} SET outcome = ?, completed_at = {now}, state = 1, expires_at = {now} + ?,
                         payload = NULL, last_error = NULL, due_at = NULL, wait = NULL
-                 WHERE namespace = ? AND id = ? AND token = ? AND {held}"
+                 WHERE namespace = ? AND id = ? AND token = ? AND {held} AND order_key IS NULL"
+            ),
+            // An item of an ordering key, completed in a transaction that
+            // then makes the next item of its key the key's head (`promote`).
+            complete_ordered: format!(
+                "UPDATE {t} SET outcome = ?, completed_at = {now}, state = 1, expires_at = {now} + ?,
+                        payload = NULL, last_error = NULL, due_at = NULL, wait = NULL
+                 WHERE namespace = ? AND id = ? AND token = ? AND {held} AND order_key IS NOT NULL"
+            ),
+            order_key_of: format!("SELECT order_key FROM {t} WHERE namespace = ? AND id = ?"),
+            // The next item of an ordering key bound as (namespace, key) made
+            // its head, in the transaction that took an item of the key out
+            // of its queue (done, dead and skipped, forgotten, expired).
+            promote: format!(
+                "UPDATE {t} AS b JOIN {m} ON b.namespace = m.namespace AND b.id = m.id
+                 SET b.order_head = 1, b.due_at = COALESCE(b.due_at, b.expires_at)
+                 WHERE b.wait = 1",
+                m = next("SELECT ? AS namespace, '' AS id, ? AS order_key")
+            ),
+            // The ordering key of an item dead and to be skipped, read in the
+            // transaction that failed it so.
+            skipped_key: format!(
+                "SELECT order_key FROM {t}
+                 WHERE namespace = ? AND id = ? AND wait = 2 AND order_skip = 1
+                   AND order_key IS NOT NULL"
             ),
             // A claim's release; an item held by the lease is given back
             // instead (`give_back`).
@@ -154,16 +219,28 @@ impl Statements {
                 "DELETE FROM {t} WHERE expires_at <= {now} AND wait IS NULL
                  ORDER BY expires_at LIMIT {EXPIRE_BATCH}"
             ),
-            // Dead items past their retention (I16), by the `dead` index.
+            // Dead items past their retention (I16), by the `dead` index;
+            // those of an ordering key go one at a time, each with its key's
+            // next item (`expire_dead_ordered`).
             expire_dead_batch: format!(
-                "DELETE FROM {t} WHERE dead_until <= {now} AND wait = 2
+                "DELETE FROM {t} WHERE dead_until <= {now} AND wait = 2 AND order_key IS NULL
                  ORDER BY dead_until LIMIT {EXPIRE_BATCH}"
+            ),
+            expire_dead_ordered: format!(
+                "SELECT namespace, id, order_key FROM {t}
+                 WHERE dead_until <= {now} AND wait = 2 AND order_key IS NOT NULL
+                 ORDER BY dead_until LIMIT {EXPIRE_BATCH}"
+            ),
+            // One of those, unless replayed since.
+            expire_dead_one: format!(
+                "DELETE FROM {t} WHERE namespace = ? AND id = ? AND wait = 2 AND dead_until <= {now}"
             ),
             forget: format!("DELETE FROM {t} WHERE namespace = ? AND id = ? AND token = ?"),
             // The token and whether the row is live, undecoded: a record
             // that does not decode is forgotten too.
             forget_read: format!(
-                "SELECT token, expires_at > {now} OR wait IS NOT NULL FROM {t}
+                "SELECT token, expires_at > {now} OR wait IS NOT NULL, IF(wait IS NULL, NULL, order_key)
+                 FROM {t}
                  WHERE namespace = ? AND id = ?"
             ),
             has_column: format!(
@@ -211,6 +288,7 @@ impl Statements {
                     accept_token = IF({ours}, VALUES(accept_token), accept_token),
                     errors       = IF({ours}, NULL, errors),
                     dead_until   = IF({ours}, NULL, dead_until),
+                    order_head   = IF({ours}, 0, order_head),
                     state        = IF({ours}, 0, state),
                     expires_at   = IF({ours}, VALUES(expires_at), expires_at),
                     wait         = IF({ours}, 1, wait)",
@@ -256,22 +334,36 @@ impl Statements {
             // (accept order, ties by id) waits, or is dead and not to be
             // skipped. The look is a plain read of the snapshot: an item it
             // sees waiting or held holds the next one back either way.
+            // An item its ordering key holds back is picked too, marked
+            // (the last column), and the caller parks it (see migration
+            // 0009) instead of leasing it; a head held back (made one while
+            // an item of its key ran out of turn: a replay) is passed over.
+            // So a pick reads at most its limit of rows besides the rows
+            // others hold and those heads.
             pick: format!(
                 "SELECT id, attempts, payload, last_error, {now}, wait, takeovers, max_attempts, first_seen,
-                        order_key
+                        order_key, c.order_key IS NOT NULL AND {held_back} AS blocked
                  FROM {t} AS c FORCE INDEX (due)
                  WHERE namespace = ? AND due_at <= {now}
                    AND NOT EXISTS (SELECT 1 FROM {p} WHERE namespace = ?)
-                   AND (c.order_key IS NULL OR NOT EXISTS (
-                     SELECT 1 FROM {t} AS o
-                     WHERE o.namespace = c.namespace AND o.order_key = c.order_key
-                       AND o.wait IN (0, 1, 2) AND o.id <> c.id
-                       AND (o.wait = 0
-                            OR (c.wait <> 0
-                                AND (o.order_seq < c.order_seq
-                                     OR (o.order_seq = c.order_seq AND o.id < c.id))
-                                AND (o.wait = 1 OR (o.wait = 2 AND o.order_skip = 0))))))
+                   AND (c.order_key IS NULL OR c.order_head = 0 OR NOT {held_back})
                  ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED"
+            ),
+            // The items their ordering key holds back among the first `?`
+            // due items of a namespace, locked for parking, skipping rows
+            // others hold: the take's help when its pick met held-back items,
+            // so that a burst of them costs a take one statement per `?`
+            // instead of one per item. Heads are left due.
+            park_front: format!(
+                "SELECT id FROM {t} AS c FORCE INDEX (due)
+                 WHERE namespace = ?
+                   AND due_at <= COALESCE(
+                       (SELECT due_at FROM {t} FORCE INDEX (due)
+                        WHERE namespace = ? AND due_at <= {now}
+                        ORDER BY due_at LIMIT 1 OFFSET ?),
+                       {now})
+                   AND c.order_key IS NOT NULL AND c.wait = 1 AND c.order_head = 0 AND {held_back}
+                 FOR UPDATE SKIP LOCKED"
             ),
             // An item failed so under this token already (the same fail sent
             // again) matches too, and is left as it is. `wait` last: the
@@ -354,6 +446,24 @@ impl Statements {
             sql.push_str(" WHEN ? THEN ?");
         }
         sql.push_str(" END WHERE namespace = ? AND id IN (");
+        for i in 0..rows {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('?');
+        }
+        sql.push(')');
+        sql
+    }
+
+    /// Parks `rows` items a take locked (see migration 0009): the namespace
+    /// then the ids. A head is left due.
+    pub(crate) fn park_ids(&self, rows: usize) -> String {
+        let mut sql = format!(
+            "UPDATE `{}` SET due_at = NULL \
+             WHERE namespace = ? AND wait = 1 AND order_head = 0 AND id IN (",
+            self.table
+        );
         for i in 0..rows {
             if i > 0 {
                 sql.push_str(", ");

@@ -1076,3 +1076,70 @@ async fn a_table_from_before_the_inbox_is_migrated() {
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].payload, b"payload");
 }
+
+/// Parked rows of `table`: waiting items out of the take's range.
+async fn parked(pool: &MySqlPool, table: &str) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{table}` WHERE wait = 1 AND due_at IS NULL"
+    )))
+    .fetch_one(pool)
+    .await
+    .expect("count parked")
+}
+
+/// Items their ordering key holds back are read once (I15): the take that
+/// meets a burst of them parks them, out of the take's range, and hands
+/// out the free item behind them; the next takes read none of them; an item
+/// done, dead and skipped, or forgotten makes only the next one due again.
+/// Read from the table: fails when a take scans past held-back items
+/// instead of parking them, or when a completion leaves the next one parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_back_items_are_parked_until_their_key_moves() {
+    use dedupe_core::{AcceptOptions, Inbox, ORDER_SCAN};
+    let (_server, url) = support::mysql_server();
+    let table = support::unique_schema("park");
+    let store = store_on(&url, &table, Duration::from_secs(5)).await;
+    let pool = MySqlPool::connect(&url).await.expect("pool");
+    let lease = Duration::from_secs(60);
+    let ordered = AcceptOptions::new()
+        .ordering_key("cus_1")
+        .when_dead(dedupe_core::WhenDead::Skip);
+    store
+        .accept_with(&key("first"), b"{}", &ordered)
+        .await
+        .expect("accept");
+    let first = store.take("my", 1, lease).await.expect("take");
+    assert_eq!(first.len(), 1);
+    let behind = 3 * i64::try_from(ORDER_SCAN).expect("small");
+    for i in 0..behind {
+        store
+            .accept_with(&key(&format!("behind-{i:04}")), b"{}", &ordered)
+            .await
+            .expect("accept");
+    }
+    store.accept(&key("free"), b"{}").await.expect("accept");
+    let taken = store.take("my", 1, lease).await.expect("take");
+    assert_eq!(taken.len(), 1, "the free item behind the burst");
+    assert_eq!(taken[0].lease.key.id(), "free");
+    assert_eq!(parked(&pool, &table).await, behind);
+    assert!(store.take("my", 4, lease).await.expect("take").is_empty());
+
+    store
+        .complete(&first[0].lease, b"", Duration::from_secs(60))
+        .await
+        .expect("complete");
+    assert_eq!(parked(&pool, &table).await, behind - 1);
+    let next = store.take("my", 4, lease).await.expect("take");
+    assert_eq!(next.len(), 1, "one item of the key at a time");
+    assert_eq!(next[0].lease.key.id(), "behind-0000");
+    store
+        .fail(&next[0].lease, "gone", dedupe_core::Retry::dead())
+        .await
+        .expect("fail");
+    assert_eq!(parked(&pool, &table).await, behind - 2);
+    assert!(store.forget(&key("behind-0001")).await.expect("forget"));
+    assert_eq!(parked(&pool, &table).await, behind - 3);
+    let next = store.take("my", 4, lease).await.expect("take");
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].lease.key.id(), "behind-0002");
+}
