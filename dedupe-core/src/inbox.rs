@@ -184,9 +184,12 @@ pub const MAX_ORDERING_KEY_BYTES: usize = 256;
 
 /// How many due items a take passes over because an earlier item of their
 /// ordering key holds them back (CONTRACT.md I15), beyond the items it
-/// hands out: a take reads at most `max + ORDER_SCAN` due items. Past that
-/// many blocked items at the front of a namespace, a take hands out nothing
-/// until they move, however much other work waits behind them.
+/// hands out: a take reads at most `max + ORDER_SCAN` due items at a time.
+/// Memory, SQLite, Postgres and MySQL park the held-back items it reads (out
+/// of the due items until their key moves) and read on, so work behind any
+/// number of them is handed out. On Redis and DynamoDB, past that many
+/// blocked items at the front of a namespace, a take hands out nothing until
+/// they move, however much other work waits behind them.
 pub const ORDER_SCAN: usize = 100;
 
 /// What a dead item does to the later items of its ordering key

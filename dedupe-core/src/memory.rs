@@ -37,6 +37,11 @@ struct ItemEntry {
     dead_until: Option<SystemTime>,
     /// Its last failures, oldest first (I5).
     errors: std::collections::VecDeque<crate::FailedAttempt>,
+    /// Parked: held back by its ordering key, out of the due set until an
+    /// item of its key leaves the queue and makes it the key's head (I15).
+    parked: bool,
+    /// Made its key's head: never parked.
+    head: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -252,8 +257,42 @@ impl Records {
         entry
             .item
             .as_ref()
-            .filter(|i| i.wait != Wait::Dead)
+            .filter(|i| i.wait != Wait::Dead && !i.parked)
             .map(|_| entry.expires_at)
+    }
+
+    /// The ordering key of an item in its key's queue (waiting, held, or
+    /// dead and blocking), if it has one.
+    fn queued_order(entry: &Entry) -> Option<String> {
+        let item = entry.item.as_ref()?;
+        let order = item.ordering.as_ref()?;
+        let skipped = item.wait == Wait::Dead && order.when_dead == crate::WhenDead::Skip;
+        (!skipped).then(|| order.key.clone())
+    }
+
+    /// Makes the first waiting item of ordering key `order` in `namespace`
+    /// the key's head, unparked: an item of the key left its queue.
+    fn promote(&mut self, namespace: &str, order: String) {
+        let at = (namespace.to_string(), order);
+        let Some(next) = self.orders.get(&at).and_then(|items| {
+            items.values().find_map(|id| {
+                let key = Key::new(namespace, id.as_str()).ok()?;
+                let waiting = self
+                    .map
+                    .get(&key)
+                    .and_then(|e| e.item.as_ref())
+                    .is_some_and(|i| i.wait == Wait::Due);
+                waiting.then_some(key)
+            })
+        }) else {
+            return;
+        };
+        self.unindex(&next);
+        if let Some(item) = self.map.get_mut(&next).and_then(|e| e.item.as_mut()) {
+            item.parked = false;
+            item.head = true;
+        }
+        self.index(&next);
     }
 
     /// An item's ordering key, its number, and whether a worker holds it.
@@ -312,23 +351,40 @@ impl Records {
         }
     }
 
-    /// Changes the entry of `key` (if any) with `f`.
+    /// Changes the entry of `key` (if any) with `f`. An item that leaves
+    /// its ordering key's queue so (done, dead and skipped) moves the key
+    /// on.
     fn change<R>(&mut self, key: &Key, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
+        let before = self.map.get(key).and_then(Self::queued_order);
         self.unindex(key);
         let result = self.map.get_mut(key).map(f);
         self.index(key);
+        let after = self.map.get(key).and_then(Self::queued_order);
+        if let (Some(order), None) = (before, after) {
+            self.promote(key.namespace(), order);
+        }
         result
     }
 
     fn insert(&mut self, key: Key, entry: Entry) {
+        let before = self.map.get(&key).and_then(Self::queued_order);
         self.unindex(&key);
         self.map.insert(key.clone(), entry);
         self.index(&key);
+        if let Some(order) = before {
+            self.promote(key.namespace(), order);
+        }
     }
 
+    /// Removes the entry of `key`; an item of an ordering key leaves its
+    /// queue and moves the key on.
     fn remove(&mut self, key: &Key) -> Option<Entry> {
         self.unindex(key);
-        self.map.remove(key)
+        let removed = self.map.remove(key);
+        if let Some(order) = removed.as_ref().and_then(Self::queued_order) {
+            self.promote(key.namespace(), order);
+        }
+        removed
     }
 
     /// Whether an item of an ordering key is held back (I15): another item
@@ -384,6 +440,36 @@ impl Records {
             .take(max)
             .filter_map(|(_, id)| Key::new(namespace, id).ok())
             .collect()
+    }
+}
+
+impl Records {
+    /// Leases the item of `key` if it is due (I10: a takeover is counted).
+    fn lease_due(&mut self, key: &Key, now: SystemTime, lease: Duration) -> Option<Taken> {
+        self.change(key, |entry| {
+            if !entry.is_due(now) {
+                return None;
+            }
+            let item = entry.item.as_mut()?;
+            if item.wait == Wait::Held {
+                // Its worker's lease passed: a takeover (I10).
+                item.takeovers = item.takeovers.saturating_add(1);
+            }
+            item.wait = Wait::Held;
+            let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
+            let counts = (item.takeovers, item.max_attempts);
+            let ordering_key = item.ordering.as_ref().map(|o| o.key.clone());
+            let accepted_at = entry.first_seen;
+            entry.token = LeaseToken::generate();
+            entry.expires_at = now + lease;
+            entry.attempts = entry.attempts.saturating_add(1);
+            Some(
+                Taken::new(entry.lease(key), payload, last_error, accepted_at)
+                    .with_counts(counts.0, counts.1)
+                    .with_ordering_key(ordering_key),
+            )
+        })
+        .flatten()
     }
 }
 
@@ -625,6 +711,8 @@ impl Inbox for MemoryStore {
                     }),
                     dead_until: None,
                     errors: Default::default(),
+                    parked: false,
+                    head: false,
                 }),
             },
         );
@@ -640,42 +728,34 @@ impl Inbox for MemoryStore {
         if map.paused.contains(namespace) {
             return Ok(Vec::new());
         }
-        // Read past at most ORDER_SCAN items held back by their ordering key.
-        let due = map.due_by(namespace, now, max + crate::ORDER_SCAN);
+        // Read at most ORDER_SCAN items held back by their ordering key
+        // besides those handed out, and park them (out of the due set until
+        // their key moves); a take that parked instead of filling reads again.
         let mut taken = Vec::with_capacity(max);
-        for key in due {
-            if taken.len() == max {
-                break;
-            }
-            if map.held_back(&key) {
-                continue;
-            }
-            let leased = map.change(&key, |entry| {
-                if !entry.is_due(now) {
-                    return None;
+        loop {
+            let due = map.due_by(namespace, now, max - taken.len() + crate::ORDER_SCAN);
+            let mut parked = false;
+            for key in due {
+                if map.held_back(&key) {
+                    parked |= map
+                        .change(&key, |entry| match entry.item.as_mut() {
+                            Some(item) if item.wait == Wait::Due && !item.head => {
+                                item.parked = true;
+                                true
+                            }
+                            _ => false,
+                        })
+                        .unwrap_or(false);
+                    continue;
                 }
-                let item = entry.item.as_mut()?;
-                if item.wait == Wait::Held {
-                    // Its worker's lease passed: a takeover (I10).
-                    item.takeovers = item.takeovers.saturating_add(1);
+                if taken.len() < max {
+                    taken.extend(map.lease_due(&key, now, lease));
                 }
-                item.wait = Wait::Held;
-                let (payload, last_error) = (item.payload.clone(), item.last_error.clone());
-                let counts = (item.takeovers, item.max_attempts);
-                let ordering_key = item.ordering.as_ref().map(|o| o.key.clone());
-                let accepted_at = entry.first_seen;
-                entry.token = LeaseToken::generate();
-                entry.expires_at = now + lease;
-                entry.attempts = entry.attempts.saturating_add(1);
-                Some(
-                    Taken::new(entry.lease(&key), payload, last_error, accepted_at)
-                        .with_counts(counts.0, counts.1)
-                        .with_ordering_key(ordering_key),
-                )
-            });
-            taken.extend(leased.flatten());
+            }
+            if !parked || taken.len() >= max {
+                return Ok(taken);
+            }
         }
-        Ok(taken)
     }
 
     async fn snooze(&self, lease: &Lease, delay: Duration) -> Result<()> {
@@ -785,6 +865,7 @@ impl Inbox for MemoryStore {
                 if let Some(item) = entry.item.as_mut() {
                     item.wait = Wait::Due;
                     item.dead_until = None;
+                    item.parked = false;
                 }
                 entry.expires_at = now;
             });

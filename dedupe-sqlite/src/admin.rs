@@ -126,6 +126,7 @@ pub(crate) fn check_file(path: &Path, table: &str) -> Result<()> {
         ("order_key", "0006_ordering"),
         ("dead_until", "0007_dead_retention"),
         ("errors", "0008_error_history"),
+        ("order_head", "0009_order_park"),
     ] {
         if !columns.iter().any(|c| c == column) {
             return Err(missing(format!(

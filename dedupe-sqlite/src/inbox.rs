@@ -293,22 +293,56 @@ impl Ops<'_> {
     ) -> Result<Vec<Taken>> {
         let now = backend::now_millis();
         let until = deadline(now, lease);
-        let ids: Vec<String> = conn
-            .prepare_cached(&self.sql.take_pick)
-            .and_then(|mut stmt| {
-                stmt.query_map(
-                    named_params! {
-                        ":ns": namespace,
-                        ":now": now,
-                        ":max": i64::try_from(max).unwrap_or(i64::MAX),
-                        ":scan": i64::try_from(ORDER_SCAN).unwrap_or(i64::MAX),
-                    },
-                    |row| row.get(0),
-                )?
-                .collect()
-            })
-            .map_err(|e| self.err(e))?;
-        let mut taken = Vec::with_capacity(ids.len());
+        let mut taken = Vec::with_capacity(max);
+        // A pick that parked items their ordering key holds back instead of
+        // filling the take runs again: the parked ones are out of its index.
+        loop {
+            let picked: Vec<(String, bool)> = conn
+                .prepare_cached(&self.sql.take_pick)
+                .and_then(|mut stmt| {
+                    stmt.query_map(
+                        named_params! {
+                            ":ns": namespace,
+                            ":now": now,
+                            ":max": i64::try_from(max).unwrap_or(i64::MAX),
+                            ":scan": i64::try_from(ORDER_SCAN).unwrap_or(i64::MAX),
+                        },
+                        |row| Ok((row.get(0)?, row.get(1)?)),
+                    )?
+                    .collect()
+                })
+                .map_err(|e| self.err(e))?;
+            let mut parked = 0;
+            let mut free = Vec::new();
+            for (id, blocked) in picked {
+                if blocked {
+                    parked += conn
+                        .prepare_cached(&self.sql.park)
+                        .and_then(|mut stmt| {
+                            stmt.execute(named_params! {":ns": namespace, ":id": id.as_str()})
+                        })
+                        .map_err(|e| self.err(e))?;
+                } else if taken.len() + free.len() < max {
+                    free.push(id);
+                }
+            }
+            self.lease_picked(conn, namespace, free, now, until, &mut taken)?;
+            if parked == 0 || taken.len() >= max {
+                return Ok(taken);
+            }
+        }
+    }
+
+    /// Leases the items `ids` picked, in order, into `taken`.
+    fn lease_picked(
+        &self,
+        conn: &Connection,
+        namespace: &str,
+        ids: Vec<String>,
+        now: i64,
+        until: i64,
+        taken: &mut Vec<Taken>,
+    ) -> Result<()> {
         for id in ids {
             let key = Key::new(namespace, &id)?;
             let token = backend::new_token();
@@ -380,7 +414,7 @@ impl Ops<'_> {
                 .decode(key)?,
             );
         }
-        Ok(taken)
+        Ok(())
     }
 
     pub(crate) fn snooze(&self, conn: &Connection, lease: &Lease, delay: Duration) -> Result<()> {
@@ -416,22 +450,32 @@ impl Ops<'_> {
             Retry::Dead { keep: Some(keep) } => Some(deadline(now, keep)),
             _ => None,
         };
-        let changed = conn
+        // The ordering key of an item dead and to be skipped comes back:
+        // its next item is made the key's head.
+        let skipped: Vec<Option<String>> = conn
             .prepare_cached(&self.sql.fail)
             .and_then(|mut stmt| {
-                stmt.execute(named_params! {
-                    ":ns": lease.key.namespace(),
-                    ":id": lease.key.id(),
-                    ":token": lease.token.as_str(),
-                    ":now": now,
-                    ":wait": wait,
-                    ":due": due,
-                    ":error": cut_error(error),
-                    ":dead_until": dead_until,
-                })
+                stmt.query_map(
+                    named_params! {
+                        ":ns": lease.key.namespace(),
+                        ":id": lease.key.id(),
+                        ":token": lease.token.as_str(),
+                        ":now": now,
+                        ":wait": wait,
+                        ":due": due,
+                        ":error": cut_error(error),
+                        ":dead_until": dead_until,
+                    },
+                    |row| row.get(0),
+                )?
+                .collect()
             })
             .map_err(|e| self.err(e))?;
-        one_row_changed(changed as u64, &lease.key)
+        one_row_changed(skipped.len() as u64, &lease.key)?;
+        if let Some(Some(order_key)) = skipped.first() {
+            self.promote(conn, &lease.key, order_key)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn item(&self, conn: &Connection, key: &Key) -> Result<Option<Item>> {

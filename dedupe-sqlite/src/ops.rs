@@ -151,20 +151,46 @@ impl Ops<'_> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
         let now = backend::now_millis();
-        let changed = conn
+        // An item's ordering key comes back: its next item is made the
+        // key's head.
+        let done: Vec<Option<String>> = conn
             .prepare_cached(&self.sql.complete)
             .and_then(|mut stmt| {
+                stmt.query_map(
+                    named_params! {
+                        ":ns": lease.key.namespace(),
+                        ":id": lease.key.id(),
+                        ":token": lease.token.as_str(),
+                        ":until": deadline(now, retention),
+                        ":now": now,
+                        ":outcome": outcome,
+                    },
+                    |row| row.get(0),
+                )?
+                .collect()
+            })
+            .map_err(|e| self.err(e))?;
+        one_row_changed(done.len() as u64, &lease.key)?;
+        if let Some(Some(order_key)) = done.first() {
+            self.promote(conn, &lease.key, order_key)?;
+        }
+        Ok(())
+    }
+
+    /// Makes the first waiting item of ordering key `order_key` other than
+    /// `left` the key's head, unparked (migration 0009), in the write
+    /// transaction that took `left` out of the key's queue.
+    pub(crate) fn promote(&self, conn: &Connection, left: &Key, order_key: &str) -> Result<()> {
+        conn.prepare_cached(&self.sql.promote)
+            .and_then(|mut stmt| {
                 stmt.execute(named_params! {
-                    ":ns": lease.key.namespace(),
-                    ":id": lease.key.id(),
-                    ":token": lease.token.as_str(),
-                    ":until": deadline(now, retention),
-                    ":now": now,
-                    ":outcome": outcome,
+                    ":ns": left.namespace(),
+                    ":id": left.id(),
+                    ":order": order_key,
                 })
             })
             .map_err(|e| self.err(e))?;
-        one_row_changed(changed as u64, &lease.key)
+        Ok(())
     }
 
     /// Removes the lease's live record; with none, `Ok` unless a live record
@@ -247,10 +273,31 @@ impl Ops<'_> {
         } else {
             &self.sql.expire_batch
         };
-        conn.prepare_cached(sql)
-            .and_then(|mut stmt| stmt.execute(named_params! {":now": now, ":batch": EXPIRE_BATCH}))
-            .map(|n| n as u64)
-            .map_err(|e| self.err(e))
+        if !dead {
+            return conn
+                .prepare_cached(sql)
+                .and_then(|mut stmt| {
+                    stmt.execute(named_params! {":now": now, ":batch": EXPIRE_BATCH})
+                })
+                .map(|n| n as u64)
+                .map_err(|e| self.err(e));
+        }
+        // A dead item of an ordering key removed moves its key on (I16).
+        let gone: Vec<(String, String, Option<String>)> = conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(named_params! {":now": now, ":batch": EXPIRE_BATCH}, |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))?;
+        for (namespace, id, order_key) in &gone {
+            if let Some(order_key) = order_key {
+                self.promote(conn, &Key::new(namespace, id)?, order_key)?;
+            }
+        }
+        Ok(gone.len() as u64)
     }
 
     pub(crate) fn get(&self, conn: &Connection, key: &Key) -> Result<Option<Record>> {
@@ -272,16 +319,23 @@ impl Ops<'_> {
     }
 
     pub(crate) fn forget(&self, conn: &Connection, key: &Key) -> Result<bool> {
-        let live: Option<bool> = conn
+        let gone: Option<(bool, Option<String>)> = conn
             .prepare_cached(&self.sql.forget)
             .and_then(|mut stmt| {
                 stmt.query_row(
                     named_params! {":ns": key.namespace(), ":id": key.id(), ":now": backend::now_millis()},
-                    |row| row.get(0),
+                    |row| Ok((row.get(0)?, row.get(1)?)),
                 )
                 .optional()
             })
             .map_err(|e| self.err(e))?;
-        Ok(live.unwrap_or(false))
+        let Some((live, order_key)) = gone else {
+            return Ok(false);
+        };
+        // A forgotten item leaves its ordering key's queue.
+        if let Some(order_key) = order_key {
+            self.promote(conn, key, &order_key)?;
+        }
+        Ok(live)
     }
 }

@@ -193,6 +193,9 @@ impl SqliteStore {
                 if !columns.iter().any(|c| c == "errors") {
                     tx.execute_batch(&ops.sql.error_history).map_err(map)?;
                 }
+                if !columns.iter().any(|c| c == "order_head") {
+                    tx.execute_batch(&ops.sql.order_park).map_err(map)?;
+                }
                 tx.commit().map_err(map)
             })
             .await

@@ -1078,9 +1078,9 @@ async fn a_table_from_before_the_inbox_is_migrated() {
         indexes,
         [
             "dedupe_records_dead",
-            "dedupe_records_due",
             "dedupe_records_expiry",
-            "dedupe_records_order"
+            "dedupe_records_order",
+            "dedupe_records_waiting"
         ]
     );
 }
@@ -1119,4 +1119,72 @@ async fn an_accepted_item_wakes_an_idle_worker() {
     }
     worker.shutdown(Duration::from_secs(1)).await;
     running.await.expect("worker task").expect("worker");
+}
+
+/// Parked rows of the file's table: waiting items out of the take's index.
+fn parked(db: &Path) -> i64 {
+    Connection::open(db)
+        .expect("open")
+        .query_row(
+            "SELECT count(*) FROM dedupe_records WHERE wait = 1 AND order_parked = 1",
+            [],
+            |row| row.get(0),
+        )
+        .expect("count parked")
+}
+
+/// Items their ordering key holds back are read once (I15): the take that
+/// meets a burst of more than `ORDER_SCAN` of them parks them, out of the
+/// take's index, and hands out the free item behind them (before parking,
+/// the take read the same first items each time and handed out nothing);
+/// an item done, dead and skipped, or forgotten makes only the next one due
+/// again. Fails when a completion leaves the next one parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_back_items_are_parked_until_their_key_moves() {
+    use dedupe_core::{AcceptOptions, Inbox, Retry, WhenDead, ORDER_SCAN};
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("park.db");
+    let store = SqliteStore::open(&db).await.expect("open");
+    let lease = Duration::from_secs(60);
+    let ordered = AcceptOptions::new()
+        .ordering_key("cus_1")
+        .when_dead(WhenDead::Skip);
+    store
+        .accept_with(&key("first"), b"{}", &ordered)
+        .await
+        .expect("accept");
+    let first = store.take("proc", 1, lease).await.expect("take");
+    assert_eq!(first.len(), 1);
+    let behind = 3 * i64::try_from(ORDER_SCAN).expect("small");
+    for i in 0..behind {
+        store
+            .accept_with(&key(&format!("behind-{i:04}")), b"{}", &ordered)
+            .await
+            .expect("accept");
+    }
+    store.accept(&key("free"), b"{}").await.expect("accept");
+    let taken = store.take("proc", 1, lease).await.expect("take");
+    assert_eq!(taken.len(), 1, "the free item behind the burst");
+    assert_eq!(taken[0].lease.key.id(), "free");
+    assert_eq!(parked(&db), behind);
+    assert!(store.take("proc", 4, lease).await.expect("take").is_empty());
+
+    store
+        .complete(&first[0].lease, b"", Duration::from_secs(60))
+        .await
+        .expect("complete");
+    assert_eq!(parked(&db), behind - 1);
+    let next = store.take("proc", 4, lease).await.expect("take");
+    assert_eq!(next.len(), 1, "one item of the key at a time");
+    assert_eq!(next[0].lease.key.id(), "behind-0000");
+    store
+        .fail(&next[0].lease, "gone", Retry::dead())
+        .await
+        .expect("fail");
+    assert_eq!(parked(&db), behind - 2);
+    assert!(store.forget(&key("behind-0001")).await.expect("forget"));
+    assert_eq!(parked(&db), behind - 3);
+    let next = store.take("proc", 4, lease).await.expect("take");
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].lease.key.id(), "behind-0002");
 }
