@@ -736,6 +736,9 @@ impl Inbox for MemoryStore {
             let due = map.due_by(namespace, now, max - taken.len() + crate::ORDER_SCAN);
             let mut parked = false;
             for key in due {
+                if taken.len() == max {
+                    break;
+                }
                 if map.held_back(&key) {
                     parked |= map
                         .change(&key, |entry| match entry.item.as_mut() {
@@ -748,9 +751,7 @@ impl Inbox for MemoryStore {
                         .unwrap_or(false);
                     continue;
                 }
-                if taken.len() < max {
-                    taken.extend(map.lease_due(&key, now, lease));
-                }
+                taken.extend(map.lease_due(&key, now, lease));
             }
             if !parked || taken.len() >= max {
                 return Ok(taken);

@@ -297,34 +297,44 @@ impl Ops<'_> {
         // A pick that parked items their ordering key holds back instead of
         // filling the take runs again: the parked ones are out of its index.
         loop {
-            let picked: Vec<(String, bool)> = conn
-                .prepare_cached(&self.sql.take_pick)
-                .and_then(|mut stmt| {
-                    stmt.query_map(
-                        named_params! {
-                            ":ns": namespace,
-                            ":now": now,
-                            ":max": i64::try_from(max).unwrap_or(i64::MAX),
-                            ":scan": i64::try_from(ORDER_SCAN).unwrap_or(i64::MAX),
-                        },
-                        |row| Ok((row.get(0)?, row.get(1)?)),
-                    )?
-                    .collect()
-                })
-                .map_err(|e| self.err(e))?;
-            let mut parked = 0;
+            let mut held_back = Vec::new();
             let mut free = Vec::new();
-            for (id, blocked) in picked {
-                if blocked {
-                    parked += conn
-                        .prepare_cached(&self.sql.park)
-                        .and_then(|mut stmt| {
-                            stmt.execute(named_params! {":ns": namespace, ":id": id.as_str()})
-                        })
-                        .map_err(|e| self.err(e))?;
-                } else if taken.len() + free.len() < max {
-                    free.push(id);
+            {
+                let mut stmt = conn
+                    .prepare_cached(&self.sql.take_pick)
+                    .map_err(|e| self.err(e))?;
+                let mut rows = stmt
+                    .query(named_params! {
+                        ":ns": namespace,
+                        ":now": now,
+                        ":max": i64::try_from(max).unwrap_or(i64::MAX),
+                        ":scan": i64::try_from(ORDER_SCAN).unwrap_or(i64::MAX),
+                    })
+                    .map_err(|e| self.err(e))?;
+                while taken.len() + free.len() < max {
+                    let Some(row) = rows.next().map_err(|e| self.err(e))? else {
+                        break;
+                    };
+                    let read = || -> rusqlite::Result<(String, bool, bool)> {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    };
+                    let (id, head, blocked) = read().map_err(|e| self.err(e))?;
+                    match (blocked, head) {
+                        (false, _) => free.push(id),
+                        (true, false) => held_back.push(id),
+                        // A head held back: it goes when its key moves.
+                        (true, true) => {}
+                    }
                 }
+            }
+            let mut parked = 0;
+            for id in held_back {
+                parked += conn
+                    .prepare_cached(&self.sql.park)
+                    .and_then(|mut stmt| {
+                        stmt.execute(named_params! {":ns": namespace, ":id": id.as_str()})
+                    })
+                    .map_err(|e| self.err(e))?;
             }
             self.lease_picked(conn, namespace, free, now, until, &mut taken)?;
             if parked == 0 || taken.len() >= max {
