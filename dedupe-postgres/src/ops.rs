@@ -258,7 +258,22 @@ impl Ops<'_> {
     ) -> Result<()> {
         check_ttl("retention", retention)?;
         self.caps.check_outcome(outcome)?;
-        let done: i64 = sqlx::query_scalar(text(&self.sql.complete))
+        let done = sqlx::query(text(&self.sql.complete))
+            .bind(lease.key.namespace())
+            .bind(lease.key.id())
+            .bind(lease.token.as_str())
+            .bind(retention)
+            .bind(outcome)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        if done > 0 {
+            return one_row_changed(done, &lease.key);
+        }
+        // Not a record nor an unordered item: an item of an ordering key, or
+        // a lease lost.
+        let done: i64 = sqlx::query_scalar(text(&self.sql.complete_ordered))
             .bind(lease.key.namespace())
             .bind(lease.key.id())
             .bind(lease.token.as_str())
