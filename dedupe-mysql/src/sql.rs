@@ -446,49 +446,41 @@ impl Statements {
             sql.push_str(" WHEN ? THEN ?");
         }
         sql.push_str(" END WHERE namespace = ? AND id IN (");
-        for i in 0..rows {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push('?');
-        }
-        sql.push(')');
-        sql
+        close_list(sql, rows, "?")
     }
 
     /// Parks `rows` items a take locked (see migration 0009): the namespace
     /// then the ids. A head is left due.
     pub(crate) fn park_ids(&self, rows: usize) -> String {
-        let mut sql = format!(
+        let sql = format!(
             "UPDATE `{}` SET due_at = NULL \
              WHERE namespace = ? AND wait = 1 AND order_head = 0 AND id IN (",
             self.table
         );
-        for i in 0..rows {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push('?');
-        }
-        sql.push(')');
-        sql
+        close_list(sql, rows, "?")
     }
 
     /// Reads `rows` keys back: `(namespace, id)` then the columns.
     pub(crate) fn select_many(&self, rows: usize) -> String {
-        let mut sql = format!(
+        let sql = format!(
             "SELECT namespace, id, {COLUMNS}, {NOW_MS} FROM `{}` WHERE (namespace, id) IN (",
             self.table
         );
-        for i in 0..rows {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str("(?, ?)");
-        }
-        sql.push(')');
-        sql
+        close_list(sql, rows, "(?, ?)")
     }
+}
+
+/// `sql` with `rows` copies of `item`, comma-separated, and the closing
+/// parenthesis of the list it ends with.
+fn close_list(mut sql: String, rows: usize, item: &str) -> String {
+    for i in 0..rows {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(item);
+    }
+    sql.push(')');
+    sql
 }
 
 #[cfg(test)]
