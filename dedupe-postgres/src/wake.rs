@@ -7,6 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use dedupe_core::backend::Subscription;
 use futures_util::stream;
 use sqlx::postgres::{PgListener, PgPoolOptions};
@@ -97,14 +99,14 @@ impl Drop for Armed {
     fn drop(&mut self) {
         if let Some(notice) = self.notices.namespaces().get_mut(&self.namespace) {
             notice.trailing = false;
-            notice.last = std::time::Instant::now();
+            notice.last = Instant::now();
         }
     }
 }
 
 #[derive(Debug)]
 struct Notice {
-    last: std::time::Instant,
+    last: Instant,
     trailing: bool,
 }
 
@@ -146,7 +148,7 @@ impl Notices {
     /// Whether an accept into `namespace` starting now notifies in its own
     /// statement (none from this handle within the window).
     pub(crate) fn lead(&self, namespace: &str) -> bool {
-        let now = std::time::Instant::now();
+        let now = Instant::now();
         let mut namespaces = self.namespaces();
         // Namespaces quiet for a window hold nothing worth keeping: dropped
         // once the map grows, so per-tenant namespaces do not pile up.
@@ -172,6 +174,24 @@ impl Notices {
         }
     }
 
+    /// When a trailing notification for `namespace` is to be sent (the end
+    /// of the window its last notification opened), or `None` when one is
+    /// already on its way; marks it on its way.
+    fn arm(&self, namespace: &str) -> Option<Instant> {
+        let mut namespaces = self.namespaces();
+        let notice = namespaces
+            .entry(namespace.to_string())
+            .or_insert_with(|| Notice {
+                last: Instant::now(),
+                trailing: false,
+            });
+        if notice.trailing {
+            return None;
+        }
+        notice.trailing = true;
+        Some(notice.last + NOTIFY_WINDOW)
+    }
+
     /// After an accept into `namespace` that left its notification out has
     /// committed: one notification at the end of the window, unless one is
     /// on its way that has not been sent yet (it is sent after this commit,
@@ -183,19 +203,8 @@ impl Notices {
     /// runtime shut down), it marks itself gone, so the next accept arms
     /// another.
     pub(crate) fn trail(self: &Arc<Self>, namespace: &str, store: &PgStore) {
-        let at = {
-            let mut namespaces = self.namespaces();
-            let notice = namespaces
-                .entry(namespace.to_string())
-                .or_insert_with(|| Notice {
-                    last: std::time::Instant::now(),
-                    trailing: false,
-                });
-            if notice.trailing {
-                return;
-            }
-            notice.trailing = true;
-            notice.last + NOTIFY_WINDOW
+        let Some(at) = self.arm(namespace) else {
+            return;
         };
         let (store, namespace) = (store.clone(), namespace.to_string());
         let armed = Armed {
@@ -203,7 +212,7 @@ impl Notices {
             namespace: namespace.clone(),
         };
         tokio::spawn(async move {
-            tokio::time::sleep_until(at.into()).await;
+            tokio::time::sleep_until(at).await;
             // Marked before it is sent: an accept that commits from here on
             // arms a notification of its own.
             drop(armed);
@@ -220,5 +229,50 @@ impl Notices {
                 tracing::warn!(namespace, error = %e, "a trailing wake-up notification was not sent");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The clock is tokio's, paused: these tests decide what falls within a
+    // window, not the machine's load.
+
+    #[tokio::test(start_paused = true)]
+    async fn accepts_within_a_window_share_one_leading_notification() {
+        let notices = Notices::default();
+        let leads = (0..10).filter(|_| notices.lead("orders")).count();
+        assert_eq!(leads, 1, "ten accepts in one window");
+        assert!(
+            notices.lead("refunds"),
+            "another namespace has its own window"
+        );
+        tokio::time::advance(NOTIFY_WINDOW).await;
+        assert!(
+            notices.lead("orders"),
+            "the first accept after the window leads"
+        );
+        assert!(!notices.lead("orders"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_trailing_notification_is_on_its_way_at_a_time() {
+        let notices = Arc::new(Notices::default());
+        assert!(notices.lead("orders"));
+        let opened = Instant::now();
+        tokio::time::advance(Duration::from_micros(500)).await;
+        assert_eq!(notices.arm("orders"), Some(opened + NOTIFY_WINDOW));
+        assert_eq!(notices.arm("orders"), None, "a second while one waits");
+        // Sent (its guard dropped): the window starts again from the send,
+        // and the next accept that leaves its notification out arms another.
+        tokio::time::advance(NOTIFY_WINDOW).await;
+        drop(Armed {
+            notices: Arc::clone(&notices),
+            namespace: "orders".into(),
+        });
+        let sent = Instant::now();
+        assert!(!notices.lead("orders"), "within the window the send opened");
+        assert_eq!(notices.arm("orders"), Some(sent + NOTIFY_WINDOW));
     }
 }

@@ -1009,13 +1009,14 @@ async fn a_table_from_before_the_inbox_is_migrated() {
     assert_eq!(taken[0].payload, b"payload");
 }
 
-/// Accepts that stream in share their wake-up notifications: ten accepts
-/// started together send one notification in the first one's statement and
-/// trailing ones for the rest after they committed (at least one: without
-/// it the nine would wait for the workers' fallback poll), far fewer than
-/// ten (each costs a cluster-wide lock at commit).
+/// Accepts that stream in are each announced: ten accepts started together
+/// leave at least one notification that reaches a listener after they all
+/// committed, and never more than one each. How few they share depends on
+/// how close together they commit, which a loaded machine decides (a gate
+/// saw all ten 2 ms apart): the sharing itself is tested on tokio's paused
+/// clock in `wake.rs`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn accepts_together_share_their_wake_up_notifications() {
+async fn accepts_together_are_each_announced_never_twice() {
     use dedupe_core::Inbox;
     let (_server, url) = support::postgres_server();
     let schema = support::unique_schema("notices");
@@ -1040,7 +1041,7 @@ async fn accepts_together_share_their_wake_up_notifications() {
         }
     }
     assert!(
-        (2..10).contains(&notes),
+        (1..=10).contains(&notes),
         "ten accepts together sent {notes} notifications"
     );
 }
