@@ -27,6 +27,7 @@
 //! # });
 //! ```
 
+pub mod bulk;
 pub mod checks;
 mod children;
 pub mod crashes;

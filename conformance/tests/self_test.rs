@@ -121,6 +121,9 @@ enum Flaw {
     FailDelayDoubled,
     /// A replay answers true at once and makes the item due 300 ms later.
     ReplayDueLater,
+    /// A replay of a failed item that is due already answers true: two
+    /// operators replaying an item at once both count it.
+    ReplayAgainAnswersTrue,
     /// An accept of a dead item's key starts the item over.
     AcceptResetsDead,
     /// An accept over a claim whose lease passed answers `InFlight`.
@@ -207,6 +210,7 @@ impl Flaw {
                 | Flaw::ItemReleaseAgainIsLeaseLost
                 | Flaw::FailDelayDoubled
                 | Flaw::ReplayDueLater
+                | Flaw::ReplayAgainAnswersTrue
                 | Flaw::AcceptResetsDead
                 | Flaw::AcceptLapsedClaimInFlight
                 | Flaw::FilteredListIgnoresCursor
@@ -1057,6 +1061,15 @@ impl Inbox for Broken {
             }
             return Ok(replayable);
         }
+        if self.flaw == Flaw::ReplayAgainAnswersTrue {
+            // Any failed item is replayed and counted, due already or not.
+            if let Some(item) = self.inner.item(key).await? {
+                if item.status == ItemStatus::Failed {
+                    self.inner.replay(key).await?;
+                    return Ok(true);
+                }
+            }
+        }
         if self.flaw == Flaw::ReplayStartsOver {
             if let Some(item) = self.inner.item(key).await? {
                 if item.status == ItemStatus::Dead {
@@ -1266,6 +1279,7 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     ),
     (Flaw::FailDelayDoubled, &["inbox_failures_and_replay"]),
     (Flaw::ReplayDueLater, &["inbox_failures_and_replay"]),
+    (Flaw::ReplayAgainAnswersTrue, &["inbox_failures_and_replay"]),
     (Flaw::AcceptResetsDead, &["inbox_failures_and_replay"]),
     (Flaw::AcceptLapsedClaimInFlight, &["inbox_accepts_once"]),
     (Flaw::FilteredListIgnoresCursor, &["inbox_list_and_counts"]),
@@ -1376,6 +1390,7 @@ broken_store_tests!(
     rejects_an_item_release_asked_again_answering_lease_lost => ItemReleaseAgainIsLeaseLost,
     rejects_fail_delay_doubled => FailDelayDoubled,
     rejects_replay_due_later => ReplayDueLater,
+    rejects_a_second_replay_answering_true => ReplayAgainAnswersTrue,
     rejects_accept_resetting_a_dead_item => AcceptResetsDead,
     rejects_accept_of_a_lapsed_claim_answering_in_flight => AcceptLapsedClaimInFlight,
     rejects_filtered_list_ignoring_the_cursor => FilteredListIgnoresCursor,

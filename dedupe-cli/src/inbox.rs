@@ -18,8 +18,9 @@ pub enum InboxCommand {
     /// List items (pending, running, failed, dead) in id order, with their
     /// attempts, last error and due time.
     List(ListArgs),
-    /// Make a dead or failed item due now, its attempts and last error kept
-    /// (exit 1 when the key holds no such item).
+    /// Make a dead item, or a failed one waiting for its retry, due now, its
+    /// attempts and last error kept (exit 1 when the key holds no such item,
+    /// or a failed item due already).
     Replay(ItemArgs),
     /// Remove an item whatever its state (exit 1 when there was none).
     Forget(ItemArgs),
@@ -153,7 +154,7 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-fn item_json(item: &Item) -> Value {
+pub(crate) fn item_json(item: &Item) -> Value {
     json!({
         "namespace": item.key.namespace(),
         "id": item.key.id(),
@@ -274,7 +275,7 @@ async fn replay(args: ItemArgs) -> Result<bool, Error> {
         if replayed {
             format!("{key} is due now")
         } else {
-            format!("{key} is no dead or failed item")
+            format!("{key} is no dead item nor a failed one waiting for its retry")
         }
     );
     Ok(replayed)
@@ -300,7 +301,7 @@ fn age(oldest: Option<SystemTime>) -> Option<Duration> {
     oldest.map(|t| SystemTime::now().duration_since(t).unwrap_or_default())
 }
 
-fn counts_json(namespace: &str, c: &InboxCounts, paused: bool) -> Value {
+pub(crate) fn counts_json(namespace: &str, c: &InboxCounts, paused: bool) -> Value {
     json!({
         "namespace": namespace,
         "paused": paused,

@@ -46,7 +46,7 @@ enum Command {
     /// Receive webhooks on a store: verify, derive the key, claim, run a
     /// business step that appends a ledger row, complete (POST /hooks,
     /// POST /hooks/{source}, GET /hooks, GET /healthz, GET /metrics).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Minutes of mixed claims, duplicates, completions, releases, expiring and
     /// stalled leases on one store, memory and sockets sampled every second,
     /// every answer checked against the contract; exit 1 on any double win or
@@ -102,7 +102,7 @@ async fn main() -> ExitCode {
         Command::Bench(args) => bench::bench(args).await,
         Command::Race(args) => race::race(args).await,
         Command::Conformance(args) => conformance::conformance(args).await,
-        Command::Serve(args) => serve::serve(args).await,
+        Command::Serve(args) => serve::serve(*args).await,
         Command::Soak(args) => soak::soak(args).await,
         Command::Migrate(args) => records::migrate(args).await,
         Command::Inspect(args) => records::inspect(args).await,

@@ -635,8 +635,11 @@ pub trait Inbox: DedupeStore {
     /// A page of the namespace's items.
     async fn list(&self, query: &ItemQuery) -> Result<ItemPage>;
 
-    /// Makes a dead or failed item due now, its attempts and last error kept.
-    /// `false` when the key holds no such item.
+    /// Makes a dead item, or a failed item waiting for its retry, due now,
+    /// its attempts and last error kept. `false` when the key holds no such
+    /// item, and for a failed item that is due already (replayed a moment
+    /// ago): of two operators replaying an item at once, one is answered
+    /// `true`.
     async fn replay(&self, key: &Key) -> Result<bool>;
 
     /// How many items of the namespace stand where.

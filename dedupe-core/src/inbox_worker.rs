@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -470,8 +470,23 @@ impl InboxWorker {
                 "quarantined: its workers died holding it {} times (max_takeovers {})",
                 item.takeovers, self.max_takeovers
             );
-            self.fail(&lease, &error, self.dead()).await;
+            match self.inbox.fail(&lease, &error, self.dead()).await {
+                Ok(()) => {
+                    count_inbox_outcome(&self.namespace, "quarantined");
+                    tracing::error!(key = %lease.key, attempt, error, "item quarantined")
+                }
+                Err(e) => {
+                    tracing::error!(key = %lease.key, error = %e, "could not quarantine an item; it is due again when its lease passes")
+                }
+            }
             return;
+        }
+        if attempt == 1 && item.takeovers == 0 {
+            let waited = SystemTime::now()
+                .duration_since(item.accepted_at)
+                .unwrap_or_default();
+            metrics::histogram!("dedupe_inbox_wait_seconds", "namespace" => self.namespace.clone())
+                .record(waited.as_secs_f64());
         }
         let store: Arc<dyn DedupeStore> = Arc::clone(&self.inbox) as Arc<dyn DedupeStore>;
         let mut holder = self.deduper.holder_on(store, self.deduper.lease_ttl());
@@ -490,12 +505,19 @@ impl InboxWorker {
         let retention = self.deduper.retention().for_namespace(&self.namespace);
         let span = tracing::info_span!("dedupe.inbox.item", key = %lease.key, attempt);
         let work = async {
-            match handler(item).await {
-                Ok(outcome) => ((), Settle::Complete { outcome, retention }),
+            let started = std::time::Instant::now();
+            let ran = handler(item).await;
+            metrics::histogram!("dedupe_inbox_processing_seconds", "namespace" => self.namespace.clone())
+                .record(started.elapsed().as_secs_f64());
+            match ran {
+                Ok(outcome) => {
+                    count_inbox_outcome(&self.namespace, "completed");
+                    ((), Settle::Complete { outcome, retention })
+                }
                 Err(e) => {
                     let mut failure: WorkFailure = e.into();
                     if let Then::Snooze(delay) = failure.then {
-                        if std::time::SystemTime::now() + delay <= snooze_until {
+                        if SystemTime::now() + delay <= snooze_until {
                             self.snooze(&lease, delay, &failure.error).await;
                             return ((), Settle::Settled);
                         }
@@ -543,9 +565,11 @@ impl InboxWorker {
     fn failed(&self, lease: &Lease, error: &str, retry: Retry) {
         match retry {
             Retry::Dead { .. } => {
+                count_inbox_outcome(&self.namespace, "dead");
                 tracing::error!(key = %lease.key, attempt = lease.attempt, error, "item dead")
             }
             Retry::After(delay) => {
+                count_inbox_outcome(&self.namespace, "retried");
                 self.scheduled.add(delay);
                 tracing::warn!(key = %lease.key, attempt = lease.attempt, error, ?delay, "item failed; due again")
             }
@@ -564,6 +588,7 @@ impl InboxWorker {
     async fn snooze(&self, lease: &Lease, delay: Duration, why: &str) {
         match self.inbox.snooze(lease, delay).await {
             Ok(()) => {
+                count_inbox_outcome(&self.namespace, "snoozed");
                 self.scheduled.add(delay);
                 tracing::info!(key = %lease.key, attempt = lease.attempt, why, ?delay, "item snoozed")
             }
@@ -590,6 +615,16 @@ impl InboxWorker {
     pub fn stop(&self) {
         self.stop.cancel();
     }
+}
+
+/// Counts one outcome of an inbox item in `dedupe_inbox_outcomes_total`
+/// (labels `namespace`, `outcome`), as [`InboxWorker`] does for `completed`,
+/// `retried`, `snoozed`, `dead` and `quarantined`, and [`Bulk`](crate::Bulk)
+/// for `replayed`: for an operator surface that replays an item itself.
+/// Through the `metrics` facade: nothing without a recorder.
+pub fn count_inbox_outcome(namespace: &str, outcome: &'static str) {
+    metrics::counter!("dedupe_inbox_outcomes_total", "namespace" => namespace.to_string(), "outcome" => outcome)
+        .increment(1);
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ mod deduper;
 mod error;
 mod expire_task;
 mod inbox;
+mod inbox_admin;
 mod inbox_worker;
 mod key;
 mod memory;
@@ -56,7 +57,10 @@ pub use inbox::{
     ItemStatus, Retry, Taken, WhenDead, DEAD_RETENTION, ERROR_HISTORY, MAX_ERROR_BYTES,
     MAX_ORDERING_KEY_BYTES, MAX_PAGE, MAX_PAYLOAD_BYTES, MAX_TAKE, ORDER_SCAN,
 };
-pub use inbox_worker::{Backoff, InboxWorker, WorkFailure};
+pub use inbox_admin::{
+    count_items, search_items, Bulk, BulkAction, BulkProgress, Found, ItemFilter,
+};
+pub use inbox_worker::{count_inbox_outcome, Backoff, InboxWorker, WorkFailure};
 pub use key::{
     ClaimId, Fingerprint, Key, KeyError, LeaseToken, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES,
     MAX_ID_BYTES, MAX_NAMESPACE_BYTES,

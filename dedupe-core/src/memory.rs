@@ -852,15 +852,20 @@ impl Inbox for MemoryStore {
     }
 
     async fn replay(&self, key: &Key) -> Result<bool> {
-        let now = SystemTime::now();
         let mut map = self.lock();
-        let replayable = map
-            .map
-            .get(key)
-            .and_then(|e| e.item.as_ref())
-            .is_some_and(|item| {
-                item.wait == Wait::Dead || (item.wait == Wait::Due && item.last_error.is_some())
-            });
+        // Read under the lock: a replay that read the clock before another
+        // replay's write would find that one's due time ahead of it.
+        let now = SystemTime::now();
+        // A failed item already due is left alone: a second replay (another
+        // operator's, at the same time) changes nothing and says so.
+        let replayable = map.map.get(key).is_some_and(|e| {
+            e.item.as_ref().is_some_and(|item| {
+                item.wait == Wait::Dead
+                    || (item.wait == Wait::Due
+                        && item.last_error.is_some()
+                        && (e.expires_at > now || item.parked))
+            })
+        });
         if replayable {
             map.change(key, |entry| {
                 if let Some(item) = entry.item.as_mut() {

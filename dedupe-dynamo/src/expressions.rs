@@ -90,14 +90,15 @@ pub(crate) const FAIL_DEAD_UNTIL: &str = "SET #wt = :two, #dl = :due, #ik = :lk,
      #eh = :eh, #du = :du, #ex = :exp REMOVE #iq";
 /// A heartbeat of a held item (no TTL: items never expire).
 pub(crate) const ITEM_EXTEND: &str = "SET #dl = :until, #iq = :q";
-/// What replay makes due: a dead item, or a failed one, without an ordering
+/// What replay makes due: a dead item, or a failed one not due yet (one
+/// due already, a replay a moment ago, is left alone), without an ordering
 /// key (one with a key is replayed with its queue, [`REPLAYABLE_ORDERED`]).
 pub(crate) const REPLAYABLE: &str =
-    "(#wt = :two OR (#wt = :one AND attribute_exists(#le))) AND attribute_not_exists(#ok)";
+    "(#wt = :two OR (#wt = :one AND attribute_exists(#le) AND #dl > :due)) AND attribute_not_exists(#ok)";
 /// An ordered item replayed: still the queue's entry read, and not dead
 /// past its retention (its entry may be gone from the queue by then).
 pub(crate) const REPLAYABLE_ORDERED: &str =
-    "(#wt = :two OR (#wt = :one AND attribute_exists(#le))) AND #oe = :oe \
+    "(#wt = :two OR (#wt = :one AND attribute_exists(#le) AND #dl > :due)) AND #oe = :oe \
      AND (attribute_not_exists(#du) OR #du > :now)";
 
 /// An ordering key's queue (I15): an accept appends its entry; a take

@@ -15,6 +15,17 @@ use dedupe_core::{Result, ERROR_HISTORY};
 pub(crate) const NOW_MS: &str =
     "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
 
+/// The server's time in milliseconds when the row is read, not when the
+/// statement started: `NOW_MS` plus the time since (`SYSDATE(3)` is read at
+/// each use, `NOW(3)` at the start, both in the session's zone, so their
+/// difference is the elapsed time). For a condition that must see a write
+/// committed while the statement waited for its row lock as in the past: a
+/// replay that waited behind another would otherwise find that one's due
+/// time ahead of its own start, and replay again.
+pub(crate) const NOW_READ_MS: &str =
+    "((TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) \
+      + TIMESTAMPDIFF(MICROSECOND, NOW(3), SYSDATE(3))) DIV 1000)";
+
 /// The record columns every read returns, in the order `codec::read` expects
 /// (the server's time follows them). An inbox item reads as a record in
 /// flight, live whatever its deadline (rule I7), and one never taken shows
@@ -105,6 +116,7 @@ impl Statements {
         let t = format!("`{table}`");
         let p = format!("`{table}_paused`");
         let now = NOW_MS;
+        let now_read = NOW_READ_MS;
         // The takeover test, judged on the row as it was: every assignment
         // below reads only `expires_at` and `state`, and those two are
         // assigned last (`state`, then `expires_at`), because MySQL and
@@ -396,7 +408,9 @@ impl Statements {
             ),
             replay: format!(
                 "UPDATE {t} SET expires_at = {now}, due_at = {now}, dead_until = NULL, wait = 1
-                 WHERE namespace = ? AND id = ? AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
+                 WHERE namespace = ? AND id = ?
+                   AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL
+                                     AND (due_at IS NULL OR due_at > {now_read})))"
             ),
             counts: format!(
                 "SELECT CAST(COALESCE(SUM(wait = 1 AND last_error IS NULL), 0) AS SIGNED),

@@ -606,7 +606,8 @@ impl Statements {
             .into(),
             replay: format!(
                 "UPDATE {t} SET wait = 1, expires_at = now(), due_at = now(), dead_until = NULL
-                 WHERE {is_bound} AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))
+                 WHERE {is_bound} AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL
+                                                   AND (due_at IS NULL OR due_at > clock_timestamp())))
                  RETURNING {notify}"
             )
             .into(),

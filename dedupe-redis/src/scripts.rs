@@ -424,13 +424,14 @@ return {1, r.token, 0}
 "#;
 
 /// KEYS[1] (and the index keys); ARGV the token [`PEEK`] read, id. `1` the
-/// record of that token was removed (an item: and its index entries), or is
-/// gone already (the same forget sent again); `0` another record is there
+/// record of that token was removed (an item: and its index entries); `2`
+/// it is gone already (another forget, or its expiry, since the peek: that
+/// one answers that it found it); `0` another record is there
 /// now (a newer claim, which a forget asked before it never removes); `-1`
 /// corrupt (left in place).
 const FORGET: &str = r#"
 local v = redis.call('GET', KEYS[1])
-if not v then return 1 end
+if not v then return 2 end
 if is_item(v) then
   local r = idecode(v)
   if not r then return -1 end
@@ -700,7 +701,7 @@ if not is_item(v) then
 end
 local r = idecode(v)
 if not r then return -1 end
-if not (r.wait == 2 or (r.wait == 1 and r.err)) then return 0 end
+if not (r.wait == 2 or (r.wait == 1 and r.err and r.due > now)) then return 0 end
 local new = icopy(r)
 new.wait, new.due = 1, now
 iput(ARGV[1], r, new)

@@ -1004,3 +1004,19 @@ async fn wake_ups_come_back_after_the_subscriber_is_killed() {
         );
     }
 }
+
+/// Bulk replay and forget by filter over 10,000 dead items, two operators at
+/// once (each on its own connection) beside a worker: every matching item
+/// replayed and run exactly once, every forgotten one gone (see
+/// `dedupe_conformance::bulk`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_replay_and_forget_by_filter() {
+    use std::sync::Arc;
+    let server = RedisServer::start();
+    let a = store(&server.url(), Duration::from_secs(10)).await;
+    let b = store(&server.url(), Duration::from_secs(10)).await;
+    let report = dedupe_conformance::bulk::bulk_by_filter(Arc::new(a), Arc::new(b), 10_000)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    eprintln!("{report}");
+}

@@ -316,7 +316,8 @@ impl Statements {
             replay: format!(
                 "UPDATE {t} SET wait = 1, expires_at = :now, dead_until = NULL, order_parked = 0
                  WHERE namespace = :ns AND id = :id
-                   AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL))"
+                   AND (wait = 2 OR (wait = 1 AND last_error IS NOT NULL
+                                     AND (expires_at > :now OR order_parked = 1)))"
             ),
             counts: format!(
                 "SELECT coalesce(sum(wait = 1 AND last_error IS NULL), 0),

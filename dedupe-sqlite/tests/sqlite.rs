@@ -1188,3 +1188,19 @@ async fn held_back_items_are_parked_until_their_key_moves() {
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].lease.key.id(), "behind-0002");
 }
+
+/// Bulk replay and forget by filter over 10,000 dead items, two operators at
+/// once (two handles on one file, as two processes would be) beside a
+/// worker: every matching item replayed and run exactly once, every
+/// forgotten one gone (see `dedupe_conformance::bulk`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_replay_and_forget_by_filter() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("bulk.db");
+    let a = SqliteStore::open(&db).await.expect("open");
+    let b = SqliteStore::open(&db).await.expect("open");
+    let report = dedupe_conformance::bulk::bulk_by_filter(Arc::new(a), Arc::new(b), 10_000)
+        .await
+        .unwrap_or_else(|failure| panic!("{failure}"));
+    eprintln!("{report}");
+}

@@ -94,56 +94,90 @@ fn encode(delivery: &AcceptedDelivery, headers: &HeaderMap) -> Vec<u8> {
     out
 }
 
+/// A delivery as the inbox keeps it (what [`Webhook::inbox`] stores as an
+/// item's payload), read back: for an operator's view of an item, and for
+/// the worker that runs it.
+///
+/// ```
+/// use dedupe_webhook::StoredDelivery;
+///
+/// assert!(StoredDelivery::parse(b"not a stored delivery").is_err());
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StoredDelivery {
+    /// The provider's event id, when the key rule found one.
+    pub event_id: Option<String>,
+    /// The id of this delivery attempt, when the provider sends one.
+    pub delivery_id: Option<String>,
+    /// The headers it carried, but credentials and connection headers.
+    pub headers: HeaderMap,
+    /// The raw body, as received.
+    pub body: Bytes,
+    /// The event's payload (the body, or the form field carrying it).
+    pub payload: Bytes,
+}
+
+impl StoredDelivery {
+    /// Reads a stored delivery; the error says what is wrong with it.
+    pub fn parse(stored: &[u8]) -> Result<Self, String> {
+        let rest = stored
+            .strip_prefix(MAGIC)
+            .ok_or_else(|| "no dwi1 header".to_string())?;
+        let line_end = rest
+            .iter()
+            .position(|b| *b == b'\n')
+            .ok_or_else(|| "no meta line".to_string())?;
+        let meta: Meta = serde_json::from_slice(&rest[..line_end]).map_err(|e| e.to_string())?;
+        let bytes = &rest[line_end + 1..];
+        let expected = meta.body_len + meta.payload_len.unwrap_or(0);
+        if bytes.len() != expected {
+            return Err("its length does not match".to_string());
+        }
+        let body = Bytes::copy_from_slice(&bytes[..meta.body_len]);
+        let payload = match meta.payload_len {
+            Some(_) => Bytes::copy_from_slice(&bytes[meta.body_len..]),
+            None => body.clone(),
+        };
+        let mut headers = HeaderMap::new();
+        for h in meta.headers {
+            let name = HeaderName::try_from(h.n.as_str()).map_err(|e| e.to_string())?;
+            let value = match (h.v, h.x) {
+                (Some(text), None) => HeaderValue::try_from(text).map_err(|e| e.to_string())?,
+                (None, Some(hexed)) => {
+                    let raw = hex::decode(hexed).map_err(|e| e.to_string())?;
+                    HeaderValue::from_bytes(&raw).map_err(|e| e.to_string())?
+                }
+                _ => return Err("a header with no value".to_string()),
+            };
+            headers.append(name, value);
+        }
+        Ok(Self {
+            event_id: meta.event_id,
+            delivery_id: meta.delivery_id,
+            headers,
+            body,
+            payload,
+        })
+    }
+}
+
 /// A stored delivery read back: the event (under `taken`'s lease) and the
 /// headers kept.
 fn decode(taken: &Taken, retention: Duration) -> Result<(WebhookEvent, HeaderMap), Error> {
     let key = &taken.lease.key;
-    let corrupt = |why: &str| Error::corrupt(key, format!("not a stored delivery: {why}"));
-    let rest = taken
-        .payload
-        .strip_prefix(MAGIC)
-        .ok_or_else(|| corrupt("no dwi1 header"))?;
-    let line_end = rest
-        .iter()
-        .position(|b| *b == b'\n')
-        .ok_or_else(|| corrupt("no meta line"))?;
-    let meta: Meta =
-        serde_json::from_slice(&rest[..line_end]).map_err(|e| corrupt(&e.to_string()))?;
-    let bytes = &rest[line_end + 1..];
-    let expected = meta.body_len + meta.payload_len.unwrap_or(0);
-    if bytes.len() != expected {
-        return Err(corrupt("its length does not match"));
-    }
-    let body = Bytes::copy_from_slice(&bytes[..meta.body_len]);
-    let payload = match meta.payload_len {
-        Some(_) => Bytes::copy_from_slice(&bytes[meta.body_len..]),
-        None => body.clone(),
-    };
-    let mut headers = HeaderMap::new();
-    for h in meta.headers {
-        let name = HeaderName::try_from(h.n.as_str()).map_err(|e| corrupt(&e.to_string()))?;
-        let value = match (h.v, h.x) {
-            (Some(text), None) => {
-                HeaderValue::try_from(text).map_err(|e| corrupt(&e.to_string()))?
-            }
-            (None, Some(hexed)) => {
-                let raw = hex::decode(hexed).map_err(|e| corrupt(&e.to_string()))?;
-                HeaderValue::from_bytes(&raw).map_err(|e| corrupt(&e.to_string()))?
-            }
-            _ => return Err(corrupt("a header with no value")),
-        };
-        headers.append(name, value);
-    }
+    let stored = StoredDelivery::parse(&taken.payload)
+        .map_err(|why| Error::corrupt(key, format!("not a stored delivery: {why}")))?;
     Ok((
         WebhookEvent::from_parts(
             taken.lease.clone(),
-            meta.event_id,
-            meta.delivery_id,
-            body,
-            payload,
+            stored.event_id,
+            stored.delivery_id,
+            stored.body,
+            stored.payload,
             retention,
         ),
-        headers,
+        stored.headers,
     ))
 }
 

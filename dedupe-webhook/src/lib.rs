@@ -51,6 +51,7 @@ mod signature;
 /// The engine's answers and its replay header, the same for a webhook
 /// delivery and an `Idempotency-Key` request.
 pub use dedupe_http::{Answer, REPLAYED};
+pub use inbox::StoredDelivery;
 pub use key::{
     delivery_id, DeriveError, DerivedKey, KeyRule, KeySource, OnMismatch, PayloadFingerprint,
     PER_ATTEMPT_HEADERS,

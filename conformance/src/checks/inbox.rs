@@ -419,7 +419,8 @@ pub async fn inbox_fences_stale_workers(factory: &dyn StoreFactory) -> CheckResu
 /// I5, I6: a failure keeps the error (cut to its limit) and the attempts and
 /// makes the item due after the delay (not before); a release gives it back
 /// due now, the attempt its take counted taken back (I9); dead items are never taken; a replay makes a dead item due now
-/// with its history; a replay of anything else answers `false`.
+/// with its history; a replay of anything else (a replayed item replayed
+/// again included) answers `false`.
 pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResult {
     let fixture = factory.create().await?;
     let inbox = inbox_or_skip!(fixture);
@@ -558,6 +559,12 @@ pub async fn inbox_failures_and_replay(factory: &dyn StoreFactory) -> CheckResul
         Duration::ZERO,
         started.elapsed(),
     )?;
+    // Due already: a second replay (another operator's, at the same time)
+    // changes nothing and says so, so a bulk replay counts the item once.
+    ensure!(
+        !inbox.replay(&k).await?,
+        "a second replay of a replayed item (failed, due now) answered true"
+    );
     let fourth = take_n(&*inbox, 1, LONG_TTL).await?;
     ensure!(
         fourth.first().is_some_and(|t| t.lease.attempt == 3),

@@ -14,6 +14,7 @@ use dedupe_webhook::{Webhook, WebhookEvent};
 use http::{header, Request, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use super::admin::Throughput;
 use super::ledger::Ledger;
 
 pub(super) struct App {
@@ -24,9 +25,14 @@ pub(super) struct App {
     pub(super) routes: HashMap<String, Option<Webhook>>,
     pub(super) work: Duration,
     pub(super) fail_on: Option<http::HeaderName>,
+    /// The `--healed-when` file: once it exists, `fail_on` fails nothing.
+    pub(super) healed_when: Option<std::path::PathBuf>,
     pub(super) effect_log: Option<std::path::PathBuf>,
     pub(super) metrics: PrometheusHandle,
     pub(super) retention: Duration,
+    /// Items the workers of this process finished, per minute (the
+    /// dashboard's "last minutes").
+    pub(super) throughput: Arc<Throughput>,
 }
 
 /// Why the business step did not record an event.
@@ -69,7 +75,11 @@ async fn business(
     if !app.work.is_zero() {
         tokio::time::sleep(app.work).await;
     }
-    if let Some(name) = &app.fail_on {
+    let healed = match &app.healed_when {
+        Some(path) => tokio::fs::try_exists(path).await.unwrap_or(false),
+        None => false,
+    };
+    if let (Some(name), false) = (&app.fail_on, healed) {
         if let Some(value) = headers.get(name) {
             let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
             return Err(StepError::Refused(value));
@@ -145,11 +155,10 @@ pub(super) async fn business_step(app: Arc<App>, req: Request<Body>) -> Response
 pub(super) async fn inbox_step(app: Arc<App>, taken: Taken) -> Result<Vec<u8>, WorkFailure> {
     let (event, headers) = WebhookEvent::from_item(&taken, app.retention)?;
     match business(&app, &event, &headers).await {
-        Ok(bytes) => Ok(WebhookEvent::outcome_for(
-            StatusCode::OK,
-            Some("application/json"),
-            &bytes,
-        )),
+        Ok(bytes) => Ok({
+            app.throughput.finished(taken.lease.key.namespace());
+            WebhookEvent::outcome_for(StatusCode::OK, Some("application/json"), &bytes)
+        }),
         Err(StepError::Refused(value)) => {
             let error = format!("business step failed (--fail-on-header: {value})");
             let value = value.trim();

@@ -11,11 +11,20 @@ pub struct ServeArgs {
     /// address is printed).
     #[arg(long, default_value = "127.0.0.1:8471")]
     pub(super) listen: SocketAddr,
-    /// Address of the admin surface: `GET /hooks` (the ledger, paginated with
-    /// `?limit=&after=`), `GET /metrics` (Prometheus) and `GET /healthz`. Once
-    /// any secret is configured these are served only here. Keep it private.
+    /// Address of the admin surface: the dashboard (`/ui`), the JSON API
+    /// (`/api`), the ledger (`GET /hooks`, paginated with `?limit=&after=`),
+    /// the metrics (`GET /metrics`, Prometheus) and `GET /healthz`. Once any
+    /// secret is configured the ledger and metrics are served only here. A
+    /// loopback address unless the surface has a token (--admin-token-file,
+    /// or DEDUPE_ADMIN_TOKEN).
     #[arg(long, value_name = "ADDR")]
     pub(super) admin_listen: Option<SocketAddr>,
+    /// A file holding the admin surface's bearer token (else the variable
+    /// DEDUPE_ADMIN_TOKEN; never on the command line): every admin route but
+    /// /healthz then wants `Authorization: Bearer <token>`, or the
+    /// dashboard's session cookie, set by signing in with it at /ui/login.
+    #[arg(long, value_name = "PATH", requires = "admin_listen")]
+    pub(super) admin_token_file: Option<std::path::PathBuf>,
     /// A named route: `NAME=PROVIDER` (stripe, github, shopify, standard)
     /// serves `/hooks/NAME` with that provider's key rule and signature
     /// scheme, keyed in its own namespace NAME: two routes of one provider are
@@ -134,6 +143,11 @@ pub struct ServeArgs {
     /// --max-snooze-secs).
     #[arg(long, value_name = "HEADER")]
     pub(super) fail_on_header: Option<String>,
+    /// Test hook, not for production: once this file exists, the
+    /// --fail-on-header hook no longer fails anything (a fix deployed): a
+    /// dead item replayed then completes.
+    #[arg(long, value_name = "PATH", requires = "fail_on_header")]
+    pub(super) healed_when: Option<std::path::PathBuf>,
     /// Test hook, not for production: the business step appends a line
     /// `<key> <delivery id>` to this file when it starts, before any wait: a
     /// side effect outside the store, counted by tests across processes.

@@ -14,6 +14,7 @@
 //! pruner (`workers.rs`), then the listeners until a signal
 //! (`shutdown.rs`), and the drain.
 
+mod admin;
 mod app;
 mod args;
 mod ledger;
@@ -77,12 +78,13 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
             ),
             None => None,
         },
+        healed_when: args.healed_when.clone(),
         effect_log: args.effect_log.clone(),
         metrics,
         retention,
+        throughput: Arc::default(),
     });
     let workers = workers::spawn(&app, &deduper, inbox.as_ref(), &args)?;
-    let admin = routes::admin(&app);
     let public = routes::public(&app, open);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -92,13 +94,21 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         .map_err(|e| Error::unavailable("listener address", Some(Box::new(e))))?;
     let admin_task = match args.admin_listen {
         Some(addr) => {
+            let auth = admin::Auth::new(admin::token(args.admin_token_file.as_deref())?, addr)?;
+            let admin = admin::router(
+                &app,
+                inbox.clone(),
+                workers::served_namespaces(&app),
+                auth,
+                Arc::clone(&app.throughput),
+            );
             let admin_listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| Error::config(format!("--admin-listen {addr}: {e}")))?;
             let admin_local = admin_listener
                 .local_addr()
                 .map_err(|e| Error::unavailable("admin listener address", Some(Box::new(e))))?;
-            eprintln!("admin on http://{admin_local} (ledger, metrics)");
+            eprintln!("admin on http://{admin_local} (dashboard /ui, API /api, ledger, metrics)");
             Some((
                 admin_local,
                 tokio::spawn(async move { axum::serve(admin_listener, admin).await }),

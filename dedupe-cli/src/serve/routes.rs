@@ -1,5 +1,6 @@
-//! The HTTP surfaces: deliveries on the public listener, the ledger, the
-//! metrics and the health check on the admin one.
+//! The public listener: deliveries, the health check, and (a local demo
+//! without secrets) the ledger and the metrics; the admin listener is
+//! `admin/`.
 
 use std::sync::Arc;
 
@@ -25,15 +26,6 @@ pub(super) fn public(app: &Arc<App>, open: bool) -> Router {
             .route("/metrics", get(metrics_text));
     }
     public.with_state(Arc::clone(app))
-}
-
-/// The admin listener's routes: the ledger, the metrics, the health check.
-pub(super) fn admin(app: &Arc<App>) -> Router {
-    Router::new()
-        .route("/hooks", get(ledger_rows))
-        .route("/metrics", get(metrics_text))
-        .route("/healthz", get(healthz))
-        .with_state(Arc::clone(app))
 }
 
 fn not_served(what: &str) -> Response {
@@ -80,8 +72,17 @@ struct Page {
 /// 10000) after the cursor `?after=` (a row's `seq`); `next` is the cursor of
 /// the following page, `null` on the last.
 async fn ledger_rows(State(app): State<Arc<App>>, Query(page): Query<Page>) -> Response {
-    let limit = page.limit.unwrap_or(1000).clamp(1, 10_000);
-    match app.ledger.page(page.after.as_deref(), limit).await {
+    ledger_page(&app, page.limit, page.after).await
+}
+
+/// A page of the ledger (as `GET /hooks` and the admin API answer it).
+pub(super) async fn ledger_page(
+    app: &App,
+    limit: Option<usize>,
+    after: Option<String>,
+) -> Response {
+    let limit = limit.unwrap_or(1000).clamp(1, 10_000);
+    match app.ledger.page(after.as_deref(), limit).await {
         Ok((rows, next)) => {
             Json(serde_json::json!({"rows": rows.len(), "ledger": rows, "next": next}))
                 .into_response()
@@ -108,6 +109,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn metrics_text(State(app): State<Arc<App>>) -> Response {
+    metrics_page(&app)
+}
+
+/// The metrics in Prometheus's text format.
+pub(super) fn metrics_page(app: &App) -> Response {
     app.metrics.run_upkeep();
     (
         [(

@@ -28,17 +28,10 @@ pub(super) fn spawn(
                 "--retry-backoff-ms 0: a delay is at least 1 ms",
             ));
         }
-        let mut served: Vec<&str> = app
-            .routes
-            .iter()
-            .filter(|(name, hook)| hook.is_some() && name.as_str() != "standard")
-            .map(|(name, _)| name.as_str())
-            .collect();
-        served.sort_unstable();
-        served
+        served_namespaces(app)
             .into_iter()
             .map(|namespace| {
-                let mut worker = InboxWorker::new(deduper, Arc::clone(inbox), namespace)
+                let mut worker = InboxWorker::new(deduper, Arc::clone(inbox), &namespace)
                     .with_concurrency(args.workers)
                     .with_max_attempts(args.max_attempts)
                     .with_max_snooze(Duration::from_secs(args.max_snooze_secs))
@@ -70,6 +63,18 @@ pub(super) fn spawn(
     } else {
         Vec::new()
     })
+}
+
+/// The namespaces of the served routes (/hooks/standard is /hooks), sorted.
+pub(super) fn served_namespaces(app: &App) -> Vec<String> {
+    let mut served: Vec<String> = app
+        .routes
+        .iter()
+        .filter(|(name, hook)| hook.is_some() && name.as_str() != "standard")
+        .map(|(name, _)| name.clone())
+        .collect();
+    served.sort_unstable();
+    served
 }
 
 /// Prunes the ledger with the store's retention: rows of events whose
