@@ -4,107 +4,18 @@
 //! the store stopped mid-run. Every check counts ledger rows, not only status
 //! codes.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedupe_testkit as support;
 use dedupe_webhook::{Scheme, Verifier};
+use harness::{client, Serve};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-const STRIPE_SECRET: &str = "whsec_serve_test_secret";
+mod harness;
 
-/// A running `dedupe serve`, killed on drop.
-struct Serve {
-    child: Child,
-    /// The public listener (deliveries).
-    base: String,
-    /// The admin listener (ledger, metrics).
-    admin: String,
-}
-
-impl Serve {
-    fn start(store: &str, work_ms: u64) -> Self {
-        Self::with(
-            store,
-            work_ms,
-            &[
-                "--secret",
-                &format!("stripe={STRIPE_SECRET}"),
-                "--unsigned",
-                "hooks",
-                "--body-limit",
-                "65536",
-            ],
-            &[],
-        )
-    }
-
-    /// `dedupe serve` on `store` with the test hooks, an admin listener and
-    /// `extra` arguments and environment variables.
-    fn with(store: &str, work_ms: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::spawn(
-            store,
-            work_ms,
-            &[&["--fail-on-header", "x-test-fail"], extra].concat(),
-            env,
-        )
-    }
-
-    /// The same without the failing-step hook: a healthy server.
-    fn spawn(store: &str, work_ms: u64, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dedupe"))
-            .args([
-                "serve",
-                "--store",
-                store,
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--work-ms",
-                &work_ms.to_string(),
-            ])
-            .args(extra)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start dedupe serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("first line");
-        let mut addresses = line
-            .split_whitespace()
-            .filter(|w| w.starts_with("http://"))
-            .map(str::to_string);
-        let base = addresses
-            .next()
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
-        let admin = addresses
-            .next()
-            .unwrap_or_else(|| panic!("no admin address in {line:?}"));
-        Self { child, base, admin }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client")
-}
+use harness::STRIPE_SECRET;
 
 async fn deliver(
     http: &reqwest::Client,
@@ -729,8 +640,8 @@ async fn named_routes_of_one_provider_are_two_consumers() {
 
 /// With a secret configured, the ledger and the metrics are not served on
 /// the public listener; the admin listener serves them, the ledger a page at
-/// a time. Without any secret (the seeds' demo) the public listener serves
-/// the ledger.
+/// a time. Without any secret and no admin listener (the seeds' demo) the
+/// public listener serves the ledger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_surface_is_apart_from_the_public_listener() {
     let serve = Serve::start("memory:", 0);
@@ -795,8 +706,9 @@ async fn the_admin_surface_is_apart_from_the_public_listener() {
         .expect("GET");
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
 
-    // The seeds' demo: no secret, the ledger on the public listener.
-    let demo = Serve::with("memory:", 0, &[], &[]);
+    // The seeds' demo: no secret, no admin listener, the ledger on the
+    // public listener.
+    let demo = Serve::demo("memory:");
     let (status, _, _) = deliver(
         &http,
         &format!("{}/hooks", demo.base),

@@ -85,7 +85,9 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         throughput: Arc::default(),
     });
     let workers = workers::spawn(&app, &deduper, inbox.as_ref(), &args)?;
-    let public = routes::public(&app, open);
+    // The demo's ledger and metrics on the public listener only while there is
+    // no secret and no admin listener: with one, the admin surface is there.
+    let public = routes::public(&app, open && args.admin_listen.is_none());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| Error::config(format!("--listen {}: {e}", args.listen)))?;

@@ -582,7 +582,7 @@ async fn confirm(
         BulkAction::Forget => "Forget",
     };
     let body = html! {
-        p #dry-run { strong #matched { (matched) } " item" @if matched != 1 { "s" } " of " (ns) " match this filter now." }
+        p #dry-run { strong #matched { (matched) } " item" @if matched != 1 { "s" } " of " (ns) @if matched == 1 { " matches" } @else { " match" } " this filter now." }
         (describe(&fields))
         @if matched > 0 {
             p { @match action {
