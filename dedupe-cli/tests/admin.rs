@@ -11,7 +11,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::Value;
 
 mod harness;
-use harness::{client, Serve};
+use harness::{client, sample, Serve};
 
 /// A `chromedriver` on a free port, killed on drop.
 struct Driver {
@@ -645,4 +645,161 @@ async fn without_a_token_only_loopback_hosts_are_answered() {
     assert!(!out.status.success());
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("not a loopback address"), "{said}");
+}
+
+/// Queue health in Prometheus after a scripted sequence on SQLite: four
+/// accepts (one completes, one is retried in an hour, one snoozed for an
+/// hour, one dead), then the dead one replayed once the step is healed.
+/// Each gauge and counter is read from `/metrics` at its expected value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_the_queue_after_a_scripted_sequence() {
+    let dir = tempfile::tempdir().expect("dir");
+    let healed = dir.path().join("healed");
+    let store = format!("sqlite://{}", dir.path().join("metrics.db").display());
+    let serve = Serve::with(
+        &store,
+        0,
+        &[
+            "--inbox",
+            "--gauges-every-ms",
+            "100",
+            "--healed-when",
+            healed.to_str().expect("a path"),
+        ],
+        &[],
+    );
+    let http = client();
+    for (id, fail) in [
+        ("evt_ok", None),
+        ("evt_retry", Some("retry-after=3600")),
+        ("evt_snooze", Some("snooze=3600")),
+        ("evt_dead", Some("permanent")),
+    ] {
+        let mut req = http
+            .post(format!("{}/hooks", serve.base))
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .body(format!(r#"{{"id":"{id}"}}"#));
+        if let Some(fail) = fail {
+            req = req.header("x-test-fail", fail);
+        }
+        assert_eq!(req.send().await.expect("deliver").status().as_u16(), 202);
+    }
+    let scrape = || async {
+        http.get(format!("{}/metrics", serve.admin))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("text")
+    };
+    let hooks = [("namespace", "hooks")];
+    let outcome = |text: &str, o: &str| {
+        sample(
+            text,
+            "dedupe_inbox_outcomes_total",
+            &[("namespace", "hooks"), ("outcome", o)],
+        )
+    };
+    let items = |text: &str, state: &str| {
+        sample(
+            text,
+            "dedupe_inbox_items",
+            &[("namespace", "hooks"), ("state", state)],
+        )
+    };
+    // Settled: each of the four ran once.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut text = scrape().await;
+    while !(items(&text, "dead") == 1.0
+        && items(&text, "failed") == 1.0
+        && items(&text, "pending") == 1.0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the queue never settled:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        text = scrape().await;
+    }
+    assert_eq!(outcome(&text, "completed"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "retried"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "snoozed"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "dead"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "replayed"), 0.0, "{text}");
+    assert_eq!(items(&text, "running"), 0.0, "{text}");
+    assert_eq!(sample(&text, "dedupe_inbox_paused", &hooks), 0.0, "{text}");
+    assert_eq!(
+        sample(&text, "dedupe_inbox_wait_seconds_count", &hooks),
+        4.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "dedupe_inbox_processing_seconds_count", &hooks),
+        4.0,
+        "{text}"
+    );
+
+    // Healed, the dead one replayed: it completes.
+    std::fs::write(&healed, b"fixed").expect("heal");
+    let csrf: Value = api(&http, &format!("{}/api/csrf", serve.admin)).await;
+    let replayed: Value = http
+        .post(format!(
+            "{}/api/namespaces/hooks/items/evt_dead/replay",
+            serve.admin
+        ))
+        .header("x-csrf-token", csrf["csrf_token"].as_str().expect("token"))
+        .send()
+        .await
+        .expect("POST replay")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(replayed["replayed"], true);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut text = scrape().await;
+    while !(items(&text, "dead") == 0.0 && outcome(&text, "completed") == 2.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the replay never completed:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        text = scrape().await;
+    }
+    assert_eq!(outcome(&text, "replayed"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "dead"), 1.0, "{text}");
+    assert_eq!(outcome(&text, "retried"), 1.0, "{text}");
+    assert_eq!(items(&text, "pending"), 1.0, "{text}");
+    assert_eq!(items(&text, "failed"), 1.0, "{text}");
+    // A replayed run is no first attempt: the wait is counted once an item.
+    assert_eq!(
+        sample(&text, "dedupe_inbox_wait_seconds_count", &hooks),
+        4.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "dedupe_inbox_processing_seconds_count", &hooks),
+        5.0,
+        "{text}"
+    );
+    // Both waiting items are due in an hour: nothing is overdue.
+    assert_eq!(
+        sample(&text, "dedupe_inbox_oldest_due_age_seconds", &hooks),
+        0.0,
+        "{text}"
+    );
+    // Paused: the gauge follows within a refresh.
+    let paused = http
+        .post(format!("{}/api/namespaces/hooks/pause", serve.admin))
+        .header("x-csrf-token", csrf["csrf_token"].as_str().expect("token"))
+        .send()
+        .await
+        .expect("POST pause");
+    assert_eq!(paused.status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sample(&scrape().await, "dedupe_inbox_paused", &hooks) != 1.0 {
+        assert!(Instant::now() < deadline, "the paused gauge never moved");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

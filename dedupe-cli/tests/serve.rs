@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedupe_testkit as support;
 use dedupe_webhook::{Scheme, Verifier};
-use harness::{client, Serve};
+use harness::{client, sample, Serve};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -727,19 +727,6 @@ async fn the_admin_surface_is_apart_from_the_public_listener() {
         .await
         .expect("json");
     assert_eq!(ledger["rows"], 1);
-}
-
-/// The value of the Prometheus sample `name{labels...}`, 0 when absent.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// After a scripted sequence, every counter says what happened: deliveries

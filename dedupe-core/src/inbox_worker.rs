@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::claim::Lease;
 use crate::deduper::Deduper;
 use crate::error::{Error, Result};
-use crate::inbox::{Inbox, Retry, Taken, MAX_TAKE};
+use crate::inbox::{Inbox, InboxCounts, Retry, Taken, MAX_TAKE};
 use crate::store::DedupeStore;
 use crate::wake::Wake;
 use crate::work::{Drained, Settle};
@@ -615,6 +615,41 @@ impl InboxWorker {
     pub fn stop(&self) {
         self.stop.cancel();
     }
+}
+
+/// Reads `namespace`'s counts ([`Inbox::counts`], [`Inbox::paused`]) and
+/// sets the gauges `dedupe_inbox_items{namespace, state}` (pending, running,
+/// failed, dead), `dedupe_inbox_oldest_due_age_seconds{namespace}` (0 when
+/// nothing waits), `dedupe_inbox_paused{namespace}` (0 or 1) and
+/// `dedupe_inbox_counts_seconds{namespace}` (what this read took), through
+/// the `metrics` facade. Call it on an interval, not per scrape: on most
+/// stores a count reads the namespace's index (`dedupe serve` does it every
+/// `--gauges-every-ms`).
+pub async fn record_inbox_gauges(inbox: &dyn Inbox, namespace: &str) -> Result<InboxCounts> {
+    let started = Instant::now();
+    let counts = inbox.counts(namespace).await?;
+    let paused = inbox.paused(namespace).await?;
+    let ns = namespace.to_string();
+    for (state, n) in [
+        ("pending", counts.pending),
+        ("running", counts.running),
+        ("failed", counts.failed),
+        ("dead", counts.dead),
+    ] {
+        metrics::gauge!("dedupe_inbox_items", "namespace" => ns.clone(), "state" => state)
+            .set(n as f64);
+    }
+    let age = counts
+        .oldest_due
+        .and_then(|due| SystemTime::now().duration_since(due).ok())
+        .unwrap_or_default();
+    metrics::gauge!("dedupe_inbox_oldest_due_age_seconds", "namespace" => ns.clone())
+        .set(age.as_secs_f64());
+    metrics::gauge!("dedupe_inbox_paused", "namespace" => ns.clone())
+        .set(f64::from(u8::from(paused)));
+    metrics::gauge!("dedupe_inbox_counts_seconds", "namespace" => ns)
+        .set(started.elapsed().as_secs_f64());
+    Ok(counts)
 }
 
 /// Counts one outcome of an inbox item in `dedupe_inbox_outcomes_total`

@@ -60,7 +60,9 @@ pub use inbox::{
 pub use inbox_admin::{
     count_items, search_items, Bulk, BulkAction, BulkProgress, Found, ItemFilter,
 };
-pub use inbox_worker::{count_inbox_outcome, Backoff, InboxWorker, WorkFailure};
+pub use inbox_worker::{
+    count_inbox_outcome, record_inbox_gauges, Backoff, InboxWorker, WorkFailure,
+};
 pub use key::{
     ClaimId, Fingerprint, Key, KeyError, LeaseToken, MAX_CLAIM_ID_BYTES, MAX_FINGERPRINT_BYTES,
     MAX_ID_BYTES, MAX_NAMESPACE_BYTES,

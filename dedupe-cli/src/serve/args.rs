@@ -85,6 +85,12 @@ pub struct ServeArgs {
     /// this process's workers; DynamoDB backs off to 2000 while idle).
     #[arg(long, value_name = "MS", requires = "inbox", value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub(super) poll_ms: Option<u64>,
+    /// Inbox mode: how often the queue's gauges (`dedupe_inbox_items`, the
+    /// oldest due item's age, paused) are read from the store, in
+    /// milliseconds; a scrape reads the last values, never the store.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, requires = "inbox",
+          value_parser = clap::value_parser!(u64).range(50..=3_600_000))]
+    pub(super) gauges_every_ms: u64,
     /// Inbox mode: the JSON pointer (RFC 6901) of each event's ordering key,
     /// e.g. `/data/object/id` for Stripe: events with the same value are
     /// processed one at a time, in the order they were accepted (an event

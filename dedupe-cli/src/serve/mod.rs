@@ -119,6 +119,13 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         None => None,
     };
     let pruner = workers::spawn_pruner(Arc::clone(&app), retention);
+    let gauges = inbox.as_ref().map(|inbox| {
+        workers::spawn_gauges(
+            Arc::clone(inbox),
+            workers::served_namespaces(&app),
+            Duration::from_millis(args.gauges_every_ms),
+        )
+    });
     // The recorder drains its histograms only on upkeep: without a scrape (no
     // admin listener) they would grow with every delivery.
     let upkeep = {
@@ -173,6 +180,9 @@ pub async fn serve(args: ServeArgs) -> Result<bool, Error> {
         }
     };
     pruner.abort();
+    if let Some(gauges) = gauges {
+        gauges.abort();
+    }
     upkeep.abort();
     for (_, running) in workers {
         running.abort();

@@ -65,6 +65,25 @@ pub(super) fn spawn(
     })
 }
 
+/// Inbox mode: the queue's gauges of every served namespace, read from the
+/// store every `every` ([`record_inbox_gauges`](dedupe_core::record_inbox_gauges)).
+pub(super) fn spawn_gauges(
+    inbox: Arc<dyn Inbox>,
+    namespaces: Vec<String>,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            for namespace in &namespaces {
+                if let Err(e) = dedupe_core::record_inbox_gauges(inbox.as_ref(), namespace).await {
+                    tracing::warn!(namespace, error = %e, "the queue's gauges were not read");
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
 /// The namespaces of the served routes (/hooks/standard is /hooks), sorted.
 pub(super) fn served_namespaces(app: &App) -> Vec<String> {
     let mut served: Vec<String> = app

@@ -120,3 +120,16 @@ pub fn client() -> reqwest::Client {
         .build()
         .expect("client")
 }
+
+/// The value of the Prometheus sample `name{labels...}`, 0 when absent.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
