@@ -14,8 +14,8 @@ use dedupe_webhook::{Webhook, WebhookEvent};
 use http::{header, Request, StatusCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use super::admin::Throughput;
 use super::ledger::Ledger;
+use super::throughput::Throughput;
 
 pub(super) struct App {
     pub(super) ledger: Ledger,

@@ -22,6 +22,7 @@ mod routes;
 mod secrets;
 mod setup;
 mod shutdown;
+mod throughput;
 mod workers;
 
 pub use args::ServeArgs;

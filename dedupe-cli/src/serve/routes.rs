@@ -76,7 +76,7 @@ async fn ledger_rows(State(app): State<Arc<App>>, Query(page): Query<Page>) -> R
 }
 
 /// A page of the ledger (as `GET /hooks` and the admin API answer it).
-pub(super) async fn ledger_page(
+pub(crate) async fn ledger_page(
     app: &App,
     limit: Option<usize>,
     after: Option<String>,
@@ -113,7 +113,7 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
 }
 
 /// The metrics in Prometheus's text format.
-pub(super) fn metrics_page(app: &App) -> Response {
+pub(crate) fn metrics_page(app: &App) -> Response {
     app.metrics.run_upkeep();
     (
         [(

@@ -18,7 +18,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::query::{filter_json, FilterFields};
-use super::{refuse, Admin};
+use super::state::{refuse, Admin};
+use crate::serve::routes;
 
 /// Items a search reads at most for one page (matching or not).
 pub(super) const SEARCH_BUDGET: u64 = 10_000;
@@ -421,9 +422,9 @@ pub(super) async fn ledger(
     State(admin): State<Arc<Admin>>,
     Query(page): Query<LedgerPage>,
 ) -> Response {
-    super::super::routes::ledger_page(&admin.app, page.limit, page.after).await
+    routes::ledger_page(&admin.app, page.limit, page.after).await
 }
 
 pub(super) async fn metrics_text(State(admin): State<Arc<Admin>>) -> Response {
-    super::super::routes::metrics_page(&admin.app)
+    routes::metrics_page(&admin.app)
 }

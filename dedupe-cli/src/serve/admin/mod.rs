@@ -22,10 +22,9 @@
 mod api;
 mod jobs;
 mod query;
-mod throughput;
+mod state;
 mod ui;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -33,88 +32,14 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
-use axum::{Json, Router};
-use dedupe_core::{Error, Inbox};
+use axum::Router;
+use dedupe_core::Inbox;
 use http::{header, Method, StatusCode};
-use sha2::{Digest, Sha256};
 
 use super::app::App;
-pub(crate) use throughput::Throughput;
-
-/// The name of the dashboard's session cookie.
-const COOKIE: &str = "dedupe_admin";
-/// Largest form a state-changing call may send (the filter fields).
-const FORM_LIMIT: usize = 64 * 1024;
-
-/// What the admin routes share.
-pub(crate) struct Admin {
-    app: Arc<App>,
-    inbox: Option<Arc<dyn Inbox>>,
-    /// The namespaces this server's routes serve, shown on the dashboard.
-    namespaces: Vec<String>,
-    auth: Auth,
-    jobs: jobs::Jobs,
-    throughput: Arc<Throughput>,
-}
-
-/// The bearer token (if any), the session cookie it gives, and this
-/// process's anti-forgery token.
-pub(crate) struct Auth {
-    token: Option<String>,
-    session: Option<String>,
-    csrf: String,
-}
-
-/// The admin token: read from `file`, else from `DEDUPE_ADMIN_TOKEN`, white
-/// space around it dropped.
-pub(crate) fn token(file: Option<&std::path::Path>) -> Result<Option<String>, Error> {
-    Ok(match file {
-        Some(path) => {
-            Some(std::fs::read_to_string(path).map_err(|e| {
-                Error::config(format!("--admin-token-file {}: {e}", path.display()))
-            })?)
-        }
-        None => std::env::var("DEDUPE_ADMIN_TOKEN").ok(),
-    }
-    .map(|t| t.trim().to_string()))
-}
-
-impl Auth {
-    /// With `token` (none: loopback only); refused on a listener that is not
-    /// loopback without one.
-    pub(crate) fn new(token: Option<String>, listen: SocketAddr) -> Result<Self, Error> {
-        if token.as_deref() == Some("") {
-            return Err(Error::config(
-                "the admin token is empty (--admin-token-file or DEDUPE_ADMIN_TOKEN)",
-            ));
-        }
-        if token.is_none() && !listen.ip().is_loopback() {
-            return Err(Error::config(format!(
-                "--admin-listen {listen} is not a loopback address: give the admin surface a \
-                 token (--admin-token-file, or DEDUPE_ADMIN_TOKEN) to serve it there"
-            )));
-        }
-        let mut csrf = [0u8; 32];
-        getrandom::fill(&mut csrf)
-            .map_err(|e| Error::config(format!("no randomness for the anti-forgery token: {e}")))?;
-        Ok(Self {
-            session: token.as_deref().map(|t| {
-                hex::encode(Sha256::digest(
-                    format!("dedupe admin session\0{t}").as_bytes(),
-                ))
-            }),
-            token,
-            csrf: hex::encode(csrf),
-        })
-    }
-}
-
-/// Whether `a` and `b` are equal, in time that does not depend on where they
-/// differ.
-fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    a.iter().zip(b.iter()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
-}
+use super::throughput::Throughput;
+use state::{refuse, same, Admin, COOKIE, FORM_LIMIT};
+pub(crate) use state::{token, Auth};
 
 /// The admin listener's routes.
 pub(crate) fn router(
@@ -144,15 +69,6 @@ pub(crate) fn router(
             guard,
         ))
         .with_state(admin)
-}
-
-/// A JSON error: `{"error": kind, "message": ...}`.
-pub(crate) fn refuse(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(serde_json::json!({"error": kind, "message": message.into()})),
-    )
-        .into_response()
 }
 
 /// Whether the request names a loopback host (`localhost`, `127.x.y.z`,
@@ -303,28 +219,5 @@ mod tests {
         ] {
             assert!(!loopback_host(&with_host(host)), "{host}");
         }
-    }
-
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(same("abc", "abc"));
-        assert!(!same("abc", "abd"));
-        assert!(!same("abc", "abcd"));
-        assert!(!same("", "a"));
-    }
-
-    #[test]
-    fn a_public_listener_without_a_token_is_refused() {
-        let public: SocketAddr = "0.0.0.0:8472".parse().expect("address");
-        let refused = Auth::new(None, public).err().expect("refused");
-        assert!(refused.to_string().contains("not a loopback address"));
-        assert!(Auth::new(None, "127.0.0.1:0".parse().expect("address")).is_ok());
-        let dir = tempfile::tempdir().expect("dir");
-        let file = dir.path().join("token");
-        std::fs::write(&file, "s3cret\n").expect("write");
-        let auth = Auth::new(token(Some(&file)).expect("read"), public).expect("with a token");
-        assert_eq!(auth.token.as_deref(), Some("s3cret"));
-        std::fs::write(&file, " \n").expect("write");
-        assert!(Auth::new(token(Some(&file)).expect("read"), public).is_err());
     }
 }

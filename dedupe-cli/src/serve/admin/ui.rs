@@ -26,7 +26,7 @@ use serde::Deserialize;
 
 use super::api::{detail_json, health, inbox_of, key_of, PageFields, SEARCH_BUDGET};
 use super::query::FilterFields;
-use super::{same, Admin, COOKIE};
+use super::state::{same, Admin, COOKIE};
 
 const STYLE: &str = include_str!("ui.css");
 
