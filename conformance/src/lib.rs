@@ -122,6 +122,7 @@ macro_rules! __with_check_names {
             inbox_ordering,
             inbox_dead_retention,
             inbox_error_history,
+            inbox_forget_if,
         }
     };
 }

@@ -124,6 +124,8 @@ enum Flaw {
     /// A replay of a failed item that is due already answers true: two
     /// operators replaying an item at once both count it.
     ReplayAgainAnswersTrue,
+    /// `forget_if` forgets whatever is there, as `forget` does.
+    ForgetIfIgnoresState,
     /// An accept of a dead item's key starts the item over.
     AcceptResetsDead,
     /// An accept over a claim whose lease passed answers `InFlight`.
@@ -211,6 +213,7 @@ impl Flaw {
                 | Flaw::FailDelayDoubled
                 | Flaw::ReplayDueLater
                 | Flaw::ReplayAgainAnswersTrue
+                | Flaw::ForgetIfIgnoresState
                 | Flaw::AcceptResetsDead
                 | Flaw::AcceptLapsedClaimInFlight
                 | Flaw::FilteredListIgnoresCursor
@@ -1082,6 +1085,13 @@ impl Inbox for Broken {
         self.inner.replay(key).await
     }
 
+    async fn forget_if(&self, key: &Key, status: ItemStatus, attempts: u32) -> Result<bool> {
+        if self.flaw == Flaw::ForgetIfIgnoresState {
+            return self.inner.forget(key).await;
+        }
+        self.inner.forget_if(key, status, attempts).await
+    }
+
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
         let mut counts = self.inner.counts(namespace).await?;
         if self.flaw == Flaw::OldestDueIsNewest {
@@ -1280,6 +1290,7 @@ const EXPECTED: &[(Flaw, &[&str])] = &[
     (Flaw::FailDelayDoubled, &["inbox_failures_and_replay"]),
     (Flaw::ReplayDueLater, &["inbox_failures_and_replay"]),
     (Flaw::ReplayAgainAnswersTrue, &["inbox_failures_and_replay"]),
+    (Flaw::ForgetIfIgnoresState, &["inbox_forget_if"]),
     (Flaw::AcceptResetsDead, &["inbox_failures_and_replay"]),
     (Flaw::AcceptLapsedClaimInFlight, &["inbox_accepts_once"]),
     (Flaw::FilteredListIgnoresCursor, &["inbox_list_and_counts"]),
@@ -1391,6 +1402,7 @@ broken_store_tests!(
     rejects_fail_delay_doubled => FailDelayDoubled,
     rejects_replay_due_later => ReplayDueLater,
     rejects_a_second_replay_answering_true => ReplayAgainAnswersTrue,
+    rejects_forget_if_ignoring_the_state_seen => ForgetIfIgnoresState,
     rejects_accept_resetting_a_dead_item => AcceptResetsDead,
     rejects_accept_of_a_lapsed_claim_answering_in_flight => AcceptLapsedClaimInFlight,
     rejects_filtered_list_ignoring_the_cursor => FilteredListIgnoresCursor,

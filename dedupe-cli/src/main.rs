@@ -14,6 +14,7 @@ mod race;
 mod records;
 mod serve;
 mod soak;
+mod trace;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -92,11 +93,9 @@ pub fn fresh_namespace() -> String {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // Spans of every store call, for RUST_LOG=dedupe=debug and the like.
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    // Spans of every store call, for RUST_LOG=dedupe=debug and the like;
+    // exported over OTLP when an endpoint is configured (trace.rs).
+    let _tracing = trace::init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::bench(args).await,

@@ -642,6 +642,14 @@ pub trait Inbox: DedupeStore {
     /// `true`.
     async fn replay(&self, key: &Key) -> Result<bool>;
 
+    /// Removes the item at `key` as [`forget`](crate::DedupeStore::forget)
+    /// does, but only while it is as an operator saw it: in `status`, taken
+    /// `attempts` times. An item that moved on since (replayed, taken,
+    /// failed again, done) is left alone and answered `false`; one atomic
+    /// step, so a bulk forget never removes an item another operator or a
+    /// worker has taken up meanwhile.
+    async fn forget_if(&self, key: &Key, status: ItemStatus, attempts: u32) -> Result<bool>;
+
     /// How many items of the namespace stand where.
     async fn counts(&self, namespace: &str) -> Result<InboxCounts>;
 
@@ -707,6 +715,9 @@ macro_rules! forward_inbox {
             }
             async fn replay(&self, key: &Key) -> Result<bool> {
                 (**self).replay(key).await
+            }
+            async fn forget_if(&self, key: &Key, status: ItemStatus, attempts: u32) -> Result<bool> {
+                (**self).forget_if(key, status, attempts).await
             }
             async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
                 (**self).counts(namespace).await

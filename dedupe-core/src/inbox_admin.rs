@@ -12,9 +12,9 @@
 //! same one: a replay is one atomic step that makes a dead or failed item due
 //! and answers `false` for anything else, so an item two runs both reach is
 //! replayed by one of them, and an item a worker holds is left alone. A
-//! forget reads the item again just before it removes it, and removes it
-//! only when it still matches (an item another operator replayed in between
-//! is running, not dead, and is kept).
+//! forget is [`Inbox::forget_if`]: it removes the item only while it is in
+//! the state and at the attempt the page showed (an item another operator
+//! replayed in between, or a worker took, is kept).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -382,15 +382,12 @@ impl Bulk {
                 self.matched.fetch_add(1, Ordering::SeqCst);
                 let acted = match self.action {
                     BulkAction::Replay => inbox.replay(&item.key).await?,
+                    // Only as it was read: an item replayed by another
+                    // operator, or taken by a worker, since is kept.
                     BulkAction::Forget => {
-                        // Read again: an item replayed by another operator
-                        // since the page was read is running, and kept.
-                        match inbox.item(&item.key).await? {
-                            Some(now) if self.filter.matches(&now, SystemTime::now()) => {
-                                inbox.forget(&item.key).await?
-                            }
-                            _ => false,
-                        }
+                        inbox
+                            .forget_if(&item.key, item.status, item.attempts)
+                            .await?
                     }
                 };
                 if acted && self.action == BulkAction::Replay {

@@ -1141,6 +1141,14 @@ mod tests {
         async fn list(&self, query: &crate::ItemQuery) -> Result<crate::ItemPage> {
             self.inner.list(query).await
         }
+        async fn forget_if(
+            &self,
+            key: &Key,
+            status: crate::ItemStatus,
+            attempts: u32,
+        ) -> Result<bool> {
+            self.inner.forget_if(key, status, attempts).await
+        }
         async fn replay(&self, key: &Key) -> Result<bool> {
             self.inner.replay(key).await
         }

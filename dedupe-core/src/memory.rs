@@ -881,6 +881,19 @@ impl Inbox for MemoryStore {
         Ok(replayable)
     }
 
+    async fn forget_if(&self, key: &Key, status: ItemStatus, attempts: u32) -> Result<bool> {
+        let mut map = self.lock();
+        let seen = map
+            .map
+            .get(key)
+            .and_then(|e| e.item_view(key))
+            .is_some_and(|item| item.status == status && item.attempts == attempts);
+        if seen {
+            map.remove(key);
+        }
+        Ok(seen)
+    }
+
     async fn wake(&self, namespace: &str) -> Result<crate::Wake> {
         Ok(crate::Wake::in_process(self.wakeups.signal(namespace)))
     }

@@ -10,7 +10,8 @@ use crate::capabilities::Capabilities;
 use crate::claim::{ClaimOptions, ClaimOutcome, Lease};
 use crate::error::{Error, Result};
 use crate::inbox::{
-    AcceptOptions, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, Retry, Taken,
+    AcceptOptions, Accepted, Inbox, InboxCounts, Item, ItemPage, ItemQuery, ItemStatus, Retry,
+    Taken,
 };
 use crate::key::Key;
 use crate::record::Record;
@@ -333,6 +334,18 @@ impl<S: Inbox> Inbox for TracedStore<S> {
         let result = self.inner.replay(key).instrument(span.clone()).await;
         measure("replay", started, &result, |_, count| count("ok"));
         finish(&span, result, |replayed| format!("replayed={replayed}"))
+    }
+
+    async fn forget_if(&self, key: &Key, status: ItemStatus, attempts: u32) -> Result<bool> {
+        let started = Instant::now();
+        let span = span!("dedupe.forget_if", key = key);
+        let result = self
+            .inner
+            .forget_if(key, status, attempts)
+            .instrument(span.clone())
+            .await;
+        measure("forget_if", started, &result, |_, count| count("ok"));
+        finish(&span, result, |forgotten| format!("forgotten={forgotten}"))
     }
 
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {

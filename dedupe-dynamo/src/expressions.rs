@@ -33,6 +33,9 @@ pub(crate) const DONE_BY: &str = "#tk = :tk AND #st = :one";
 
 /// `forget`'s delete: the record is still the one read.
 pub(crate) const FENCED: &str = "#tk = :tk";
+/// An item exactly as it was read (I17): each change of an item moves its
+/// wait, its attempts or its deadline, or gives it a new token.
+pub(crate) const AS_READ: &str = "#tk = :tk AND #wt = :wt AND #at = :at AND #dl = :dl";
 
 /// A completion: the done record; an inbox item's attributes go (removing
 /// what a claim's record never had costs nothing).
@@ -118,7 +121,7 @@ pub(crate) const OLDEST_QUERY: &str = "#iq = :q";
 
 /// Every set of expressions one request carries: their attribute names are
 /// worked out once, when the store is built, not on every request.
-pub(crate) const REQUESTS: [&[&str]; 28] = [
+pub(crate) const REQUESTS: [&[&str]; 29] = [
     &[FRESH],
     &[TAKEOVER],
     &[COMPLETE, HELD],
@@ -140,6 +143,7 @@ pub(crate) const REQUESTS: [&[&str]; 28] = [
     &[SCAN, PROJECTION],
     &[UNCHANGED],
     &[FENCED],
+    &[AS_READ],
     &[DONE_BY],
     &[LEASE, DUE_ORDERED],
     &[WAITING, REPLAYABLE_ORDERED],

@@ -845,6 +845,49 @@ impl Inbox for DynamoStore {
         .await
     }
 
+    /// The item read, then deleted on condition that it is still exactly as
+    /// read (its token, wait, attempts and deadline) and in the state seen.
+    async fn forget_if(&self, key: &Key, status: ItemStatus, attempts: u32) -> Result<bool> {
+        self.bounded(async {
+            let Some(item) = self.read(key).await? else {
+                return Ok(false);
+            };
+            let names = &self.inner.names;
+            let Some(seen) = decode_item(names, key, &item)? else {
+                return Ok(false);
+            };
+            if seen.status != status || seen.attempts != attempts {
+                return Ok(false);
+            }
+            let value = |name: &String| {
+                item.get(name)
+                    .cloned()
+                    .ok_or_else(|| Error::corrupt(key, format!("an item without {name}")))
+            };
+            let gone = self
+                .inner
+                .client
+                .delete_item()
+                .table_name(&self.inner.table)
+                .key(&names.partition_key, crate::codec::partition_key(key))
+                .condition_expression(AS_READ)
+                .set_expression_attribute_names(self.names(&[AS_READ]))
+                .expression_attribute_values(":tk", value(&names.token)?)
+                .expression_attribute_values(":wt", value(&names.wait)?)
+                .expression_attribute_values(":at", value(&names.attempts)?)
+                .expression_attribute_values(":dl", value(&names.deadline)?)
+                .send()
+                .await;
+            match gone {
+                Ok(_) => Ok(true),
+                // Changed since the read: no longer what was seen.
+                Err(e) if crate::error::is_condition_failure(&e) => Ok(false),
+                Err(e) => Err(self.fail(e)),
+            }
+        })
+        .await
+    }
+
     async fn item(&self, key: &Key) -> Result<Option<dedupe_core::Item>> {
         self.bounded(async {
             match self.read(key).await? {

@@ -134,6 +134,16 @@ impl Inbox for MySqlStore {
         Ok(replayed)
     }
 
+    async fn forget_if(
+        &self,
+        key: &Key,
+        status: dedupe_core::ItemStatus,
+        attempts: u32,
+    ) -> Result<bool> {
+        self.call(async |ops, conn| ops.forget_if(conn, key, status, attempts).await)
+            .await
+    }
+
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
         self.call(async |ops, conn| ops.counts(conn, namespace).await)
             .await

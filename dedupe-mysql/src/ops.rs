@@ -567,6 +567,42 @@ impl Ops<'_> {
         Ok(removed > 0 && live)
     }
 
+    /// Removes the item while it is in `status` at `attempts` (I17): read and
+    /// locked, then removed, in one transaction.
+    pub(crate) async fn forget_if(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        status: dedupe_core::ItemStatus,
+        attempts: u32,
+    ) -> Result<bool> {
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+        let seen: Option<(Option<Vec<u8>>,)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(self.sql.forget_if_read.as_str()))
+                .bind(key.namespace().as_bytes())
+                .bind(key.id().as_bytes())
+                .bind(attempts)
+                .bind(dedupe_core::backend::status_code(Some(status)))
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+        let Some((order_key,)) = seen else {
+            tx.rollback().await.map_err(|e| self.err(e))?;
+            return Ok(false);
+        };
+        sqlx::query(sqlx::AssertSqlSafe(self.sql.forget_if.as_str()))
+            .bind(key.namespace().as_bytes())
+            .bind(key.id().as_bytes())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(order_key) = order_key {
+            self.promote(&mut tx, key.namespace(), &order_key).await?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(true)
+    }
+
     /// Makes the first waiting item of ordering key `order_key` its head,
     /// due again if a take parked it, in the caller's transaction that took
     /// an item of the key out of its queue.

@@ -92,6 +92,8 @@ pub(crate) struct Statements {
     pub(crate) expire_dead_ordered: String,
     pub(crate) expire_dead_one: String,
     pub(crate) forget_read: String,
+    pub(crate) forget_if_read: String,
+    pub(crate) forget_if: String,
     pub(crate) has_column: String,
     pub(crate) accept: String,
     pub(crate) select_item: String,
@@ -255,6 +257,17 @@ impl Statements {
                  FROM {t}
                  WHERE namespace = ? AND id = ?"
             ),
+            // The item's ordering key, locked, while it is in status ? (as
+            // `list`'s codes) at attempt ? (I17); then removed by its key in
+            // the same transaction.
+            forget_if_read: format!(
+                "SELECT order_key FROM {t}
+                 WHERE namespace = ? AND id = ? AND wait IS NOT NULL AND attempts = ?
+                   AND CASE WHEN wait = 0 THEN 1 WHEN wait = 2 THEN 3
+                            WHEN last_error IS NULL THEN 0 ELSE 2 END = ?
+                 FOR UPDATE"
+            ),
+            forget_if: format!("DELETE FROM {t} WHERE namespace = ? AND id = ?"),
             has_column: format!(
                 "SELECT COUNT(*) FROM information_schema.COLUMNS
                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND COLUMN_NAME = ?"

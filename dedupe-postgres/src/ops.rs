@@ -367,4 +367,23 @@ impl Ops<'_> {
             .map_err(|e| self.err(e))?;
         Ok(live.unwrap_or(false))
     }
+
+    /// Removes the item while it is in `status` at `attempts` (I17).
+    pub(crate) async fn forget_if(
+        &self,
+        conn: &mut PgConnection,
+        key: &Key,
+        status: dedupe_core::ItemStatus,
+        attempts: u32,
+    ) -> Result<bool> {
+        let gone: i64 = sqlx::query_scalar(text(&self.sql.forget_if))
+            .bind(key.namespace())
+            .bind(key.id())
+            .bind(dedupe_core::backend::status_code(Some(status)) as i32)
+            .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+            .fetch_one(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(gone > 0)
+    }
 }

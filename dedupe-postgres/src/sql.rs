@@ -132,6 +132,7 @@ pub(crate) struct Statements {
     pub(crate) table_pages: Sql,
     pub(crate) expire_batch: Sql,
     pub(crate) forget: Sql,
+    pub(crate) forget_if: Sql,
     pub(crate) accept: Sql,
     pub(crate) select_item: Sql,
     pub(crate) take: Sql,
@@ -441,6 +442,21 @@ impl Statements {
                               {live_row} AS live
                  ), next AS ({next})
                  SELECT live FROM gone",
+                next = promote("gone")
+            )
+            .into(),
+            // The item only while in status $3 (as `list`'s) at attempt $4
+            // (I17), leaving its ordering key's queue as a forget does.
+            forget_if: format!(
+                "WITH gone AS (
+                    DELETE FROM {t} WHERE {is_bound} AND attempts = $4::int4
+                      AND (($3::int4 = 0 AND wait = 1 AND last_error IS NULL)
+                           OR ($3 = 1 AND wait = 0)
+                           OR ($3 = 2 AND wait = 1 AND last_error IS NOT NULL)
+                           OR ($3 = 3 AND wait = 2))
+                    RETURNING key, order_key
+                 ), next AS ({next})
+                 SELECT count(*) FROM gone",
                 next = promote("gone")
             )
             .into(),

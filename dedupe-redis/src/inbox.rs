@@ -414,6 +414,28 @@ impl Inbox for RedisStore {
         Ok(ItemPage::new(items, next.flatten()))
     }
 
+    async fn forget_if(
+        &self,
+        key: &Key,
+        status: dedupe_core::ItemStatus,
+        attempts: u32,
+    ) -> Result<bool> {
+        let mut invocation = self.item_invocation(&SCRIPTS.forget_if, key)?;
+        invocation
+            .arg(dedupe_core::backend::status_code(Some(status)))
+            .arg(attempts);
+        let (answer, acked) = self.write(invocation, key).await?;
+        match Self::code(answer, key, "forget_if")? {
+            1 => {
+                self.replicated(acked, "forget", "retry the forget")?;
+                Ok(true)
+            }
+            0 => Ok(false),
+            -1 => Err(Error::corrupt(key, "not a dedupe record")),
+            _ => Err(Self::unexpected(key, "forget_if")),
+        }
+    }
+
     async fn replay(&self, key: &Key) -> Result<bool> {
         let mut invocation = self.item_invocation(&SCRIPTS.replay, key)?;
         invocation

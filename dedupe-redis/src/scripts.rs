@@ -709,6 +709,26 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 "#;
 
+/// KEYS as `REPLAY`'s; ARGV id, status code (0 pending, 1 running, 2
+/// failed, 3 dead), attempts. The item removed, as a forget removes it,
+/// only while it is in that status at that attempt (I17): `1` removed, `0`
+/// not (moved on, a record, or nothing), `-1` corrupt.
+const FORGET_IF: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if not is_item(v) then
+  if decode(v) then return 0 end
+  return -1
+end
+local r = idecode(v)
+if not r then return -1 end
+local st = 0
+if r.wait == 0 then st = 1 elseif r.wait == 2 then st = 3 elseif r.err then st = 2 end
+if st ~= tonumber(ARGV[2]) or r.attempts ~= tonumber(ARGV[3]) then return 0 end
+iput(ARGV[1], r, nil)
+return 1
+"#;
+
 /// KEYS ids; ARGV statuses (some of `prfd`), after (`''` from the start),
 /// limit. Up to `limit` ids of each status after `after`, in the set's
 /// (byte) order, as `<status>:<id>`; the caller merges them.
@@ -762,6 +782,7 @@ pub(crate) struct Scripts {
     pub(crate) get: Script,
     pub(crate) peek: Script,
     pub(crate) forget: Script,
+    pub(crate) forget_if: Script,
     pub(crate) accept: Script,
     pub(crate) take: Script,
     pub(crate) fail: Script,
@@ -784,6 +805,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     get: script(GET),
     peek: script(PEEK),
     forget: script(FORGET),
+    forget_if: script(FORGET_IF),
     accept: script(ACCEPT),
     take: script(TAKE),
     fail: script(FAIL),

@@ -161,6 +161,21 @@ impl Inbox for SqliteStore {
         Ok(replayed)
     }
 
+    async fn forget_if(
+        &self,
+        key: &Key,
+        status: dedupe_core::ItemStatus,
+        attempts: u32,
+    ) -> Result<bool> {
+        let key = key.clone();
+        self.conns()
+            .with_conn(move |ops, conn| {
+                let _turn = ops.turn()?;
+                ops.forget_where(conn, &key, Some((status, attempts)))
+            })
+            .await
+    }
+
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
         let namespace = namespace.to_string();
         self.conns()

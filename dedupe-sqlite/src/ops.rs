@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use dedupe_core::backend::{self, check_ttl, duration_millis, from_millis, one_row_changed};
 use dedupe_core::{
-    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, Key, Lease, Record,
-    Result,
+    Capabilities, ClaimId, ClaimOptions, ClaimOutcome, Error, Fingerprint, ItemStatus, Key, Lease,
+    Record, Result,
 };
 use rusqlite::{named_params, Connection, OptionalExtension};
 
@@ -319,16 +319,39 @@ impl Ops<'_> {
     }
 
     pub(crate) fn forget(&self, conn: &Connection, key: &Key) -> Result<bool> {
-        let gone: Option<(bool, Option<String>)> = conn
-            .prepare_cached(&self.sql.forget)
-            .and_then(|mut stmt| {
+        self.forget_where(conn, key, None)
+    }
+
+    /// Removes the item while it is in `status` at `attempts` (CONTRACT.md
+    /// I17), or, `seen` none, the record whatever it is.
+    pub(crate) fn forget_where(
+        &self,
+        conn: &Connection,
+        key: &Key,
+        seen: Option<(ItemStatus, u32)>,
+    ) -> Result<bool> {
+        let gone: Option<(bool, Option<String>)> = match seen {
+            None => conn.prepare_cached(&self.sql.forget).and_then(|mut stmt| {
                 stmt.query_row(
                     named_params! {":ns": key.namespace(), ":id": key.id(), ":now": backend::now_millis()},
                     |row| Ok((row.get(0)?, row.get(1)?)),
                 )
                 .optional()
-            })
-            .map_err(|e| self.err(e))?;
+            }),
+            Some((status, attempts)) => conn.prepare_cached(&self.sql.forget_if).and_then(|mut stmt| {
+                stmt.query_row(
+                    named_params! {
+                        ":ns": key.namespace(),
+                        ":id": key.id(),
+                        ":st": backend::status_code(Some(status)),
+                        ":at": attempts,
+                    },
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()
+            }),
+        }
+        .map_err(|e| self.err(e))?;
         let Some((live, order_key)) = gone else {
             return Ok(false);
         };

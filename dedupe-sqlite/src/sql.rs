@@ -17,6 +17,7 @@ pub(crate) struct Statements {
     pub(crate) extend: String,
     pub(crate) expire_batch: String,
     pub(crate) forget: String,
+    pub(crate) forget_if: String,
     /// `migrations/0003_indexes.sql`.
     pub(crate) indexes: String,
     pub(crate) columns: String,
@@ -189,6 +190,15 @@ impl Statements {
                 "DELETE FROM {t} WHERE namespace = :ns AND id = :id
                  RETURNING expires_at > :now OR wait IS NOT NULL,
                            CASE WHEN wait IS NOT NULL THEN order_key END"
+            ),
+            // The item only while in status :st (as `list`'s) at attempt :at.
+            forget_if: format!(
+                "DELETE FROM {t} WHERE namespace = :ns AND id = :id AND attempts = :at
+                   AND ((:st = 0 AND wait = 1 AND last_error IS NULL)
+                        OR (:st = 1 AND wait = 0)
+                        OR (:st = 2 AND wait = 1 AND last_error IS NOT NULL)
+                        OR (:st = 3 AND wait = 2))
+                 RETURNING 1, order_key"
             ),
             // Parks an item its ordering key holds back (see migration
             // 0009); a head stays.

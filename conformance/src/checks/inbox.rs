@@ -2295,3 +2295,110 @@ async fn take_until(inbox: &dyn Inbox, key: &Key) -> Result<Taken, Failure> {
 async fn inbox_release(inbox: &dyn Inbox, taken: &Taken) -> Result<(), Failure> {
     inbox.release(&taken.lease).await.map_err(Failure::from)
 }
+
+/// I17: `forget_if` removes an item only while it is in the state and at
+/// the attempt the caller saw, so an operator's bulk forget never removes an
+/// item another operator replayed, or a worker took, since its page was
+/// read. A dead item is forgotten at its state and attempt and at no other;
+/// replayed, it is no longer the dead item seen; taken, no longer the
+/// failed one; the item as it is now goes, and its key is free. A pending
+/// item never taken goes at attempt 0; an absent key answers false. A
+/// forgotten dead item that held its ordering key's later items back lets
+/// the next one run (I15).
+pub async fn inbox_forget_if(factory: &dyn StoreFactory) -> CheckResult {
+    let fixture = factory.create().await?;
+    let inbox = inbox_or_skip!(fixture);
+    let k = item_key("seen")?;
+    inbox.accept(&k, b"{}").await?;
+    let taken = take_n(&*inbox, 1, LONG_TTL).await?;
+    ensure!(taken.len() == 1, "the item was not taken");
+    inbox
+        .fail(&taken[0].lease, "for good", Retry::dead())
+        .await?;
+    for (status, attempts) in [
+        (ItemStatus::Pending, 1),
+        (ItemStatus::Failed, 1),
+        (ItemStatus::Running, 1),
+        (ItemStatus::Dead, 0),
+        (ItemStatus::Dead, 2),
+    ] {
+        ensure!(
+            !inbox.forget_if(&k, status, attempts).await?,
+            "forget_if of a dead item at attempt 1, as {} at attempt {attempts}, answered true",
+            status.as_str()
+        );
+    }
+    ensure!(
+        inbox
+            .item(&k)
+            .await?
+            .is_some_and(|i| i.status == ItemStatus::Dead),
+        "a forget_if that answered false removed or changed the item"
+    );
+    ensure!(
+        inbox.replay(&k).await?,
+        "a replay of a dead item answered false"
+    );
+    ensure!(
+        !inbox.forget_if(&k, ItemStatus::Dead, 1).await?,
+        "forget_if removed a replayed item as the dead item it was"
+    );
+    let again = take_n(&*inbox, 1, LONG_TTL).await?;
+    ensure!(again.len() == 1, "the replayed item was not taken");
+    ensure!(
+        !inbox.forget_if(&k, ItemStatus::Failed, 1).await?,
+        "forget_if removed a running item as the failed item it was"
+    );
+    ensure!(
+        inbox.forget_if(&k, ItemStatus::Running, 2).await?,
+        "forget_if of a running item at its attempt answered false"
+    );
+    ensure!(
+        inbox.item(&k).await?.is_none(),
+        "forget_if answered true and left the item"
+    );
+    ensure!(
+        inbox.accept(&k, b"{}").await?.is_new(),
+        "the key of an item removed by forget_if was not free"
+    );
+    ensure!(
+        inbox.forget_if(&k, ItemStatus::Pending, 0).await?,
+        "forget_if of a pending item never taken, at attempt 0, answered false"
+    );
+    ensure!(
+        !inbox
+            .forget_if(&item_key("never-accepted")?, ItemStatus::Dead, 1)
+            .await?,
+        "forget_if of an absent key answered true"
+    );
+
+    // Ordered: a dead head that holds its key's next item back.
+    let ordered = AcceptOptions::new().ordering_key("cus_1");
+    let (first, second) = (item_key("o1")?, item_key("o2")?);
+    inbox.accept_with(&first, b"1", &ordered).await?;
+    inbox.accept_with(&second, b"2", &ordered).await?;
+    let head = take_n(&*inbox, 1, LONG_TTL).await?;
+    ensure!(
+        head.len() == 1 && head[0].lease.key == first,
+        "the first item of an ordering key was not taken alone: {head:?}"
+    );
+    inbox
+        .fail(&head[0].lease, "for good", Retry::dead())
+        .await?;
+    ensure!(
+        take_n(&*inbox, 1, Duration::from_millis(200))
+            .await?
+            .is_empty(),
+        "an item behind a dead one of its ordering key was taken"
+    );
+    ensure!(
+        inbox.forget_if(&first, ItemStatus::Dead, 1).await?,
+        "forget_if of a dead ordered item answered false"
+    );
+    let next = take_n(&*inbox, 1, LONG_TTL).await?;
+    ensure!(
+        next.first().is_some_and(|t| t.lease.key == second),
+        "the item behind a dead one removed by forget_if was not handed out: {next:?}"
+    );
+    Ok(Verdict::Passed)
+}

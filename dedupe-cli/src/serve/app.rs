@@ -154,7 +154,14 @@ pub(super) async fn business_step(app: Arc<App>, req: Request<Body>) -> Response
 /// after without spending an attempt, within `--max-snooze-secs`).
 pub(super) async fn inbox_step(app: Arc<App>, taken: Taken) -> Result<Vec<u8>, WorkFailure> {
     let (event, headers) = WebhookEvent::from_item(&taken, app.retention)?;
-    match business(&app, &event, &headers).await {
+    let span = crate::trace::process_span(
+        &headers,
+        taken.lease.key.namespace(),
+        taken.lease.key.id(),
+        taken.lease.attempt,
+    );
+    use tracing::Instrument;
+    match business(&app, &event, &headers).instrument(span).await {
         Ok(bytes) => Ok({
             app.throughput.finished(taken.lease.key.namespace());
             WebhookEvent::outcome_for(StatusCode::OK, Some("application/json"), &bytes)

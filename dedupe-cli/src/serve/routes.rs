@@ -25,7 +25,26 @@ pub(super) fn public(app: &Arc<App>, open: bool) -> Router {
             .route("/hooks", get(ledger_rows))
             .route("/metrics", get(metrics_text));
     }
-    public.with_state(Arc::clone(app))
+    public
+        .layer(axum::middleware::from_fn(traced))
+        .with_state(Arc::clone(app))
+}
+
+/// Each delivery in its accept span, the child of the sender's
+/// `traceparent`, which the stored delivery then carries (`trace.rs`).
+async fn traced(mut req: Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let route = match req.uri().path() {
+        _ if req.method() != http::Method::POST => return next.run(req).await,
+        "/hooks" => "hooks",
+        path => match path.strip_prefix("/hooks/") {
+            Some(route) => route,
+            None => return next.run(req).await,
+        },
+    }
+    .to_string();
+    let span = crate::trace::accept_span(req.headers_mut(), &route);
+    next.run(req).instrument(span).await
 }
 
 fn not_served(what: &str) -> Response {

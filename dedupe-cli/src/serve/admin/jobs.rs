@@ -1,5 +1,5 @@
 //! The bulk actions started from the admin surface: each a
-//! [`Bulk`](dedupe_core::Bulk) on a task of its own, kept with an id so the
+//! [`Bulk`] on a task of its own, kept with an id so the
 //! operator can follow its progress and cancel it.
 
 use std::collections::BTreeMap;
