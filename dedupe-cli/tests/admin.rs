@@ -525,6 +525,53 @@ async fn the_admin_surface_wants_its_token_and_the_anti_forgery_token() {
         .expect("JSON");
     assert_eq!(item["state"], "dead", "a refused call changed the item");
 
+    // A browser's page of another site (or another port) is refused even
+    // with both tokens; a misspelt bulk field, or an empty filter not said
+    // to mean every item, is refused before anything runs.
+    let cross = http
+        .post(&replay)
+        .bearer_auth(token)
+        .header("x-csrf-token", &csrf)
+        .header("sec-fetch-site", "same-site")
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(cross.status().as_u16(), 403, "a same-site page's POST");
+    let bulk = format!("{admin}/api/namespaces/hooks/bulk");
+    for (body, refused) in [
+        (
+            r#"{"action":"forget","dryrun":true,"state":"dead"}"#,
+            "dryrun",
+        ),
+        (r#"{"action":"forget","dry_run":true}"#, "every item"),
+    ] {
+        let answer = http
+            .post(&bulk)
+            .bearer_auth(token)
+            .header("x-csrf-token", &csrf)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("POST bulk");
+        assert_eq!(answer.status().as_u16(), 400, "{body}");
+        let said = answer.text().await.expect("text");
+        assert!(said.contains(refused), "{body}: {said}");
+    }
+    let all: Value = http
+        .post(&bulk)
+        .bearer_auth(token)
+        .header("x-csrf-token", &csrf)
+        .header("content-type", "application/json")
+        .body(r#"{"action":"forget","dry_run":true,"all":true}"#)
+        .send()
+        .await
+        .expect("POST bulk")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(all["matched"], 1, "{all}");
+
     // Both tokens: the replay goes through.
     let done: Value = http
         .post(&replay)

@@ -151,6 +151,11 @@ pub struct Found {
     pub scanned: u64,
 }
 
+/// Items read per [`Inbox::list`] call of a search: pages carry payloads (up
+/// to [`MAX_PAYLOAD_BYTES`](crate::MAX_PAYLOAD_BYTES) each), so a search holds
+/// at most this many at once.
+const SEARCH_PAGE: usize = 200;
+
 /// At most `limit` items matching `filter` after the id `after`, reading at
 /// most `budget` items (so a filter that matches little answers in bounded
 /// time, with `next` where it stopped). The state goes to the store; the
@@ -174,9 +179,10 @@ pub async fn search_items(
     let mut found = Found::default();
     let now = SystemTime::now();
     loop {
-        query.limit = MAX_PAGE;
+        query.limit = SEARCH_PAGE;
         let page = inbox.list(&query).await?;
-        for item in page.items {
+        let read = page.items.len();
+        for (i, item) in page.items.into_iter().enumerate() {
             found.scanned += 1;
             query.after = Some(item.key.id().to_string());
             if filter.matches(&item, now) {
@@ -184,8 +190,9 @@ pub async fn search_items(
             }
             if found.items.len() == limit || found.scanned >= budget {
                 // Stopped inside the page: the next starts after the last
-                // item read, read or not the rest of this one.
-                found.next = query.after.take();
+                // item read; at the namespace's last item there is none.
+                let last = i + 1 == read && page.next.is_none();
+                found.next = if last { None } else { query.after.take() };
                 return Ok(found);
             }
         }
@@ -300,6 +307,9 @@ pub struct Bulk {
     skipped: AtomicU64,
     finished: AtomicBool,
     cancel: AtomicBool,
+    /// Whether the run stopped because it was cancelled (a cancel after
+    /// the end changes nothing).
+    cancelled: AtomicBool,
     error: Mutex<Option<String>>,
 }
 
@@ -315,6 +325,7 @@ impl Bulk {
             skipped: AtomicU64::new(0),
             finished: AtomicBool::new(false),
             cancel: AtomicBool::new(false),
+            cancelled: AtomicBool::new(false),
             error: Mutex::new(None),
         }
     }
@@ -343,7 +354,7 @@ impl Bulk {
             done: self.done.load(Ordering::SeqCst),
             skipped: self.skipped.load(Ordering::SeqCst),
             finished,
-            cancelled: finished && self.cancel.load(Ordering::SeqCst),
+            cancelled: self.cancelled.load(Ordering::SeqCst),
             error: self
                 .error
                 .lock()
@@ -371,12 +382,14 @@ impl Bulk {
         let mut after = None;
         loop {
             if self.cancel.load(Ordering::SeqCst) {
+                self.cancelled.store(true, Ordering::SeqCst);
                 return Ok(());
             }
             let found = search_items(inbox, &self.filter, after, MAX_PAGE, MAX_PAGE as u64).await?;
             self.scanned.fetch_add(found.scanned, Ordering::SeqCst);
             for item in found.items {
                 if self.cancel.load(Ordering::SeqCst) {
+                    self.cancelled.store(true, Ordering::SeqCst);
                     return Ok(());
                 }
                 self.matched.fetch_add(1, Ordering::SeqCst);

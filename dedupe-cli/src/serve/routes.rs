@@ -26,13 +26,20 @@ pub(super) fn public(app: &Arc<App>, open: bool) -> Router {
             .route("/metrics", get(metrics_text));
     }
     public
-        .layer(axum::middleware::from_fn(traced))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(app),
+            traced,
+        ))
         .with_state(Arc::clone(app))
 }
 
 /// Each delivery in its accept span, the child of the sender's
 /// `traceparent`, which the stored delivery then carries (`trace.rs`).
-async fn traced(mut req: Request, next: axum::middleware::Next) -> Response {
+async fn traced(
+    State(app): State<Arc<App>>,
+    mut req: Request,
+    next: axum::middleware::Next,
+) -> Response {
     use tracing::Instrument;
     let route = match req.uri().path() {
         _ if req.method() != http::Method::POST => return next.run(req).await,
@@ -43,6 +50,12 @@ async fn traced(mut req: Request, next: axum::middleware::Next) -> Response {
         },
     }
     .to_string();
+    // A served route's name, never whatever a sender put in the path.
+    let route = if app.routes.contains_key(&route) {
+        route
+    } else {
+        "unknown".to_string()
+    };
     let span = crate::trace::accept_span(req.headers_mut(), &route);
     next.run(req).instrument(span).await
 }

@@ -304,8 +304,15 @@ struct BulkBody {
     action: String,
     #[serde(default)]
     dry_run: bool,
+    /// Says that an empty filter (every item of the namespace) is meant.
+    #[serde(default)]
+    all: bool,
     #[serde(flatten)]
     filter: FilterFields,
+    /// Fields the body should not have: a misspelt `dry_run` or filter
+    /// field is refused, never taken as "no condition".
+    #[serde(flatten)]
+    unknown: std::collections::BTreeMap<String, Value>,
 }
 
 async fn bulk(
@@ -321,6 +328,21 @@ async fn bulk(
         Ok(body) => body,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, "bad_body", e.body_text()),
     };
+    if !body.unknown.is_empty() {
+        let names: Vec<&str> = body.unknown.keys().map(String::as_str).collect();
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            format!("unknown fields: {}", names.join(", ")),
+        );
+    }
+    if body.filter.pairs().is_empty() && !body.all {
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "bad_filter",
+            "an empty filter matches every item of the namespace: say \"all\": true to mean it",
+        );
+    }
     let action = match body.action.parse::<BulkAction>() {
         Ok(a) => a,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, "bad_action", e.to_string()),
@@ -341,8 +363,10 @@ async fn bulk(
             Err(e) => store_failed(&e),
         };
     }
-    let job = admin.jobs.start(Arc::clone(inbox), filter, action);
-    (StatusCode::ACCEPTED, Json(job.json())).into_response()
+    match admin.jobs.start(Arc::clone(inbox), filter, action) {
+        Ok(job) => (StatusCode::ACCEPTED, Json(job.json())).into_response(),
+        Err(busy) => refuse(StatusCode::TOO_MANY_REQUESTS, "busy", busy),
+    }
 }
 
 async fn pause(State(admin): State<Arc<Admin>>, Path(ns): Path<String>) -> Response {

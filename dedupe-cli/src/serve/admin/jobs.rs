@@ -13,6 +13,8 @@ use super::query::filter_json;
 
 /// Finished jobs kept for the operator to look at; older ones are dropped.
 const KEPT: usize = 100;
+/// Jobs running at once, at most: each reads and writes the store.
+const RUNNING: usize = 8;
 
 /// One bulk action and when it started.
 pub(crate) struct Job {
@@ -53,16 +55,27 @@ impl Jobs {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Starts `action` over the items matching `filter`, on a task.
+    /// Starts `action` over the items matching `filter`, on a task; refused
+    /// (with the reason) while [`RUNNING`] jobs run.
     pub(crate) fn start(
         &self,
         inbox: Arc<dyn Inbox>,
         filter: ItemFilter,
         action: BulkAction,
-    ) -> Arc<Job> {
+    ) -> Result<Arc<Job>, String> {
         let bulk = Arc::new(Bulk::new(filter, action));
         let job = {
             let mut jobs = self.lock();
+            let running = jobs
+                .1
+                .values()
+                .filter(|j| !j.bulk.progress().finished)
+                .count();
+            if running >= RUNNING {
+                return Err(format!(
+                    "{running} bulk actions are running: wait for one to end, or cancel one"
+                ));
+            }
             jobs.0 += 1;
             let job = Arc::new(Job {
                 id: jobs.0,
@@ -95,7 +108,7 @@ impl Jobs {
                 "bulk action finished"
             );
         });
-        job
+        Ok(job)
     }
 
     pub(crate) fn get(&self, id: u64) -> Option<Arc<Job>> {

@@ -74,11 +74,13 @@ pub(crate) fn router(
 /// Whether the request names a loopback host (`localhost`, `127.x.y.z`,
 /// `[::1]`), with or without a port.
 fn loopback_host(req: &Request) -> bool {
-    let Some(host) = req
+    // HTTP/2 names the host in the request's authority, not in a header.
+    let host = req
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
-    else {
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let Some(host) = host else {
         return false;
     };
     let name = match host.strip_prefix('[') {
@@ -139,8 +141,26 @@ async fn guard(State(admin): State<Arc<Admin>>, req: Request, next: Next) -> Res
             "the admin surface wants its token: Authorization: Bearer <token>",
         );
     }
-    if req.method() != Method::POST {
+    // The sign-in carries no anti-forgery token: the form that sends it is
+    // served to whoever is not signed in yet, so it must not show the
+    // token; a forged sign-in can only sign a browser in with the one token.
+    if req.method() != Method::POST || path == "/ui/login" {
         return next.run(req).await;
+    }
+    // A browser says where a request comes from: a page of another site (or
+    // another port of this one) never changes anything here.
+    if let Some(site) = req
+        .headers()
+        .get("sec-fetch-site")
+        .and_then(|h| h.to_str().ok())
+    {
+        if !matches!(site, "same-origin" | "none") {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "csrf",
+                format!("a state-changing call from a {site} page is refused"),
+            );
+        }
     }
     let header_token = req
         .headers()

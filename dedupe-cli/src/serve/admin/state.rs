@@ -47,7 +47,13 @@ pub(crate) fn token(file: Option<&std::path::Path>) -> Result<Option<String>, Er
                 Error::config(format!("--admin-token-file {}: {e}", path.display()))
             })?)
         }
-        None => std::env::var("DEDUPE_ADMIN_TOKEN").ok(),
+        None => match std::env::var("DEDUPE_ADMIN_TOKEN") {
+            Ok(token) => Some(token),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(Error::config("DEDUPE_ADMIN_TOKEN is not UTF-8 text"))
+            }
+        },
     }
     .map(|t| t.trim().to_string()))
 }
