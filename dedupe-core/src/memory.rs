@@ -97,14 +97,21 @@ impl Entry {
             && self.item.as_ref().is_none_or(|i| i.wait == Wait::Held)
     }
 
-    fn item_view(&self, key: &Key) -> Option<Item> {
+    /// Where the item stands, if this is an item (nothing copied: `counts`
+    /// reads every entry of the map).
+    fn item_status(&self) -> Option<ItemStatus> {
         let item = self.item.as_ref()?;
-        let status = match (item.wait, &item.last_error) {
+        Some(match (item.wait, &item.last_error) {
             (Wait::Held, _) => ItemStatus::Running,
             (Wait::Dead, _) => ItemStatus::Dead,
             (Wait::Due, None) => ItemStatus::Pending,
             (Wait::Due, Some(_)) => ItemStatus::Failed,
-        };
+        })
+    }
+
+    fn item_view(&self, key: &Key) -> Option<Item> {
+        let item = self.item.as_ref()?;
+        let status = self.item_status()?;
         Some(
             Item::new(
                 key.clone(),
@@ -901,21 +908,21 @@ impl Inbox for MemoryStore {
     async fn counts(&self, namespace: &str) -> Result<InboxCounts> {
         let map = self.lock();
         let mut counts = InboxCounts::default();
-        for (k, e) in map.map.iter().filter(|(k, _)| k.namespace() == namespace) {
-            let Some(item) = e.item_view(k) else {
+        for (_, e) in map.map.iter().filter(|(k, _)| k.namespace() == namespace) {
+            let Some(status) = e.item_status() else {
                 continue;
             };
-            match item.status {
+            match status {
                 ItemStatus::Pending => counts.pending += 1,
                 ItemStatus::Running => counts.running += 1,
                 ItemStatus::Failed => counts.failed += 1,
                 ItemStatus::Dead => counts.dead += 1,
             }
-            if matches!(item.status, ItemStatus::Pending | ItemStatus::Failed) {
+            if matches!(status, ItemStatus::Pending | ItemStatus::Failed) {
                 counts.oldest_due = Some(
                     counts
                         .oldest_due
-                        .map_or(item.due_at, |d| d.min(item.due_at)),
+                        .map_or(e.expires_at, |d| d.min(e.expires_at)),
                 );
             }
         }
