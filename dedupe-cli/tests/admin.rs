@@ -141,6 +141,38 @@ async fn until_shown(browser: &Client, want: &str) {
     }
 }
 
+/// Delivers the event `id` to `/hooks`, its business step failing as `fail`
+/// says (the `--fail-on-header` hook's value), and checks it was accepted.
+async fn deliver(http: &reqwest::Client, base: &str, id: &str, fail: Option<&str>) {
+    let mut req = http
+        .post(format!("{base}/hooks"))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .body(format!(r#"{{"id":"{id}","type":"invoice.paid"}}"#));
+    if let Some(fail) = fail {
+        req = req.header("x-test-fail", fail);
+    }
+    let answer = req.send().await.expect("deliver");
+    assert_eq!(answer.status().as_u16(), 202, "{id} was not accepted");
+}
+
+/// Reads with `probe` every 100 ms until it answers `Ok`, for at most 30
+/// s; then fails, saying `what` and the last `Err` (the state it read).
+async fn settled<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match probe().await {
+            Ok(done) => return done,
+            Err(state) => assert!(Instant::now() < deadline, "{what}: {state}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn api(http: &reqwest::Client, url: &str) -> Value {
     http.get(url)
         .send()
@@ -177,30 +209,17 @@ async fn the_dashboard_replays_a_poison_delivery_in_a_real_browser() {
     );
     let http = client();
     // One poison delivery (its business step fails for good), and one good.
-    for (id, fail) in [("evt_poison_1", Some("permanent")), ("evt_good_1", None)] {
-        let mut req = http
-            .post(format!("{}/hooks", serve.base))
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .body(format!(r#"{{"id":"{id}","type":"invoice.paid"}}"#));
-        if let Some(fail) = fail {
-            req = req.header("x-test-fail", fail);
+    deliver(&http, &serve.base, "evt_poison_1", Some("permanent")).await;
+    deliver(&http, &serve.base, "evt_good_1", None).await;
+    let hooks_url = format!("{}/api/namespaces/hooks", serve.admin);
+    settled("the poison item never died", || async {
+        let hooks = api(&http, &hooks_url).await;
+        match hooks["dead"] == 1 && hooks["pending"] == 0 && hooks["running"] == 0 {
+            true => Ok(()),
+            false => Err(hooks.to_string()),
         }
-        let answer = req.send().await.expect("deliver");
-        assert_eq!(answer.status().as_u16(), 202, "{id} was not accepted");
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let hooks = api(&http, &format!("{}/api/namespaces/hooks", serve.admin)).await;
-        if hooks["dead"] == 1 && hooks["pending"] == 0 && hooks["running"] == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the poison item never died: {hooks}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 
     let shots = shots();
     let (_driver, browser) = browser().await;
@@ -408,16 +427,7 @@ async fn the_admin_surface_wants_its_token_and_the_anti_forgery_token() {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("client");
-    let accept = http
-        .post(format!("{}/hooks", serve.base))
-        .header("content-type", "application/json")
-        .header("x-test-fail", "permanent")
-        .header("webhook-id", "evt_auth_1")
-        .body(r#"{"id":"evt_auth_1"}"#)
-        .send()
-        .await
-        .expect("deliver");
-    assert_eq!(accept.status().as_u16(), 202);
+    deliver(&http, &serve.base, "evt_auth_1", Some("permanent")).await;
     let admin = &serve.admin;
     let replay = format!("{admin}/api/namespaces/hooks/items/evt_auth_1/replay");
 
@@ -468,8 +478,7 @@ async fn the_admin_surface_wants_its_token_and_the_anti_forgery_token() {
         .await
         .expect("JSON");
     let csrf = csrf["csrf_token"].as_str().expect("a token").to_string();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    settled("never dead", || async {
         let item: Value = http
             .get(format!("{admin}/api/namespaces/hooks/items/evt_auth_1"))
             .bearer_auth(token)
@@ -479,12 +488,12 @@ async fn the_admin_surface_wants_its_token_and_the_anti_forgery_token() {
             .json()
             .await
             .expect("JSON");
-        if item["state"] == "dead" {
-            break;
+        match item["state"] == "dead" {
+            true => Ok(()),
+            false => Err(item.to_string()),
         }
-        assert!(Instant::now() < deadline, "never dead: {item}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     for (what, csrf_header) in [("no", None), ("a wrong", Some("0".repeat(64)))] {
         let mut req = http.post(&replay).bearer_auth(token);
         if let Some(h) = csrf_header {
@@ -722,15 +731,7 @@ async fn metrics_show_the_queue_after_a_scripted_sequence() {
         ("evt_snooze", Some("snooze=3600")),
         ("evt_dead", Some("permanent")),
     ] {
-        let mut req = http
-            .post(format!("{}/hooks", serve.base))
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .body(format!(r#"{{"id":"{id}"}}"#));
-        if let Some(fail) = fail {
-            req = req.header("x-test-fail", fail);
-        }
-        assert_eq!(req.send().await.expect("deliver").status().as_u16(), 202);
+        deliver(&http, &serve.base, id, fail).await;
     }
     let scrape = || async {
         http.get(format!("{}/metrics", serve.admin))
@@ -757,19 +758,17 @@ async fn metrics_show_the_queue_after_a_scripted_sequence() {
         )
     };
     // Settled: each of the four ran once.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut text = scrape().await;
-    while !(items(&text, "dead") == 1.0
-        && items(&text, "failed") == 1.0
-        && items(&text, "pending") == 1.0)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the queue never settled:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        text = scrape().await;
-    }
+    let text = settled("the queue never settled", || async {
+        let text = scrape().await;
+        match items(&text, "dead") == 1.0
+            && items(&text, "failed") == 1.0
+            && items(&text, "pending") == 1.0
+        {
+            true => Ok(text),
+            false => Err(text),
+        }
+    })
+    .await;
     assert_eq!(outcome(&text, "completed"), 1.0, "{text}");
     assert_eq!(outcome(&text, "retried"), 1.0, "{text}");
     assert_eq!(outcome(&text, "snoozed"), 1.0, "{text}");
@@ -804,16 +803,14 @@ async fn metrics_show_the_queue_after_a_scripted_sequence() {
         .await
         .expect("JSON");
     assert_eq!(replayed["replayed"], true);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut text = scrape().await;
-    while !(items(&text, "dead") == 0.0 && outcome(&text, "completed") == 2.0) {
-        assert!(
-            Instant::now() < deadline,
-            "the replay never completed:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        text = scrape().await;
-    }
+    let text = settled("the replay never completed", || async {
+        let text = scrape().await;
+        match items(&text, "dead") == 0.0 && outcome(&text, "completed") == 2.0 {
+            true => Ok(text),
+            false => Err(text),
+        }
+    })
+    .await;
     assert_eq!(outcome(&text, "replayed"), 1.0, "{text}");
     assert_eq!(outcome(&text, "dead"), 1.0, "{text}");
     assert_eq!(outcome(&text, "retried"), 1.0, "{text}");
@@ -844,9 +841,12 @@ async fn metrics_show_the_queue_after_a_scripted_sequence() {
         .await
         .expect("POST pause");
     assert_eq!(paused.status().as_u16(), 200);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sample(&scrape().await, "dedupe_inbox_paused", &hooks) != 1.0 {
-        assert!(Instant::now() < deadline, "the paused gauge never moved");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    settled("the paused gauge never moved", || async {
+        let text = scrape().await;
+        match sample(&text, "dedupe_inbox_paused", &hooks) == 1.0 {
+            true => Ok(()),
+            false => Err(text),
+        }
+    })
+    .await;
 }

@@ -416,3 +416,73 @@ impl Bulk {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MemoryStore, Retry};
+
+    /// 400 items, every third dead with a 502: a search a page at a time
+    /// finds each match once, never reads past its budget, says where to go
+    /// on, and gives no cursor when its budget runs out on the namespace's
+    /// last item.
+    #[tokio::test]
+    async fn searches_page_through_every_match_once_within_their_budget() {
+        let inbox = MemoryStore::new();
+        for i in 0..400 {
+            let key = Key::new("s", format!("evt_{i:03}")).expect("key");
+            inbox.accept(&key, b"{}").await.expect("accept");
+        }
+        loop {
+            let taken = inbox
+                .take("s", crate::MAX_TAKE, std::time::Duration::from_secs(60))
+                .await
+                .expect("take");
+            if taken.is_empty() {
+                break;
+            }
+            for t in taken {
+                let n: usize = t.lease.key.id()[4..].parse().expect("number");
+                let error = if n.is_multiple_of(3) {
+                    "HTTP 502"
+                } else {
+                    "HTTP 404"
+                };
+                inbox
+                    .fail(&t.lease, error, Retry::dead())
+                    .await
+                    .expect("fail");
+            }
+        }
+        let filter = ItemFilter::new("s").status(ItemStatus::Dead).error("502");
+        let (mut after, mut seen, mut pages) = (None, Vec::new(), 0);
+        loop {
+            let found = search_items(&inbox, &filter, after, 40, 100)
+                .await
+                .expect("search");
+            pages += 1;
+            assert!(
+                found.scanned <= 100,
+                "read {} past a budget of 100",
+                found.scanned
+            );
+            assert!(found.items.len() <= 40);
+            seen.extend(found.items.iter().map(|i| i.key.id().to_string()));
+            match found.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let expected: Vec<String> = (0..400)
+            .filter(|n| n.is_multiple_of(3))
+            .map(|n| format!("evt_{n:03}"))
+            .collect();
+        assert_eq!(seen, expected, "each match once, in id order");
+        // 100 read a page: 4 pages, the last ending on the last item with no
+        // cursor (no fifth, empty page).
+        assert_eq!(pages, 4);
+        assert_eq!(count_items(&inbox, &filter).await.expect("count"), 134);
+        let refused = search_items(&inbox, &filter, None, 0, 100).await;
+        assert!(matches!(refused, Err(Error::InvalidConfig { .. })));
+    }
+}

@@ -266,15 +266,20 @@ async fn replay(
         Ok(k) => k,
         Err(r) => return r,
     };
-    match inbox.replay(&key).await {
-        Ok(replayed) => {
-            if replayed {
-                dedupe_core::count_inbox_outcome(&ns, "replayed");
-            }
-            Json(json!({"key": key.to_string(), "replayed": replayed})).into_response()
-        }
+    match replay_one(inbox.as_ref(), &key).await {
+        Ok(replayed) => Json(json!({"key": key.to_string(), "replayed": replayed})).into_response(),
         Err(e) => store_failed(&e),
     }
+}
+
+/// Replays one item (the API's and the dashboard's button), counted in the
+/// outcomes when it was replayed, as a bulk replay counts each.
+pub(super) async fn replay_one(inbox: &dyn Inbox, key: &Key) -> Result<bool, Error> {
+    let replayed = inbox.replay(key).await?;
+    if replayed {
+        dedupe_core::count_inbox_outcome(key.namespace(), "replayed");
+    }
+    Ok(replayed)
 }
 
 async fn forget(

@@ -485,11 +485,8 @@ async fn replay(
     let Ok(key) = key_of(&ns, &id) else {
         return problem(StatusCode::BAD_REQUEST, "Not a valid key.");
     };
-    match inbox.replay(&key).await {
-        Ok(true) => {
-            dedupe_core::count_inbox_outcome(&ns, "replayed");
-            done(&item_path(&ns, &id), "replayed")
-        }
+    match super::api::replay_one(inbox.as_ref(), &key).await {
+        Ok(true) => done(&item_path(&ns, &id), "replayed"),
         Ok(false) => done(&item_path(&ns, &id), "not-replayed"),
         Err(e) => store_problem(&e),
     }
