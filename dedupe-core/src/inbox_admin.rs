@@ -474,7 +474,7 @@ mod tests {
             }
         }
         let expected: Vec<String> = (0..400)
-            .filter(|n| n.is_multiple_of(3))
+            .filter(|n: &usize| n.is_multiple_of(3))
             .map(|n| format!("evt_{n:03}"))
             .collect();
         assert_eq!(seen, expected, "each match once, in id order");
