@@ -264,7 +264,8 @@ impl Statements {
                 "SELECT order_key FROM {t}
                  WHERE namespace = ? AND id = ? AND wait IS NOT NULL AND attempts = ?
                    AND CASE WHEN wait = 0 THEN 1 WHEN wait = 2 THEN 3
-                            WHEN last_error IS NULL THEN 0 ELSE 2 END = ?
+                            WHEN wait = 1 AND last_error IS NULL THEN 0
+                            WHEN wait = 1 THEN 2 END = ?
                  FOR UPDATE"
             ),
             forget_if: format!("DELETE FROM {t} WHERE namespace = ? AND id = ?"),

@@ -376,11 +376,15 @@ impl Ops<'_> {
         status: dedupe_core::ItemStatus,
         attempts: u32,
     ) -> Result<bool> {
+        // No item was taken more times than the column holds.
+        let Ok(attempts) = i32::try_from(attempts) else {
+            return Ok(false);
+        };
         let gone: i64 = sqlx::query_scalar(text(&self.sql.forget_if))
             .bind(key.namespace())
             .bind(key.id())
             .bind(dedupe_core::backend::status_code(Some(status)) as i32)
-            .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+            .bind(attempts)
             .fetch_one(conn)
             .await
             .map_err(|e| self.err(e))?;

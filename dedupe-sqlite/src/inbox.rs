@@ -167,10 +167,11 @@ impl Inbox for SqliteStore {
         status: dedupe_core::ItemStatus,
         attempts: u32,
     ) -> Result<bool> {
+        // On the writer, in one transaction: the removal and the promotion
+        // of the key's next item commit together.
         let key = key.clone();
         self.conns()
-            .with_conn(move |ops, conn| {
-                let _turn = ops.turn()?;
+            .write(1, move |ops, conn| {
                 ops.forget_where(conn, &key, Some((status, attempts)))
             })
             .await
